@@ -1,0 +1,42 @@
+# evq — every target creates .venv when it is missing and installs the project into it.
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+EXTRAS ?= dev
+
+.PHONY: setup serve test test-all lint fmt bench clean
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip setuptools wheel
+
+# Reinstall only when the project's metadata changed (editable install: code changes need nothing).
+$(STAMP): pyproject.toml | $(PY)
+	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+serve: $(STAMP)
+	$(VENV)/bin/evq serve $(ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+fmt: $(STAMP)
+	$(VENV)/bin/ruff format .
+	$(VENV)/bin/ruff check --fix .
+
+test: $(STAMP) lint
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-all: $(STAMP)
+	$(PY) -m pytest -m '' $(PYTEST_ARGS)
+
+bench: $(STAMP)
+	$(PY) loadtest/bench_engine.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info

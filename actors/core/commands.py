@@ -1,0 +1,192 @@
+"""Commands: what a client asks of one queue. Imperative names, the native API's verbs.
+
+Commands are plain data, validated by :mod:`actors.core.decide`. Times are integer ms;
+ids and leases are the strings the API shows.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from actors.settings import QueueSettings
+
+__all__ = [
+    "Ack",
+    "ChangeSettings",
+    "Command",
+    "ConfirmDeadLetters",
+    "Create",
+    "Delete",
+    "LeaseRef",
+    "NewMessage",
+    "Peek",
+    "PeekReady",
+    "Purge",
+    "Put",
+    "Release",
+    "ReleaseItem",
+    "Reschedule",
+    "Stats",
+    "Take",
+    "Touch",
+    "TouchItem",
+    "Update",
+]
+
+Body = bytes
+
+
+class NewMessage(msgspec.Struct, kw_only=True, omit_defaults=True):
+    """One message of a put. ``delay_ms`` and ``activate_at_ms`` are mutually exclusive."""
+
+    body: Body
+    id: str | None = None
+    delay_ms: int | None = None
+    activate_at_ms: int | None = None
+    idempotency_key: str | None = None
+    group: str | None = None
+    attributes: dict[str, Any] | None = None
+
+
+class Create(msgspec.Struct, frozen=True):
+    """Create the queue. The first command of every queue."""
+
+    name: str
+    settings: QueueSettings
+
+
+class ChangeSettings(msgspec.Struct, frozen=True):
+    """Replace the queue's settings (``id_mode`` and ``fifo`` cannot change)."""
+
+    settings: QueueSettings
+
+
+class Put(msgspec.Struct, frozen=True):
+    """Put 1-1000 messages."""
+
+    messages: list[NewMessage]
+
+
+class Take(msgspec.Struct, frozen=True):
+    """Reserve up to ``max`` ready messages, each under a fresh lease."""
+
+    max: int = 1
+    visibility_timeout_ms: int | None = None
+
+
+class LeaseRef(msgspec.Struct, frozen=True):
+    """A message id and the lease a client holds on it."""
+
+    id: str
+    lease: str
+
+
+class ReleaseItem(msgspec.Struct, frozen=True, kw_only=True):
+    """Give a reserved message back, optionally with a new activation time."""
+
+    id: str
+    lease: str
+    delay_ms: int | None = None
+    activate_at_ms: int | None = None
+
+
+class TouchItem(msgspec.Struct, frozen=True, kw_only=True):
+    """Extend a lease by the queue's (or the given) visibility timeout from now."""
+
+    id: str
+    lease: str
+    visibility_timeout_ms: int | None = None
+
+
+class Ack(msgspec.Struct, frozen=True):
+    """Delete reserved messages whose leases are current."""
+
+    items: list[LeaseRef]
+
+
+class Release(msgspec.Struct, frozen=True):
+    """Return reserved messages to the queue."""
+
+    items: list[ReleaseItem]
+
+
+class Touch(msgspec.Struct, frozen=True):
+    """Extend leases."""
+
+    items: list[TouchItem]
+
+
+class Update(msgspec.Struct, frozen=True, kw_only=True):
+    """Change a message's body and/or activation time.
+
+    On a reserved message the lease is required. Changing the activation time of a reserved
+    message ends its lease and starts its receive count again (periodic work reschedules)."""
+
+    id: str
+    lease: str | None = None
+    body: Body | None = None
+    delay_ms: int | None = None
+    activate_at_ms: int | None = None
+
+
+class Reschedule(msgspec.Struct, frozen=True, kw_only=True):
+    """Change a message's activation time (an :class:`Update` without a body)."""
+
+    id: str
+    lease: str | None = None
+    delay_ms: int | None = None
+    activate_at_ms: int | None = None
+
+
+class Peek(msgspec.Struct, frozen=True):
+    """Look at one message by id without changing anything."""
+
+    id: str
+
+
+class PeekReady(msgspec.Struct, frozen=True):
+    """Look at the next ``max`` ready messages without reserving them."""
+
+    max: int = 1
+
+
+class Delete(msgspec.Struct, frozen=True):
+    """Delete one message; a reserved one needs its lease."""
+
+    id: str
+    lease: str | None = None
+
+
+class Purge(msgspec.Struct, frozen=True):
+    """Delete every message in the queue."""
+
+
+class Stats(msgspec.Struct, frozen=True):
+    """Counts by state and ages."""
+
+
+class ConfirmDeadLetters(msgspec.Struct, frozen=True):
+    """The shell delivered these dead letters (or dropped them: no dead-letter queue)."""
+
+    ids: list[int | str]
+
+
+Command = (
+    Create
+    | ChangeSettings
+    | Put
+    | Take
+    | Ack
+    | Release
+    | Touch
+    | Update
+    | Reschedule
+    | Peek
+    | PeekReady
+    | Delete
+    | Purge
+    | Stats
+    | ConfirmDeadLetters
+)

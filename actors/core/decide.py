@@ -1,0 +1,504 @@
+"""decide(state, command) → events + reply. Reads the state, never changes it logically.
+
+Everything nondeterministic a command needs (time, ids, leases) comes in as arguments and is
+written into the events, so :meth:`QueueState.apply` replays them exactly. :func:`execute`
+is the one-call form a shell uses: advance the clock, decide, apply.
+
+Bad input raises a :class:`~actors.errors.QueueError` before any event exists, so a command
+either happens whole or not at all. Per-item outcomes of batch commands (a stale lease in an
+ack of 100) are statuses in the reply, not errors.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import heapq
+from collections.abc import Callable
+from typing import Any
+
+from actors.core import commands as cmd
+from actors.core import events as ev
+from actors.core import replies as rp
+from actors.core.state import READY, RESERVED, STATE_NAMES, Message, QueueState
+from actors.errors import (
+    BadRequest,
+    Conflict,
+    MessageNotFound,
+    QueueExists,
+    QueueNotFound,
+    StaleLease,
+    TooLarge,
+)
+from actors.ids import IdSource
+from actors.settings import MAX_BATCH, MAX_VISIBILITY_TIMEOUT_MS, QueueSettings, validate_queue_name
+
+__all__ = ["Decision", "decide", "execute"]
+
+Decision = tuple[list[ev.Event], Any]
+
+_MAX_ID_LEN = 256
+_MAX_ATTRIBUTES = 64
+
+
+def execute(state: QueueState, command: object, now_ms: int, ids: IdSource) -> Decision:
+    """Advance ``state`` to ``now_ms``, decide ``command``, apply its events; return both.
+
+    Raises:
+        QueueError: the command is invalid for this state; nothing was applied.
+    """
+    now_ms = max(now_ms, state.clock_ms)
+    state.advance(now_ms)
+    events, reply = decide(state, command, now_ms, ids)
+    for event in events:
+        state.apply(event)
+    return events, reply
+
+
+def decide(state: QueueState, command: object, now_ms: int, ids: IdSource) -> Decision:
+    """The events ``command`` causes on ``state`` (advanced to ``now_ms``) and its reply.
+
+    Raises:
+        QueueError: the command is invalid for this state.
+    """
+    handler = _DECIDE.get(type(command))
+    if handler is None:
+        raise BadRequest(f"unknown command {type(command).__name__}")
+    if not state.created and type(command) is not cmd.Create:
+        raise QueueNotFound("no such queue", queue=state.name)
+    return handler(state, command, now_ms, ids)
+
+
+# ------------------------------------------------------------------ queue-level
+
+
+def _create(state: QueueState, c: cmd.Create, now: int, ids: IdSource) -> Decision:
+    validate_queue_name(c.name)
+    c.settings.validate(c.name)
+    if state.created:
+        if state.settings != c.settings:
+            raise QueueExists("the queue exists with other settings", queue=c.name)
+        return [], False
+    return [ev.QueueCreated(now, c.name, c.settings)], True
+
+
+def _change_settings(state: QueueState, c: cmd.ChangeSettings, now: int, ids: IdSource) -> Decision:
+    new = c.settings.validate(state.name)
+    old = state.settings
+    if (new.id_mode, new.fifo) != (old.id_mode, old.fifo):
+        raise BadRequest("id_mode and fifo cannot change after creation")
+    if new == old:
+        return [], new
+    return [ev.SettingsChanged(now, new)], new
+
+
+def _purge(state: QueueState, c: cmd.Purge, now: int, ids: IdSource) -> Decision:
+    n = len(state.messages)
+    return ([ev.QueuePurged(now)] if n else []), n
+
+
+def _stats(state: QueueState, c: cmd.Stats, now: int, ids: IdSource) -> Decision:
+    oldest = state.oldest_ready_ms()
+    return [], rp.StatsView(
+        ready=state.n_ready,
+        delayed=state.n_delayed,
+        reserved=state.n_reserved,
+        total=len(state.messages),
+        oldest_ready_age_ms=None if oldest is None else now - oldest,
+        dead_lettered=state.dead_lettered,
+        dead_letter_pending=len(state.outbox),
+        expired=state.expired_total,
+        acked=state.acked_total,
+        enqueued=state.enqueued_total,
+        purged=state.purged_total,
+        groups=len(state.groups),
+        now_ms=now,
+    )
+
+
+def _confirm_dead_letters(
+    state: QueueState, c: cmd.ConfirmDeadLetters, now: int, ids: IdSource
+) -> Decision:
+    routed = [mid for mid in c.ids if mid in state.outbox]
+    return ([ev.DeadLettersRouted(now, routed)] if routed else []), len(routed)
+
+
+# ------------------------------------------------------------------ put
+
+
+def _put(state: QueueState, c: cmd.Put, now: int, ids: IdSource) -> Decision:
+    _check_batch(len(c.messages), "messages")
+    s = state.settings
+    server_ids = s.id_mode == "server"
+    last_id = state.last_id
+    items: list[ev.PutItem] = []
+    results: list[rp.PutResult] = []
+    batch_ids: dict[ev.MessageId, bytes] = {}
+    batch_keys: dict[str, ev.MessageId] = {}
+    idem = state.idem
+    for m in c.messages:
+        size = _body_size(m.body)
+        if size > s.max_message_bytes:
+            raise TooLarge(f"message body is {size} bytes; this queue takes {s.max_message_bytes}")
+        activate = _activation(now, m.delay_ms, m.activate_at_ms, now + s.delay_ms, s)
+        key = _dedup_key(m, s)
+        if key is not None:
+            known = idem.get(key)
+            mid = known[0] if known is not None else batch_keys.get(key)
+            if mid is not None:
+                results.append(rp.PutResult(str(mid), rp.DUPLICATE))
+                continue
+        group = _check_group(m, s)
+        if m.attributes is not None:
+            _check_attributes(m.attributes)
+        if server_ids:
+            if m.id is not None:
+                raise BadRequest("this queue assigns ids (id_mode=server); omit 'id'")
+            mid = ids.next_id(now)
+            if mid <= last_id:
+                mid = last_id + 1
+            last_id = mid
+        else:
+            mid = _client_id(m.id)
+            existing = state.messages.get(mid)
+            earlier = existing.body if existing is not None else batch_ids.get(mid)
+            if earlier is not None:
+                if earlier == m.body:
+                    results.append(rp.PutResult(mid, rp.DUPLICATE))
+                    continue
+                raise Conflict(f"message {mid!r} exists with another body", id=mid)
+            batch_ids[mid] = m.body
+        if key is not None:
+            batch_keys[key] = mid
+        items.append(ev.PutItem(mid, m.body, activate, key, group, m.attributes))
+        results.append(rp.PutResult(str(mid), rp.CREATED))
+    return ([ev.MessagesPut(now, items)] if items else []), results
+
+
+def _body_size(body: object) -> int:
+    if not isinstance(body, bytes):
+        raise BadRequest("body must be bytes")
+    if not body:
+        raise BadRequest("body must not be empty")
+    return len(body)
+
+
+def _dedup_key(m: cmd.NewMessage, s: QueueSettings) -> str | None:
+    key = m.idempotency_key
+    if key is not None:
+        if not isinstance(key, str) or not 0 < len(key) <= _MAX_ID_LEN:
+            raise BadRequest(f"idempotency_key must be 1-{_MAX_ID_LEN} characters")
+        return key
+    if s.content_based_dedup:
+        return "sha256:" + hashlib.sha256(m.body).hexdigest()
+    return None
+
+
+def _check_group(m: cmd.NewMessage, s: QueueSettings) -> str | None:
+    group = m.group
+    if group is None:
+        if s.fifo:
+            raise BadRequest("a FIFO queue needs a group on every message")
+        return None
+    if not isinstance(group, str) or not 0 < len(group) <= 128:
+        raise BadRequest("group must be 1-128 characters")
+    return group
+
+
+def _check_attributes(attributes: object) -> None:
+    if not isinstance(attributes, dict) or len(attributes) > _MAX_ATTRIBUTES:
+        raise BadRequest(f"attributes must be a map of at most {_MAX_ATTRIBUTES} entries")
+    for name in attributes:
+        if not isinstance(name, str) or not 0 < len(name) <= 256:
+            raise BadRequest("attribute names must be 1-256 characters")
+
+
+def _client_id(mid: object) -> str:
+    if mid is None:
+        raise BadRequest("this queue takes ids from the client (id_mode=client); 'id' is missing")
+    if not isinstance(mid, str) or not 0 < len(mid) <= _MAX_ID_LEN or not mid.isprintable():
+        raise BadRequest(f"message ids are 1-{_MAX_ID_LEN} printable characters")
+    return mid
+
+
+def _activation(now: int, delay: int | None, at: int | None, default: int, s: QueueSettings) -> int:
+    """The activation time a command asks for, checked against the queue's retention."""
+    if delay is not None:
+        if at is not None:
+            raise BadRequest("give either a delay or an activation time, not both")
+        if isinstance(delay, bool) or not isinstance(delay, int) or delay < 0:
+            raise BadRequest("delay must be a non-negative number of seconds")
+        at = now + delay
+    elif at is None:
+        return default
+    elif isinstance(at, bool) or not isinstance(at, int):
+        raise BadRequest("activate_at must be a time")
+    if at - now >= s.retention_ms:
+        raise BadRequest("activation time is beyond the queue's retention: it would never run")
+    return at
+
+
+def _check_batch(n: int, what: str) -> None:
+    if not 1 <= n <= MAX_BATCH:
+        raise BadRequest(f"{what} must hold 1-{MAX_BATCH} items, not {n}")
+
+
+# ------------------------------------------------------------------ take
+
+
+def _take(state: QueueState, c: cmd.Take, now: int, ids: IdSource) -> Decision:
+    limit = c.max
+    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_BATCH:
+        raise BadRequest(f"max must be 1-{MAX_BATCH}")
+    deadline = now + _visibility(c.visibility_timeout_ms, state.settings)
+    picked = _peek_ready(state, limit)
+    if not picked:
+        return [], []
+    leases = [ids.next_lease() for _ in picked]
+    deliveries = [
+        rp.Delivery(
+            str(m.id),
+            m.body,
+            m.activate_at_ms,
+            m.enqueued_at_ms,
+            m.receive_count + 1,
+            str(lease),
+            deadline,
+            m.attributes,
+            m.group,
+            m.first_taken_ms or now,
+        )
+        for m, lease in zip(picked, leases, strict=True)
+    ]
+    event = ev.MessagesTaken(now, [m.id for m in picked], leases, deadline)
+    return [event], deliveries
+
+
+def _peek_ready(state: QueueState, limit: int) -> list[Message]:
+    """The next ``limit`` messages ``take`` would hand out, in order; the heap is unchanged."""
+    heap = state.ready
+    pop = heapq.heappop
+    popped: list[tuple[int, int, Message]] = []
+    picked: list[Message] = []
+    seen: set[int] = set()
+    while heap and len(picked) < limit:
+        entry = pop(heap)
+        m = entry[2]
+        if m.state != READY or m.activate_at_ms != entry[0]:
+            continue  # stale: dropping it changes nothing
+        popped.append(entry)
+        if m.seq not in seen:
+            seen.add(m.seq)
+            picked.append(m)
+    for entry in popped:
+        heapq.heappush(heap, entry)
+    return picked
+
+
+def _visibility(vt: int | None, s: QueueSettings) -> int:
+    if vt is None:
+        return s.visibility_timeout_ms
+    if isinstance(vt, bool) or not isinstance(vt, int) or not 0 <= vt <= MAX_VISIBILITY_TIMEOUT_MS:
+        raise BadRequest(f"visibility_timeout must be 0-{MAX_VISIBILITY_TIMEOUT_MS // 1000} s")
+    return vt
+
+
+def _peek_ready_cmd(state: QueueState, c: cmd.PeekReady, now: int, ids: IdSource) -> Decision:
+    if isinstance(c.max, bool) or not isinstance(c.max, int) or not 1 <= c.max <= MAX_BATCH:
+        raise BadRequest(f"max must be 1-{MAX_BATCH}")
+    return [], [_view(m) for m in _peek_ready(state, c.max)]
+
+
+# ------------------------------------------------------------------ leases
+
+
+def _lookup(state: QueueState, mid: object) -> Message | None:
+    """The live message with API id ``mid`` (a string), or None."""
+    if not isinstance(mid, str):
+        return None
+    if state.settings.id_mode == "server":
+        if not mid.isdigit() or len(mid) > 20:
+            return None
+        return state.messages.get(int(mid))
+    return state.messages.get(mid)
+
+
+def _lease_status(state: QueueState, m: Message | None, lease: object) -> str:
+    if m is None:
+        return rp.NOT_FOUND
+    if m.state != RESERVED or not isinstance(lease, str) or lease != str(m.lease):
+        return rp.STALE_LEASE
+    return rp.OK
+
+
+def _ack(state: QueueState, c: cmd.Ack, now: int, ids: IdSource) -> Decision:
+    _check_batch(len(c.items), "items")
+    acked: list[ev.MessageId] = []
+    done: set[ev.MessageId] = set()
+    results = []
+    for item in c.items:
+        m = _lookup(state, item.id)
+        if m is not None and m.id in done:
+            m = None
+        status = _lease_status(state, m, item.lease)
+        if status == rp.OK:
+            acked.append(m.id)  # type: ignore[union-attr]
+            done.add(m.id)  # type: ignore[union-attr]
+        results.append(rp.ItemResult(item.id, status))
+    return ([ev.MessagesAcked(now, acked)] if acked else []), results
+
+
+def _release(state: QueueState, c: cmd.Release, now: int, ids: IdSource) -> Decision:
+    _check_batch(len(c.items), "items")
+    released: list[ev.MessageId] = []
+    done: set[ev.MessageId] = set()
+    times: list[int] = []
+    results = []
+    for item in c.items:
+        when = _activation(now, item.delay_ms, item.activate_at_ms, now, state.settings)
+        m = _lookup(state, item.id)
+        if m is not None and m.id in done:
+            m = None
+        status = _lease_status(state, m, item.lease)
+        if status == rp.OK:
+            released.append(m.id)  # type: ignore[union-attr]
+            done.add(m.id)  # type: ignore[union-attr]
+            times.append(when)
+        results.append(rp.ItemResult(item.id, status))
+    return ([ev.MessagesReleased(now, released, times)] if released else []), results
+
+
+def _touch(state: QueueState, c: cmd.Touch, now: int, ids: IdSource) -> Decision:
+    _check_batch(len(c.items), "items")
+    touched: list[ev.MessageId] = []
+    deadlines: list[int] = []
+    results = []
+    for item in c.items:
+        deadline = now + _visibility(item.visibility_timeout_ms, state.settings)
+        m = _lookup(state, item.id)
+        status = _lease_status(state, m, item.lease)
+        if status == rp.OK:
+            touched.append(m.id)  # type: ignore[union-attr]
+            deadlines.append(deadline)
+            results.append(rp.ItemResult(item.id, status, deadline))
+        else:
+            results.append(rp.ItemResult(item.id, status))
+    return ([ev.LeasesExtended(now, touched, deadlines)] if touched else []), results
+
+
+# ------------------------------------------------------------------ single messages
+
+
+def _require(state: QueueState, mid: str, lease: str | None) -> Message:
+    """The message ``mid``, checking the lease if it is reserved.
+
+    Raises:
+        MessageNotFound, Conflict (reserved, no lease), StaleLease (not its lease).
+    """
+    m = _lookup(state, mid)
+    if m is None:
+        raise MessageNotFound("no such message", id=str(mid))
+    if m.state == RESERVED:
+        if lease is None:
+            raise Conflict("the message is reserved; its lease is required", id=mid)
+        if lease != str(m.lease):
+            raise StaleLease("the lease is not the message's current lease", id=mid)
+    elif lease is not None:
+        raise StaleLease("the message is not reserved; the lease has expired", id=mid)
+    return m
+
+
+def _update(state: QueueState, c: cmd.Update | cmd.Reschedule, now: int, ids: IdSource) -> Decision:
+    body = getattr(c, "body", None)
+    if body is None and c.delay_ms is None and c.activate_at_ms is None:
+        raise BadRequest("nothing to change: give a body, a delay or an activation time")
+    if body is not None:
+        size = _body_size(body)
+        if size > state.settings.max_message_bytes:
+            raise TooLarge(
+                f"message body is {size} bytes; this queue takes {state.settings.max_message_bytes}"
+            )
+    when = None
+    if c.delay_ms is not None or c.activate_at_ms is not None:
+        when = _activation(now, c.delay_ms, c.activate_at_ms, now, state.settings)
+    m = _require(state, c.id, c.lease)
+    event = ev.MessageUpdated(now, m.id, body, when)
+    return [event], _predict_view(m, event, now)
+
+
+def _predict_view(m: Message, e: ev.MessageUpdated, now: int) -> rp.MessageView:
+    """The view of ``m`` once ``e`` is applied."""
+    if e.activate_at_ms is None:
+        view = _view(m)
+        return view if e.body is None else _replace_body(view, e.body)
+    state = "ready" if e.activate_at_ms <= now else "delayed"
+    rc = 0 if m.state == RESERVED else m.receive_count
+    return rp.MessageView(
+        str(m.id),
+        state,
+        m.body if e.body is None else e.body,
+        e.activate_at_ms,
+        m.enqueued_at_ms,
+        rc,
+        None,
+        m.attributes,
+        m.group,
+    )
+
+
+def _replace_body(view: rp.MessageView, body: bytes) -> rp.MessageView:
+    return rp.MessageView(
+        view.id,
+        view.state,
+        body,
+        view.activate_at_ms,
+        view.enqueued_at_ms,
+        view.receive_count,
+        view.lease_expires_at_ms,
+        view.attributes,
+        view.group,
+    )
+
+
+def _view(m: Message) -> rp.MessageView:
+    return rp.MessageView(
+        str(m.id),
+        STATE_NAMES[m.state].value,
+        m.body,
+        m.activate_at_ms,
+        m.enqueued_at_ms,
+        m.receive_count,
+        m.deadline_ms if m.state == RESERVED else None,
+        m.attributes,
+        m.group,
+    )
+
+
+def _peek(state: QueueState, c: cmd.Peek, now: int, ids: IdSource) -> Decision:
+    m = _lookup(state, c.id)
+    if m is None:
+        raise MessageNotFound("no such message", id=str(c.id))
+    return [], _view(m)
+
+
+def _delete(state: QueueState, c: cmd.Delete, now: int, ids: IdSource) -> Decision:
+    m = _require(state, c.id, c.lease)
+    return [ev.MessagesDeleted(now, [m.id])], None
+
+
+_DECIDE: dict[type, Callable[[QueueState, Any, int, IdSource], Decision]] = {
+    cmd.Create: _create,
+    cmd.ChangeSettings: _change_settings,
+    cmd.Put: _put,
+    cmd.Take: _take,
+    cmd.Ack: _ack,
+    cmd.Release: _release,
+    cmd.Touch: _touch,
+    cmd.Update: _update,
+    cmd.Reschedule: _update,
+    cmd.Peek: _peek,
+    cmd.PeekReady: _peek_ready_cmd,
+    cmd.Delete: _delete,
+    cmd.Purge: _purge,
+    cmd.Stats: _stats,
+    cmd.ConfirmDeadLetters: _confirm_dead_letters,
+}

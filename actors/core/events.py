@@ -1,0 +1,168 @@
+"""Events: what happened to a queue. The tagged union below *is* the log's record schema.
+
+Every event carries ``at_ms``, the queue's clock when it was decided. Time-driven transitions
+(delayed → ready, lease expiry, retention expiry, dead-lettering after the last lease expired)
+are not events: :meth:`QueueState.advance` derives them from these timestamps, so replaying
+the same events gives the same state.
+
+Schema evolution (also in ``actors/log/FORMAT.md``):
+
+1. Events are array-like: fields are encoded by position. New fields are only ever appended,
+   always with a default, so old records decode with the default and old readers ignore
+   nothing they need (they would fail on an unknown tag, never silently).
+2. Fields are never removed, reordered or retyped; a field that is no longer used keeps its
+   place and its default.
+3. A new kind of event gets a new tag. Tags are never reused.
+4. A change that cannot follow these rules bumps the segment format version, and the old
+   decoder is kept (see FORMAT.md).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+from actors.settings import QueueSettings
+
+__all__ = [
+    "DeadLettersRouted",
+    "Event",
+    "LeasesExtended",
+    "MessageId",
+    "MessageUpdated",
+    "MessagesAcked",
+    "MessagesDeleted",
+    "MessagesPut",
+    "MessagesReleased",
+    "MessagesTaken",
+    "PutItem",
+    "QueueCreated",
+    "QueuePurged",
+    "SettingsChanged",
+    "decode_event",
+    "encode_event",
+]
+
+MessageId = int | str
+Body = bytes
+
+
+class PutItem(msgspec.Struct, array_like=True, frozen=True, gc=False):
+    """One new message: its id, body and activation time, as decided."""
+
+    id: MessageId
+    body: Body
+    activate_at_ms: int
+    key: str | None = None
+    group: str | None = None
+    attributes: dict[str, Any] | None = None
+
+
+class _Base(msgspec.Struct, array_like=True, frozen=True, gc=False, tag_field="t"):
+    at_ms: int
+
+
+class QueueCreated(_Base, tag="created"):
+    """The queue exists from now on with these settings."""
+
+    name: str
+    settings: QueueSettings
+
+
+class SettingsChanged(_Base, tag="settings"):
+    """New settings for the queue."""
+
+    settings: QueueSettings
+
+
+class MessagesPut(_Base, tag="put"):
+    """New messages, in arrival order."""
+
+    items: list[PutItem]
+
+
+class MessagesTaken(_Base, tag="taken"):
+    """Messages reserved under fresh leases (``leases[i]`` for ``ids[i]``) until ``deadline_ms``."""
+
+    ids: list[MessageId]
+    leases: list[int]
+    deadline_ms: int
+
+
+class MessagesAcked(_Base, tag="acked"):
+    """Reserved messages acknowledged with their current lease: deleted."""
+
+    ids: list[MessageId]
+
+
+class MessagesReleased(_Base, tag="released"):
+    """Reserved messages given back, active again at ``activate_at_ms[i]``."""
+
+    ids: list[MessageId]
+    activate_at_ms: list[int]
+
+
+class LeasesExtended(_Base, tag="touched"):
+    """Leases extended to new deadlines."""
+
+    ids: list[MessageId]
+    deadlines_ms: list[int]
+
+
+class MessageUpdated(_Base, tag="updated"):
+    """A message's body and/or activation time changed (``None``: unchanged).
+
+    A new activation time on a reserved message ends its lease and resets its receive count."""
+
+    id: MessageId
+    body: Body | None = None
+    activate_at_ms: int | None = None
+
+
+class MessagesDeleted(_Base, tag="deleted"):
+    """Messages deleted by id."""
+
+    ids: list[MessageId]
+
+
+class QueuePurged(_Base, tag="purged"):
+    """Every message in the queue deleted."""
+
+
+class DeadLettersRouted(_Base, tag="dlq"):
+    """Dead letters handed to the dead-letter queue (or dropped when there is none)."""
+
+    ids: list[MessageId]
+
+
+Event = (
+    QueueCreated
+    | SettingsChanged
+    | MessagesPut
+    | MessagesTaken
+    | MessagesAcked
+    | MessagesReleased
+    | LeasesExtended
+    | MessageUpdated
+    | MessagesDeleted
+    | QueuePurged
+    | DeadLettersRouted
+)
+
+_encoder = msgspec.msgpack.Encoder()
+_decoder = msgspec.msgpack.Decoder(Event)  # type: ignore[arg-type]
+
+
+def encode_event(event: Event) -> bytes:
+    """msgpack bytes of one event."""
+    return _encoder.encode(event)
+
+
+def decode_event(data: bytes) -> Event:
+    """The event encoded in ``data``.
+
+    Raises:
+        msgspec.DecodeError: not a valid event (callers wrap it into ``DataError``).
+    """
+    return _decoder.decode(data)  # type: ignore[no-any-return]

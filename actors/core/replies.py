@@ -1,0 +1,75 @@
+"""Replies: what a command gives back to its caller. Plain values, safe to send anywhere."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+
+__all__ = ["Delivery", "ItemResult", "MessageView", "PutResult", "StatsView"]
+
+# Per-item statuses of ack / release / touch (API.md) and of put.
+OK, STALE_LEASE, NOT_FOUND = "ok", "stale_lease", "not_found"
+CREATED, DUPLICATE = "created", "duplicate"
+
+
+class PutResult(msgspec.Struct, array_like=True, frozen=True):
+    """One message of a put: its id and whether it is new."""
+
+    id: str
+    status: str
+
+
+class ItemResult(msgspec.Struct, array_like=True, frozen=True):
+    """One item of ack / release / touch."""
+
+    id: str
+    status: str
+    lease_expires_at_ms: int | None = None
+
+
+class Delivery(msgspec.Struct, array_like=True, frozen=True):
+    """A message handed out by ``take``, with the lease that now holds it."""
+
+    id: str
+    body: bytes
+    activate_at_ms: int
+    enqueued_at_ms: int
+    receive_count: int
+    lease: str
+    lease_expires_at_ms: int
+    attributes: dict[str, Any] | None
+    group: str | None
+    first_taken_ms: int
+
+
+class MessageView(msgspec.Struct, array_like=True, frozen=True):
+    """A message as ``peek`` and ``update`` show it."""
+
+    id: str
+    state: str
+    body: bytes
+    activate_at_ms: int
+    enqueued_at_ms: int
+    receive_count: int
+    lease_expires_at_ms: int | None
+    attributes: dict[str, Any] | None
+    group: str | None
+
+
+class StatsView(msgspec.Struct, frozen=True, kw_only=True):
+    """Counts by state and ages, at ``now_ms``."""
+
+    ready: int
+    delayed: int
+    reserved: int
+    total: int
+    oldest_ready_age_ms: int | None
+    dead_lettered: int
+    dead_letter_pending: int
+    expired: int
+    acked: int
+    enqueued: int
+    purged: int
+    groups: int
+    now_ms: int

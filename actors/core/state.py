@@ -1,0 +1,498 @@
+"""The in-memory state of one queue: a fold of its events.
+
+Indexes (see ``actors/core/README.md`` for the diagram):
+
+- ``messages``: id → :class:`Message`, in arrival order (never re-inserted);
+- ``ready``: heap of ``(activate_at_ms, seq, msg)`` — what ``take`` hands out; in a FIFO queue
+  only the head of each unblocked group is in it;
+- ``delayed``: heap of ``(activate_at_ms, seq, msg)`` — becomes ready by time;
+- ``reserved``: heap of ``(deadline_ms, seq, msg)`` — leases expire by time;
+- ``arrivals``: messages in arrival order, for retention;
+- ``groups``: FIFO group → :class:`Group` (messages in order, and whether one is reserved);
+- ``idem``: idempotency key → (message id, put time), expiring after the window;
+- ``outbox``: dead letters waiting for the shell to hand them to the dead-letter queue.
+
+Heaps are lazy: an entry is valid only while its message is still in that state with that
+key; stale entries are skipped when they surface and swept when they outnumber live ones.
+
+Mutation happens only in :meth:`QueueState.apply` (events) and :meth:`QueueState.advance`
+(time). ``advance`` is a projection, not a change of history: the state at time *t* is
+fully determined by the events and *t*, whatever the steps by which *t* was reached.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+from collections import deque
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from actors.core import events as ev
+from actors.settings import QueueSettings
+
+__all__ = [
+    "DEAD",
+    "DELAYED",
+    "GONE",
+    "READY",
+    "RESERVED",
+    "Group",
+    "Message",
+    "MessageState",
+    "QueueState",
+]
+
+# Message.state values; small ints keep a message cheap. DEAD = in the outbox.
+DELAYED, READY, RESERVED, GONE, DEAD = 0, 1, 2, 3, 4
+
+_COMPACT_SLACK = 4096
+
+
+class MessageState(enum.Enum):
+    """The three states a client can see."""
+
+    DELAYED = "delayed"
+    READY = "ready"
+    RESERVED = "reserved"
+
+
+STATE_NAMES = {
+    DELAYED: MessageState.DELAYED,
+    READY: MessageState.READY,
+    RESERVED: MessageState.RESERVED,
+}
+
+
+class Message(msgspec.Struct, array_like=True, gc=False):
+    """One message. Also its snapshot record: fields are only ever appended."""
+
+    seq: int
+    id: ev.MessageId
+    body: bytes
+    enqueued_at_ms: int
+    activate_at_ms: int
+    state: int
+    receive_count: int = 0
+    lease: int = 0
+    deadline_ms: int = 0
+    group: str | None = None
+    attributes: dict[str, Any] | None = None
+    first_taken_ms: int = 0
+
+
+class Group:
+    """A FIFO message group: its messages in order; ``busy`` while its head is reserved."""
+
+    __slots__ = ("busy", "msgs")
+
+    def __init__(self) -> None:
+        self.msgs: deque[Message] = deque()
+        self.busy = False
+
+
+class QueueState:
+    """Everything one queue knows. Build it with ``QueueState()`` and apply events."""
+
+    __slots__ = (
+        "acked_total",
+        "arrivals",
+        "clock_ms",
+        "dead_lettered",
+        "delayed",
+        "enqueued_total",
+        "expired_total",
+        "groups",
+        "idem",
+        "idem_order",
+        "last_id",
+        "messages",
+        "n_delayed",
+        "n_ready",
+        "n_reserved",
+        "name",
+        "next_seq",
+        "outbox",
+        "purged_total",
+        "ready",
+        "reserved",
+        "settings",
+    )
+
+    def __init__(self) -> None:
+        self.name = ""
+        self.settings = QueueSettings()
+        self.clock_ms = 0
+        self.next_seq = 1
+        self.last_id = 0
+        self.messages: dict[ev.MessageId, Message] = {}
+        self.ready: list[tuple[int, int, Message]] = []
+        self.delayed: list[tuple[int, int, Message]] = []
+        self.reserved: list[tuple[int, int, Message]] = []
+        self.arrivals: deque[Message] = deque()
+        self.groups: dict[str, Group] = {}
+        self.idem: dict[str, tuple[ev.MessageId, int]] = {}
+        self.idem_order: deque[tuple[int, str]] = deque()
+        self.outbox: dict[ev.MessageId, Message] = {}
+        self.n_ready = self.n_delayed = self.n_reserved = 0
+        self.dead_lettered = self.expired_total = self.acked_total = 0
+        self.enqueued_total = self.purged_total = 0
+
+    @property
+    def created(self) -> bool:
+        """Whether the queue's ``QueueCreated`` event has been applied."""
+        return bool(self.name)
+
+    # ---------------------------------------------------------------- events
+
+    def apply(self, event: ev.Event) -> None:
+        """Fold one logged event into the state. Never raises on an event ``decide`` made."""
+        self.advance(event.at_ms)
+        _APPLY[type(event)](self, event)
+
+    def _apply_created(self, e: ev.QueueCreated) -> None:
+        self.name = e.name
+        self.settings = e.settings
+
+    def _apply_settings(self, e: ev.SettingsChanged) -> None:
+        self.settings = e.settings
+
+    def _apply_put(self, e: ev.MessagesPut) -> None:
+        at = e.at_ms
+        seq = self.next_seq
+        messages = self.messages
+        arrivals_append = self.arrivals.append
+        fifo = self.settings.fifo
+        last_id = self.last_id
+        for it in e.items:
+            mid = it.id
+            m = Message(
+                seq, mid, it.body, at, it.activate_at_ms, DELAYED, 0, 0, 0, it.group, it.attributes
+            )
+            seq += 1
+            messages[mid] = m
+            arrivals_append(m)
+            if it.key is not None:
+                self.idem[it.key] = (mid, at)
+                self.idem_order.append((at, it.key))
+            if type(mid) is int and mid > last_id:
+                last_id = mid
+            if fifo:
+                group = self.groups.get(it.group)  # type: ignore[arg-type]
+                if group is None:
+                    group = self.groups[it.group] = Group()  # type: ignore[index]
+                group.msgs.append(m)
+            self._schedule(m, it.activate_at_ms, at)
+        self.next_seq = seq
+        self.last_id = last_id
+        self.enqueued_total += len(e.items)
+        self._maybe_compact()
+
+    def _apply_taken(self, e: ev.MessagesTaken) -> None:
+        at = e.at_ms
+        deadline = e.deadline_ms
+        messages = self.messages
+        push = heapq.heappush
+        reserved = self.reserved
+        fifo = self.settings.fifo
+        n = 0
+        for mid, lease in zip(e.ids, e.leases, strict=True):
+            m = messages.get(mid)
+            if m is None or m.state != READY:
+                continue
+            m.state = RESERVED
+            m.receive_count += 1
+            m.lease = lease
+            m.deadline_ms = deadline
+            if not m.first_taken_ms:
+                m.first_taken_ms = at
+            push(reserved, (deadline, m.seq, m))
+            if fifo:
+                self.groups[m.group].busy = True  # type: ignore[index]
+            n += 1
+        self.n_ready -= n
+        self.n_reserved += n
+
+    def _apply_acked(self, e: ev.MessagesAcked) -> None:
+        messages = self.messages
+        for mid in e.ids:
+            m = messages.get(mid)
+            if m is not None and m.state == RESERVED:
+                self._remove(m)
+                self.acked_total += 1
+        self._maybe_compact()
+
+    def _apply_released(self, e: ev.MessagesReleased) -> None:
+        at = e.at_ms
+        for mid, when in zip(e.ids, e.activate_at_ms, strict=True):
+            m = self.messages.get(mid)
+            if m is not None and m.state == RESERVED:
+                self._end_lease(m)
+                if self._exhausted(m):
+                    self._dead_letter(m)
+                else:
+                    self._schedule(m, when, at)
+
+    def _apply_touched(self, e: ev.LeasesExtended) -> None:
+        for mid, deadline in zip(e.ids, e.deadlines_ms, strict=True):
+            m = self.messages.get(mid)
+            if m is not None and m.state == RESERVED:
+                m.deadline_ms = deadline
+                heapq.heappush(self.reserved, (deadline, m.seq, m))
+
+    def _apply_updated(self, e: ev.MessageUpdated) -> None:
+        m = self.messages.get(e.id)
+        if m is None:
+            return
+        if e.body is not None:
+            m.body = e.body
+        if e.activate_at_ms is not None:
+            if m.state == RESERVED:
+                self._end_lease(m)
+                m.receive_count = 0
+            elif m.state == READY:
+                self.n_ready -= 1
+            else:
+                self.n_delayed -= 1
+            self._schedule(m, e.activate_at_ms, e.at_ms)
+
+    def _apply_deleted(self, e: ev.MessagesDeleted) -> None:
+        for mid in e.ids:
+            m = self.messages.get(mid)
+            if m is not None:
+                self._remove(m)
+        self._maybe_compact()
+
+    def _apply_purged(self, e: ev.QueuePurged) -> None:
+        for m in self.messages.values():
+            m.state = GONE
+        self.purged_total += len(self.messages)
+        self.messages = {}
+        self.ready, self.delayed, self.reserved = [], [], []
+        self.arrivals = deque()
+        self.groups = {}
+        self.n_ready = self.n_delayed = self.n_reserved = 0
+
+    def _apply_dlq(self, e: ev.DeadLettersRouted) -> None:
+        for mid in e.ids:
+            self.outbox.pop(mid, None)
+
+    # ---------------------------------------------------------------- time
+
+    def advance(self, now_ms: int) -> None:
+        """Bring time-driven transitions up to ``now_ms``, in time order.
+
+        Ties at the same millisecond resolve as retention, then lease expiry, then activation,
+        so the outcome never depends on how often this is called.
+        """
+        if now_ms <= self.clock_ms:
+            return
+        t_ret = self._next_retention()
+        while True:
+            t_del = self.delayed[0][0] if self.delayed else None
+            t_res = self.reserved[0][0] if self.reserved else None
+            t = min(x for x in (t_ret, t_res, t_del, now_ms + 1) if x is not None)
+            if t > now_ms:
+                break
+            if t == t_ret:
+                self._expire_retention()
+                t_ret = self._next_retention()
+            elif t == t_res:
+                _, _, m = heapq.heappop(self.reserved)
+                if m.state == RESERVED and m.deadline_ms == t:
+                    self._expire_lease(m)
+            else:
+                _, _, m = heapq.heappop(self.delayed)
+                if m.state == DELAYED and m.activate_at_ms == t:
+                    self.n_delayed -= 1
+                    m.state = READY
+                    self.n_ready += 1
+                    self._make_available(m)
+        self._expire_idempotency(now_ms)
+        self.clock_ms = now_ms
+        self._maybe_compact()
+
+    def next_due_ms(self) -> int | None:
+        """When the next time-driven transition is due (``None``: nothing is pending).
+
+        The answer may be early (a stale index entry), never late: a shell that sleeps until
+        then and calls :meth:`advance` misses nothing.
+        """
+        self._drop_stale_tops()
+        candidates = [self._next_retention()]
+        if self.reserved:
+            candidates.append(self.reserved[0][0])
+        if self.delayed:
+            candidates.append(self.delayed[0][0])
+        due = [c for c in candidates if c is not None]
+        return min(due) if due else None
+
+    def _next_retention(self) -> int | None:
+        arrivals = self.arrivals
+        while arrivals and arrivals[0].state >= GONE:
+            arrivals.popleft()
+        if not arrivals:
+            return None
+        return arrivals[0].enqueued_at_ms + self.settings.retention_ms
+
+    def _expire_retention(self) -> None:
+        m = self.arrivals.popleft()
+        self._remove(m)
+        self.expired_total += 1
+
+    def _expire_lease(self, m: Message) -> None:
+        deadline = m.deadline_ms
+        self._end_lease(m)
+        if self._exhausted(m):
+            self._dead_letter(m)
+        else:
+            self._schedule(m, deadline, deadline)
+
+    def _expire_idempotency(self, now_ms: int) -> None:
+        window = self.settings.idempotency_window_ms
+        order = self.idem_order
+        while order and order[0][0] + window <= now_ms:
+            at, key = order.popleft()
+            entry = self.idem.get(key)
+            if entry is not None and entry[1] == at:
+                del self.idem[key]
+
+    # ---------------------------------------------------------------- helpers
+
+    def _schedule(self, m: Message, activate_at_ms: int, now_ms: int) -> None:
+        """Put a message that is in no state count back as delayed or ready."""
+        m.activate_at_ms = activate_at_ms
+        if activate_at_ms <= now_ms:
+            m.state = READY
+            self.n_ready += 1
+            self._make_available(m)
+        else:
+            m.state = DELAYED
+            self.n_delayed += 1
+            heapq.heappush(self.delayed, (activate_at_ms, m.seq, m))
+
+    def _make_available(self, m: Message) -> None:
+        """A message just became ready: offer it to ``take`` unless its group holds it back."""
+        if self.settings.fifo:
+            group = self.groups[m.group]  # type: ignore[index]
+            if group.busy or _head(group) is not m:
+                return
+        heapq.heappush(self.ready, (m.activate_at_ms, m.seq, m))
+
+    def _end_lease(self, m: Message) -> None:
+        """A reserved message stops being reserved (its state is set by the caller)."""
+        self.n_reserved -= 1
+        m.lease = 0
+        m.deadline_ms = 0
+        if self.settings.fifo:
+            self.groups[m.group].busy = False  # type: ignore[index]
+
+    def _exhausted(self, m: Message) -> bool:
+        limit = self.settings.max_receives
+        return limit is not None and m.receive_count >= limit
+
+    def _dead_letter(self, m: Message) -> None:
+        """Move a message whose lease just ended (no state count) to the outbox."""
+        m.state = DEAD
+        del self.messages[m.id]
+        self.outbox[m.id] = m
+        self.dead_lettered += 1
+        if self.settings.fifo:
+            self._refresh_group(m)
+
+    def _remove(self, m: Message) -> None:
+        """Delete a live message from every index."""
+        if m.state == READY:
+            self.n_ready -= 1
+        elif m.state == DELAYED:
+            self.n_delayed -= 1
+        elif m.state == RESERVED:
+            self._end_lease(m)
+        m.state = GONE
+        del self.messages[m.id]
+        if self.settings.fifo:
+            self._refresh_group(m)
+
+    def _refresh_group(self, gone: Message) -> None:
+        """After ``gone`` left its group: drop the empty group, or offer a new head."""
+        group = self.groups[gone.group]  # type: ignore[index]
+        msgs = group.msgs
+        was_head = False
+        while msgs and msgs[0].state >= GONE:
+            was_head |= msgs.popleft() is gone
+        if not was_head:
+            return  # a message behind the head left: nothing changes for take
+        if not msgs:
+            del self.groups[gone.group]  # type: ignore[arg-type]
+        elif msgs[0].state == READY and not group.busy:
+            head = msgs[0]
+            heapq.heappush(self.ready, (head.activate_at_ms, head.seq, head))
+
+    def _drop_stale_tops(self) -> None:
+        for heap, state, key in (
+            (self.ready, READY, _ACTIVATE),
+            (self.delayed, DELAYED, _ACTIVATE),
+            (self.reserved, RESERVED, _DEADLINE),
+        ):
+            while heap and not _valid(heap[0], state, key):
+                heapq.heappop(heap)
+
+    def _maybe_compact(self) -> None:
+        """Sweep stale index entries once they outnumber the live ones."""
+        if len(self.ready) > 2 * self.n_ready + _COMPACT_SLACK:
+            self.ready = _sweep(self.ready, READY, _ACTIVATE)
+        if len(self.delayed) > 2 * self.n_delayed + _COMPACT_SLACK:
+            self.delayed = _sweep(self.delayed, DELAYED, _ACTIVATE)
+        if len(self.reserved) > 2 * self.n_reserved + _COMPACT_SLACK:
+            self.reserved = _sweep(self.reserved, RESERVED, _DEADLINE)
+        if len(self.arrivals) > 2 * len(self.messages) + _COMPACT_SLACK:
+            self.arrivals = deque(m for m in self.arrivals if m.state < GONE)
+
+    def oldest_ready_ms(self) -> int | None:
+        """Activation time of the next message ``take`` would hand out."""
+        while self.ready and not _valid(self.ready[0], READY, _ACTIVATE):
+            heapq.heappop(self.ready)
+        return self.ready[0][0] if self.ready else None
+
+
+_ACTIVATE, _DEADLINE = 0, 1
+
+
+def _valid(entry: tuple[int, int, Message], state: int, key: int) -> bool:
+    m = entry[2]
+    if m.state != state:
+        return False
+    return (m.activate_at_ms if key == _ACTIVATE else m.deadline_ms) == entry[0]
+
+
+def _sweep(
+    heap: list[tuple[int, int, Message]], state: int, key: int
+) -> list[tuple[int, int, Message]]:
+    """The valid entries of ``heap``, one per message, as a new heap."""
+    live = list({e[1]: e for e in heap if _valid(e, state, key)}.values())
+    heapq.heapify(live)
+    return live
+
+
+def _head(group: Group) -> Message | None:
+    msgs = group.msgs
+    while msgs and msgs[0].state >= GONE:
+        msgs.popleft()
+    return msgs[0] if msgs else None
+
+
+_APPLY: dict[type, Callable[[QueueState, Any], None]] = {
+    ev.QueueCreated: QueueState._apply_created,
+    ev.SettingsChanged: QueueState._apply_settings,
+    ev.MessagesPut: QueueState._apply_put,
+    ev.MessagesTaken: QueueState._apply_taken,
+    ev.MessagesAcked: QueueState._apply_acked,
+    ev.MessagesReleased: QueueState._apply_released,
+    ev.LeasesExtended: QueueState._apply_touched,
+    ev.MessageUpdated: QueueState._apply_updated,
+    ev.MessagesDeleted: QueueState._apply_deleted,
+    ev.QueuePurged: QueueState._apply_purged,
+    ev.DeadLettersRouted: QueueState._apply_dlq,
+}

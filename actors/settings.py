@@ -1,0 +1,92 @@
+"""Queue settings: a frozen struct, stored in the queue's ``QueueCreated`` event.
+
+Durations are integer milliseconds here; the native API speaks seconds and converts at the
+gateway. Defaults are those of API.md. No environment is read here.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+import msgspec
+
+from actors.errors import BadRequest
+
+__all__ = [
+    "DEFAULT_MAX_MESSAGE_BYTES",
+    "MAX_BATCH",
+    "MAX_MESSAGE_BYTES_LIMIT",
+    "QueueSettings",
+    "validate_queue_name",
+]
+
+MAX_BATCH = 1000
+DEFAULT_MAX_MESSAGE_BYTES = 8 * 1024 * 1024
+MAX_MESSAGE_BYTES_LIMIT = 64 * 1024 * 1024
+MAX_VISIBILITY_TIMEOUT_MS = 12 * 3600 * 1000
+MAX_RETENTION_MS = 365 * 24 * 3600 * 1000
+MAX_IDEMPOTENCY_WINDOW_MS = 7 * 24 * 3600 * 1000
+MAX_RECEIVES_LIMIT = 1000
+
+_QUEUE_NAME = re.compile(r"[A-Za-z0-9_-]{1,80}(\.fifo)?")
+
+
+def validate_queue_name(name: object) -> str:
+    """Return ``name`` if it is a valid queue name.
+
+    Raises:
+        BadRequest: not 1-80 of ``A-Za-z0-9_-`` with an optional ``.fifo`` suffix.
+    """
+    if not isinstance(name, str) or _QUEUE_NAME.fullmatch(name) is None:
+        raise BadRequest(
+            "queue names are 1-80 characters of A-Za-z0-9_- with an optional .fifo suffix",
+            name=str(name)[:100],
+        )
+    return name
+
+
+class QueueSettings(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
+    """Per-queue settings. Schema evolution: append new fields at the end, with defaults."""
+
+    id_mode: Literal["server", "client"] = "server"
+    visibility_timeout_ms: int = 30_000
+    max_receives: int | None = None
+    dead_letter_queue: str | None = None
+    retention_ms: int = 345_600_000
+    max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES
+    fifo: bool = False
+    delay_ms: int = 0
+    idempotency_window_ms: int = 900_000
+    content_based_dedup: bool = False
+
+    def validate(self, name: str) -> QueueSettings:
+        """Check every field against its range and the queue name; return self.
+
+        Raises:
+            BadRequest: a field is out of range or contradicts the name.
+        """
+        _check_range("visibility_timeout", self.visibility_timeout_ms, 0, MAX_VISIBILITY_TIMEOUT_MS)
+        _check_range("retention", self.retention_ms, 1000, MAX_RETENTION_MS)
+        _check_range("max_message_bytes", self.max_message_bytes, 1, MAX_MESSAGE_BYTES_LIMIT)
+        _check_range("delay", self.delay_ms, 0, MAX_RETENTION_MS)
+        _check_range("idempotency_window", self.idempotency_window_ms, 0, MAX_IDEMPOTENCY_WINDOW_MS)
+        if self.max_receives is not None:
+            _check_range("max_receives", self.max_receives, 1, MAX_RECEIVES_LIMIT)
+        if self.dead_letter_queue is not None:
+            validate_queue_name(self.dead_letter_queue)
+            if self.dead_letter_queue == name:
+                raise BadRequest("a queue cannot be its own dead-letter queue")
+            if self.max_receives is None:
+                raise BadRequest("dead_letter_queue needs max_receives")
+        if self.fifo != name.endswith(".fifo"):
+            raise BadRequest("FIFO queues, and only they, have names ending in .fifo")
+        if self.content_based_dedup and not self.fifo:
+            raise BadRequest("content_based_dedup is for FIFO queues")
+        return self
+
+
+def _check_range(field: str, value: object, low: int, high: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        unit = "" if field in ("max_message_bytes", "max_receives") else " ms"
+        raise BadRequest(f"{field} must be between {low} and {high}{unit}", field=field)
