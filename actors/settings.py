@@ -66,6 +66,8 @@ class QueueSettings(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
         Raises:
             BadRequest: a field is out of range or contradicts the name.
         """
+        if self.id_mode not in ("server", "client"):
+            raise BadRequest("id_mode is 'server' or 'client'", field="id_mode")
         _check_range("visibility_timeout", self.visibility_timeout_ms, 0, MAX_VISIBILITY_TIMEOUT_MS)
         _check_range("retention", self.retention_ms, 1000, MAX_RETENTION_MS)
         _check_range("max_message_bytes", self.max_message_bytes, 1, MAX_MESSAGE_BYTES_LIMIT)

@@ -168,9 +168,12 @@ class Stats(msgspec.Struct, frozen=True):
 
 
 class ConfirmDeadLetters(msgspec.Struct, frozen=True):
-    """The shell delivered these dead letters (or dropped them: no dead-letter queue)."""
+    """The shell delivered these dead letters (or dropped them: no dead-letter queue).
 
-    ids: list[int | str]
+    Dead letters are named by arrival sequence (``Message.seq``): a client id can be reused
+    while an earlier message with that id still waits in the outbox."""
+
+    seqs: list[int]
 
 
 Command = (

@@ -19,6 +19,7 @@ from typing import Any
 from actors.core import commands as cmd
 from actors.core import events as ev
 from actors.core import replies as rp
+from actors.core.ids import IdSource
 from actors.core.state import READY, RESERVED, STATE_NAMES, Message, QueueState
 from actors.errors import (
     BadRequest,
@@ -29,7 +30,6 @@ from actors.errors import (
     StaleLease,
     TooLarge,
 )
-from actors.ids import IdSource
 from actors.settings import MAX_BATCH, MAX_VISIBILITY_TIMEOUT_MS, QueueSettings, validate_queue_name
 
 __all__ = ["Decision", "decide", "execute"]
@@ -48,7 +48,12 @@ def execute(state: QueueState, command: object, now_ms: int, ids: IdSource) -> D
     """
     now_ms = max(now_ms, state.clock_ms)
     state.advance(now_ms)
-    events, reply = decide(state, command, now_ms, ids)
+    if type(command) is cmd.Take and state.created:
+        # The taken messages' heap entries go stale the moment the event is applied below,
+        # so there is no point in putting them back first.
+        events, reply = _take(state, command, now_ms, ids, consume=True)
+    else:
+        events, reply = decide(state, command, now_ms, ids)
     for event in events:
         state.apply(event)
     return events, reply
@@ -118,7 +123,7 @@ def _stats(state: QueueState, c: cmd.Stats, now: int, ids: IdSource) -> Decision
 def _confirm_dead_letters(
     state: QueueState, c: cmd.ConfirmDeadLetters, now: int, ids: IdSource
 ) -> Decision:
-    routed = [mid for mid in c.ids if mid in state.outbox]
+    routed = [seq for seq in dict.fromkeys(c.seqs) if seq in state.outbox]
     return ([ev.DeadLettersRouted(now, routed)] if routed else []), len(routed)
 
 
@@ -245,12 +250,14 @@ def _check_batch(n: int, what: str) -> None:
 # ------------------------------------------------------------------ take
 
 
-def _take(state: QueueState, c: cmd.Take, now: int, ids: IdSource) -> Decision:
+def _take(
+    state: QueueState, c: cmd.Take, now: int, ids: IdSource, consume: bool = False
+) -> Decision:
     limit = c.max
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_BATCH:
         raise BadRequest(f"max must be 1-{MAX_BATCH}")
     deadline = now + _visibility(c.visibility_timeout_ms, state.settings)
-    picked = _peek_ready(state, limit)
+    picked = _peek_ready(state, limit, consume)
     if not picked:
         return [], []
     leases = [ids.next_lease() for _ in picked]
@@ -273,8 +280,11 @@ def _take(state: QueueState, c: cmd.Take, now: int, ids: IdSource) -> Decision:
     return [event], deliveries
 
 
-def _peek_ready(state: QueueState, limit: int) -> list[Message]:
-    """The next ``limit`` messages ``take`` would hand out, in order; the heap is unchanged."""
+def _peek_ready(state: QueueState, limit: int, consume: bool = False) -> list[Message]:
+    """The next ``limit`` messages ``take`` would hand out, in order.
+
+    The heap is left as it was, unless ``consume``: then the caller promises to reserve the
+    messages at once, and their entries are not put back."""
     heap = state.ready
     pop = heapq.heappop
     popped: list[tuple[int, int, Message]] = []
@@ -289,8 +299,9 @@ def _peek_ready(state: QueueState, limit: int) -> list[Message]:
         if m.seq not in seen:
             seen.add(m.seq)
             picked.append(m)
-    for entry in popped:
-        heapq.heappush(heap, entry)
+    if not consume:
+        for entry in popped:
+            heapq.heappush(heap, entry)
     return picked
 
 
@@ -313,10 +324,10 @@ def _peek_ready_cmd(state: QueueState, c: cmd.PeekReady, now: int, ids: IdSource
 
 def _lookup(state: QueueState, mid: object) -> Message | None:
     """The live message with API id ``mid`` (a string), or None."""
-    if not isinstance(mid, str):
+    if type(mid) is not str:
         return None
     if state.settings.id_mode == "server":
-        if not mid.isdigit() or len(mid) > 20:
+        if len(mid) > 20 or not mid.isdigit() or not mid.isascii():
             return None
         return state.messages.get(int(mid))
     return state.messages.get(mid)
@@ -335,14 +346,17 @@ def _ack(state: QueueState, c: cmd.Ack, now: int, ids: IdSource) -> Decision:
     acked: list[ev.MessageId] = []
     done: set[ev.MessageId] = set()
     results = []
-    for item in c.items:
-        m = _lookup(state, item.id)
-        if m is not None and m.id in done:
-            m = None
-        status = _lease_status(state, m, item.lease)
-        if status == rp.OK:
-            acked.append(m.id)  # type: ignore[union-attr]
-            done.add(m.id)  # type: ignore[union-attr]
+    lookup = _lookup
+    for item in c.items:  # the hottest loop after take: keep it flat
+        m = lookup(state, item.id)
+        if m is None or m.id in done:
+            status = rp.NOT_FOUND
+        elif m.state != RESERVED or item.lease != str(m.lease):
+            status = rp.STALE_LEASE
+        else:
+            status = rp.OK
+            acked.append(m.id)
+            done.add(m.id)
         results.append(rp.ItemResult(item.id, status))
     return ([ev.MessagesAcked(now, acked)] if acked else []), results
 
@@ -357,8 +371,12 @@ def _release(state: QueueState, c: cmd.Release, now: int, ids: IdSource) -> Deci
         when = _activation(now, item.delay_ms, item.activate_at_ms, now, state.settings)
         m = _lookup(state, item.id)
         if m is not None and m.id in done:
-            m = None
-        status = _lease_status(state, m, item.lease)
+            # Released by an earlier item: its lease has ended, or it went to the DLQ.
+            limit = state.settings.max_receives
+            gone = limit is not None and m.receive_count >= limit
+            status = rp.NOT_FOUND if gone else rp.STALE_LEASE
+        else:
+            status = _lease_status(state, m, item.lease)
         if status == rp.OK:
             released.append(m.id)  # type: ignore[union-attr]
             done.add(m.id)  # type: ignore[union-attr]

@@ -131,9 +131,9 @@ class QueuePurged(_Base, tag="purged"):
 
 
 class DeadLettersRouted(_Base, tag="dlq"):
-    """Dead letters handed to the dead-letter queue (or dropped when there is none)."""
+    """Dead letters, by arrival sequence, handed to the dead-letter queue (or dropped)."""
 
-    ids: list[MessageId]
+    seqs: list[int]
 
 
 Event = (

@@ -106,7 +106,7 @@ def restore(snap: Snapshot) -> QueueState:
     s.arrivals = deque(s.messages.values())
     for heap in (s.ready, s.delayed, s.reserved):
         heapq.heapify(heap)
-    s.outbox = {m.id: m for m in snap.outbox}
+    s.outbox = {m.seq: m for m in snap.outbox}
     for key, mid, at in sorted(snap.idem, key=lambda e: e[2]):
         s.idem[key] = (mid, at)
         s.idem_order.append((at, key))

@@ -10,7 +10,7 @@ Indexes (see ``actors/core/README.md`` for the diagram):
 - ``arrivals``: messages in arrival order, for retention;
 - ``groups``: FIFO group → :class:`Group` (messages in order, and whether one is reserved);
 - ``idem``: idempotency key → (message id, put time), expiring after the window;
-- ``outbox``: dead letters waiting for the shell to hand them to the dead-letter queue.
+- ``outbox``: dead letters (by seq) waiting for the shell to hand them to the dead-letter queue.
 
 Heaps are lazy: an entry is valid only while its message is still in that state with that
 key; stale entries are skipped when they surface and swept when they outnumber live ones.
@@ -135,7 +135,7 @@ class QueueState:
         self.groups: dict[str, Group] = {}
         self.idem: dict[str, tuple[ev.MessageId, int]] = {}
         self.idem_order: deque[tuple[int, str]] = deque()
-        self.outbox: dict[ev.MessageId, Message] = {}
+        self.outbox: dict[int, Message] = {}  # by seq
         self.n_ready = self.n_delayed = self.n_reserved = 0
         self.dead_lettered = self.expired_total = self.acked_total = 0
         self.enqueued_total = self.purged_total = 0
@@ -276,8 +276,8 @@ class QueueState:
         self.n_ready = self.n_delayed = self.n_reserved = 0
 
     def _apply_dlq(self, e: ev.DeadLettersRouted) -> None:
-        for mid in e.ids:
-            self.outbox.pop(mid, None)
+        for seq in e.seqs:
+            self.outbox.pop(seq, None)
 
     # ---------------------------------------------------------------- time
 
@@ -287,18 +287,20 @@ class QueueState:
         Ties at the same millisecond resolve as retention, then lease expiry, then activation,
         so the outcome never depends on how often this is called.
         """
-        if now_ms <= self.clock_ms:
-            return
-        t_ret = self._next_retention()
+        if now_ms < self.clock_ms:
+            now_ms = self.clock_ms  # time never goes backwards
+        never = now_ms + 1
         while True:
-            t_del = self.delayed[0][0] if self.delayed else None
-            t_res = self.reserved[0][0] if self.reserved else None
-            t = min(x for x in (t_ret, t_res, t_del, now_ms + 1) if x is not None)
+            t_ret = self._next_retention()
+            if t_ret is None:
+                t_ret = never
+            t_res = self.reserved[0][0] if self.reserved else never
+            t_del = self.delayed[0][0] if self.delayed else never
+            t = min(t_ret, t_res, t_del)
             if t > now_ms:
                 break
             if t == t_ret:
                 self._expire_retention()
-                t_ret = self._next_retention()
             elif t == t_res:
                 _, _, m = heapq.heappop(self.reserved)
                 if m.state == RESERVED and m.deadline_ms == t:
@@ -397,7 +399,7 @@ class QueueState:
         """Move a message whose lease just ended (no state count) to the outbox."""
         m.state = DEAD
         del self.messages[m.id]
-        self.outbox[m.id] = m
+        self.outbox[m.seq] = m
         self.dead_lettered += 1
         if self.settings.fifo:
             self._refresh_group(m)

@@ -1,0 +1,251 @@
+"""A deliberately naive reference model of one queue, for the model tests.
+
+No heaps, no indexes, no laziness: every question is answered by scanning every message,
+and time is advanced by repeatedly finding the earliest due transition among all messages.
+It shares nothing with the engine but the settings struct and the id/lease sources, so a
+bug in the engine's indexes cannot hide in here.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+from actors.settings import QueueSettings
+
+
+@dataclass
+class RMsg:
+    id: int | str
+    body: bytes
+    seq: int
+    enqueued_at: int
+    activate_at: int
+    state: str  # delayed | ready | reserved
+    group: str | None
+    receive_count: int = 0
+    lease: str | None = None
+    deadline: int = 0
+
+
+@dataclass
+class Reference:
+    settings: QueueSettings
+    clock: int = 0
+    msgs: list[RMsg] = field(default_factory=list)  # live messages, arrival order
+    outbox: list[RMsg] = field(default_factory=list)
+    idem: dict[str, tuple[int | str, int]] = field(default_factory=dict)
+    next_seq: int = 1
+    last_id: int = 0
+    dead_lettered: int = 0
+    expired: int = 0
+    acked: int = 0
+
+    # ------------------------------------------------------------- time
+
+    def advance(self, now: int) -> None:
+        now = max(now, self.clock)  # a deadline at ``now`` has passed
+        while True:
+            due = []
+            for m in self.msgs:
+                due.append((m.enqueued_at + self.settings.retention_ms, 0, m.seq, m))
+                if m.state == "reserved":
+                    due.append((m.deadline, 1, m.seq, m))
+                elif m.state == "delayed":
+                    due.append((m.activate_at, 2, m.seq, m))
+            if not due:
+                break
+            t, kind, _, m = min(due, key=lambda d: d[:3])
+            if t > now:
+                break
+            if kind == 0:
+                self.msgs.remove(m)
+                self.expired += 1
+            elif kind == 1:
+                self._back(m, m.deadline, m.deadline)
+            else:
+                m.state = "ready"
+        window = self.settings.idempotency_window_ms
+        self.idem = {k: v for k, v in self.idem.items() if v[1] + window > now}
+        self.clock = now
+
+    def _back(self, m: RMsg, activate_at: int, now: int) -> None:
+        """End the lease of ``m``; dead-letter it if it had its last receive."""
+        m.lease, m.deadline = None, 0
+        limit = self.settings.max_receives
+        if limit is not None and m.receive_count >= limit:
+            self.msgs.remove(m)
+            self.outbox.append(m)
+            self.dead_lettered += 1
+            return
+        m.activate_at = activate_at
+        m.state = "ready" if activate_at <= now else "delayed"
+
+    # ------------------------------------------------------------- queries
+
+    def find(self, mid: str) -> RMsg | None:
+        for m in self.msgs:
+            if str(m.id) == mid:
+                return m
+        return None
+
+    def takeable(self) -> list[RMsg]:
+        ready = [m for m in self.msgs if m.state == "ready"]
+        if self.settings.fifo:
+            heads = []
+            for group in {m.group for m in self.msgs}:
+                members = [m for m in self.msgs if m.group == group]
+                if members[0].state == "ready" and all(x.state != "reserved" for x in members):
+                    heads.append(members[0])
+            ready = heads
+        return sorted(ready, key=lambda m: (m.activate_at, m.seq))
+
+    def stats(self) -> dict[str, int | None]:
+        takeable = self.takeable()
+        return {
+            "ready": sum(m.state == "ready" for m in self.msgs),
+            "delayed": sum(m.state == "delayed" for m in self.msgs),
+            "reserved": sum(m.state == "reserved" for m in self.msgs),
+            "total": len(self.msgs),
+            "oldest_ready_age_ms": self.clock - takeable[0].activate_at if takeable else None,
+            "dead_lettered": self.dead_lettered,
+            "dead_letter_pending": len(self.outbox),
+            "expired": self.expired,
+            "acked": self.acked,
+        }
+
+    # ------------------------------------------------------------- commands
+
+    def put(
+        self, now: int, messages: list[dict[str, object]], new_id: object
+    ) -> list[tuple[str, str]] | str:
+        """Results, or the name of the error the whole command fails with."""
+        results: list[tuple[str, str]] = []
+        staged: list[RMsg] = []
+        keys = dict(self.idem)
+        for spec in messages:
+            body = spec["body"]
+            assert isinstance(body, bytes)
+            key = spec.get("key")
+            if key is None and self.settings.content_based_dedup:
+                key = "sha256:" + hashlib.sha256(body).hexdigest()
+            if key is not None and key in keys:
+                results.append((str(keys[key][0]), "duplicate"))
+                continue
+            if self.settings.id_mode == "server":
+                mid: int | str = max(new_id(), self.last_id + 1)  # type: ignore[operator]
+                self.last_id = mid  # type: ignore[assignment]
+            else:
+                mid = str(spec["id"])
+                same = [m for m in self.msgs + staged if m.id == mid]
+                if same:
+                    if same[0].body != body:
+                        return "Conflict"
+                    results.append((mid, "duplicate"))
+                    continue
+            delay = spec.get("delay", 0)
+            activate = spec.get("activate_at", now + delay)  # type: ignore[operator]
+            m = RMsg(mid, body, 0, now, activate, "delayed", spec.get("group"))  # type: ignore[arg-type]
+            staged.append(m)
+            if key is not None:
+                keys[key] = (mid, now)  # type: ignore[assignment]
+            results.append((str(mid), "created"))
+        for m in staged:
+            m.seq = self.next_seq
+            self.next_seq += 1
+            m.state = "ready" if m.activate_at <= now else "delayed"
+            self.msgs.append(m)
+        self.idem = keys
+        return results
+
+    def take(self, now: int, limit: int, vt: int | None) -> list[RMsg]:
+        picked = self.takeable()[:limit]
+        deadline = now + (self.settings.visibility_timeout_ms if vt is None else vt)
+        for m in picked:
+            m.state = "reserved"
+            m.receive_count += 1
+            m.deadline = deadline
+        return picked
+
+    def lease_status(self, mid: str, lease: str) -> tuple[str, RMsg | None]:
+        m = self.find(mid)
+        if m is None:
+            return "not_found", None
+        if m.state != "reserved" or m.lease != lease:
+            return "stale_lease", None
+        return "ok", m
+
+    def ack(self, items: list[tuple[str, str]]) -> list[str]:
+        out = []
+        for mid, lease in items:
+            status, m = self.lease_status(mid, lease)
+            if m is not None:
+                self.msgs.remove(m)
+                self.acked += 1
+            out.append(status)
+        return out
+
+    def release(self, now: int, items: list[tuple[str, str, int]]) -> list[str]:
+        out = []
+        for mid, lease, delay in items:
+            status, m = self.lease_status(mid, lease)
+            if m is not None:
+                self._back(m, now + delay, now)
+            out.append(status)
+        return out
+
+    def touch(self, now: int, items: list[tuple[str, str, int]]) -> list[tuple[str, int | None]]:
+        out: list[tuple[str, int | None]] = []
+        for mid, lease, vt in items:
+            status, m = self.lease_status(mid, lease)
+            if m is not None:
+                m.deadline = now + vt
+                out.append((status, m.deadline))
+            else:
+                out.append((status, None))
+        return out
+
+    def require(self, mid: str, lease: str | None) -> RMsg | str:
+        m = self.find(mid)
+        if m is None:
+            return "MessageNotFound"
+        if m.state == "reserved":
+            if lease is None:
+                return "Conflict"
+            if lease != m.lease:
+                return "StaleLease"
+        elif lease is not None:
+            return "StaleLease"
+        return m
+
+    def update(
+        self, now: int, mid: str, lease: str | None, body: bytes | None, delay: int | None
+    ) -> RMsg | str:
+        m = self.require(mid, lease)
+        if isinstance(m, str):
+            return m
+        if body is not None:
+            m.body = body
+        if delay is not None:
+            if m.state == "reserved":
+                m.lease, m.deadline, m.receive_count = None, 0, 0
+            m.activate_at = now + delay
+            m.state = "ready" if m.activate_at <= now else "delayed"
+        return m
+
+    def delete(self, mid: str, lease: str | None) -> str | None:
+        m = self.require(mid, lease)
+        if isinstance(m, str):
+            return m
+        self.msgs.remove(m)
+        return None
+
+    def purge(self) -> int:
+        n = len(self.msgs)
+        self.msgs = []
+        return n
+
+    def confirm_dead_letters(self) -> int:
+        n = len(self.outbox)
+        self.outbox = []
+        return n
