@@ -17,11 +17,14 @@ __all__ = [
     "DEFAULT_MAX_MESSAGE_BYTES",
     "MAX_BATCH",
     "MAX_MESSAGE_BYTES_LIMIT",
+    "MAX_PUT_BYTES",
+    "LogSettings",
     "QueueSettings",
     "validate_queue_name",
 ]
 
 MAX_BATCH = 1000
+MAX_PUT_BYTES = 128 * 1024 * 1024  # one put's bodies together (one log record holds them)
 DEFAULT_MAX_MESSAGE_BYTES = 8 * 1024 * 1024
 MAX_MESSAGE_BYTES_LIMIT = 64 * 1024 * 1024
 MAX_VISIBILITY_TIMEOUT_MS = 12 * 3600 * 1000
@@ -92,3 +95,11 @@ def _check_range(field: str, value: object, low: int, high: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         unit = "" if field in ("max_message_bytes", "max_receives") else " ms"
         raise BadRequest(f"{field} must be between {low} and {high}{unit}", field=field)
+
+
+class LogSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """How a queue actor uses its log (server-wide, not stored in the log)."""
+
+    snapshot_every_records: int = 200_000
+    snapshot_every_ms: int = 300_000
+    max_batch_bytes: int = 16 * 1024 * 1024

@@ -30,7 +30,13 @@ from actors.errors import (
     StaleLease,
     TooLarge,
 )
-from actors.settings import MAX_BATCH, MAX_VISIBILITY_TIMEOUT_MS, QueueSettings, validate_queue_name
+from actors.settings import (
+    MAX_BATCH,
+    MAX_PUT_BYTES,
+    MAX_VISIBILITY_TIMEOUT_MS,
+    QueueSettings,
+    validate_queue_name,
+)
 
 __all__ = ["Decision", "decide", "execute"]
 
@@ -139,44 +145,70 @@ def _put(state: QueueState, c: cmd.Put, now: int, ids: IdSource) -> Decision:
     results: list[rp.PutResult] = []
     batch_ids: dict[ev.MessageId, bytes] = {}
     batch_keys: dict[str, ev.MessageId] = {}
-    idem = state.idem
+    total = 0
     for m in c.messages:
-        size = _body_size(m.body)
-        if size > s.max_message_bytes:
-            raise TooLarge(f"message body is {size} bytes; this queue takes {s.max_message_bytes}")
+        total += _checked_size(m.body, s)
+        if total > MAX_PUT_BYTES:
+            raise TooLarge(f"one put carries at most {MAX_PUT_BYTES} bytes of bodies")
         activate = _activation(now, m.delay_ms, m.activate_at_ms, now + s.delay_ms, s)
         key = _dedup_key(m, s)
-        if key is not None:
-            known = idem.get(key)
-            mid = known[0] if known is not None else batch_keys.get(key)
-            if mid is not None:
-                results.append(rp.PutResult(str(mid), rp.DUPLICATE))
-                continue
+        known = _known_key(state, batch_keys, key)
+        if known is not None:
+            results.append(rp.PutResult(str(known), rp.DUPLICATE))
+            continue
         group = _check_group(m, s)
         if m.attributes is not None:
             _check_attributes(m.attributes)
         if server_ids:
             if m.id is not None:
                 raise BadRequest("this queue assigns ids (id_mode=server); omit 'id'")
-            mid = ids.next_id(now)
-            if mid <= last_id:
-                mid = last_id + 1
+            mid: ev.MessageId = max(ids.next_id(now), last_id + 1)
             last_id = mid
         else:
             mid = _client_id(m.id)
-            existing = state.messages.get(mid)
-            earlier = existing.body if existing is not None else batch_ids.get(mid)
-            if earlier is not None:
-                if earlier == m.body:
-                    results.append(rp.PutResult(mid, rp.DUPLICATE))
-                    continue
-                raise Conflict(f"message {mid!r} exists with another body", id=mid)
+            if _client_duplicate(state, batch_ids, mid, m.body):
+                results.append(rp.PutResult(mid, rp.DUPLICATE))
+                continue
             batch_ids[mid] = m.body
         if key is not None:
             batch_keys[key] = mid
         items.append(ev.PutItem(mid, m.body, activate, key, group, m.attributes))
         results.append(rp.PutResult(str(mid), rp.CREATED))
     return ([ev.MessagesPut(now, items)] if items else []), results
+
+
+def _checked_size(body: object, s: QueueSettings) -> int:
+    size = _body_size(body)
+    if size > s.max_message_bytes:
+        raise TooLarge(f"message body is {size} bytes; this queue takes {s.max_message_bytes}")
+    return size
+
+
+def _known_key(
+    state: QueueState, batch_keys: dict[str, ev.MessageId], key: str | None
+) -> ev.MessageId | None:
+    """The id an idempotency key already stands for (in the window or earlier in the batch)."""
+    if key is None:
+        return None
+    known = state.idem.get(key)
+    return known[0] if known is not None else batch_keys.get(key)
+
+
+def _client_duplicate(
+    state: QueueState, batch_ids: dict[ev.MessageId, bytes], mid: str, body: bytes
+) -> bool:
+    """Whether client id ``mid`` is a retry of a message already there (same body).
+
+    Raises:
+        Conflict: the id exists with another body.
+    """
+    existing = state.messages.get(mid)
+    earlier = existing.body if existing is not None else batch_ids.get(mid)
+    if earlier is None:
+        return False
+    if earlier == body:
+        return True
+    raise Conflict(f"message {mid!r} exists with another body", id=mid)
 
 
 def _body_size(body: object) -> int:
@@ -430,11 +462,7 @@ def _update(state: QueueState, c: cmd.Update | cmd.Reschedule, now: int, ids: Id
     if body is None and c.delay_ms is None and c.activate_at_ms is None:
         raise BadRequest("nothing to change: give a body, a delay or an activation time")
     if body is not None:
-        size = _body_size(body)
-        if size > state.settings.max_message_bytes:
-            raise TooLarge(
-                f"message body is {size} bytes; this queue takes {state.settings.max_message_bytes}"
-            )
+        _checked_size(body, state.settings)
     when = None
     if c.delay_ms is not None or c.activate_at_ms is not None:
         when = _activation(now, c.delay_ms, c.activate_at_ms, now, state.settings)

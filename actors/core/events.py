@@ -40,6 +40,7 @@ __all__ = [
     "QueueCreated",
     "QueuePurged",
     "SettingsChanged",
+    "WriterStarted",
     "decode_event",
     "encode_event",
 ]
@@ -130,6 +131,12 @@ class QueuePurged(_Base, tag="purged"):
     """Every message in the queue deleted."""
 
 
+class WriterStarted(_Base, tag="writer"):
+    """A new incarnation of the queue's writer took over the log (fencing; no state change)."""
+
+    epoch: int
+
+
 class DeadLettersRouted(_Base, tag="dlq"):
     """Dead letters, by arrival sequence, handed to the dead-letter queue (or dropped)."""
 
@@ -148,6 +155,7 @@ Event = (
     | MessagesDeleted
     | QueuePurged
     | DeadLettersRouted
+    | WriterStarted
 )
 
 _encoder = msgspec.msgpack.Encoder()

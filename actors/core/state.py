@@ -119,6 +119,7 @@ class QueueState:
         "ready",
         "reserved",
         "settings",
+        "transitions",
     )
 
     def __init__(self) -> None:
@@ -139,6 +140,7 @@ class QueueState:
         self.n_ready = self.n_delayed = self.n_reserved = 0
         self.dead_lettered = self.expired_total = self.acked_total = 0
         self.enqueued_total = self.purged_total = 0
+        self.transitions = 0  # time-driven transitions made by advance (not part of snapshots)
 
     @property
     def created(self) -> bool:
@@ -279,6 +281,9 @@ class QueueState:
         for seq in e.seqs:
             self.outbox.pop(seq, None)
 
+    def _apply_writer(self, e: ev.WriterStarted) -> None:
+        pass  # fencing marker: only its timestamp (applied by advance) matters
+
     # ---------------------------------------------------------------- time
 
     def advance(self, now_ms: int) -> None:
@@ -299,6 +304,7 @@ class QueueState:
             t = min(t_ret, t_res, t_del)
             if t > now_ms:
                 break
+            self.transitions += 1
             if t == t_ret:
                 self._expire_retention()
             elif t == t_res:
@@ -497,4 +503,5 @@ _APPLY: dict[type, Callable[[QueueState, Any], None]] = {
     ev.MessagesDeleted: QueueState._apply_deleted,
     ev.QueuePurged: QueueState._apply_purged,
     ev.DeadLettersRouted: QueueState._apply_dlq,
+    ev.WriterStarted: QueueState._apply_writer,
 }

@@ -1,0 +1,81 @@
+"""Object names of the log (FORMAT.md, "Object names"). Pure."""
+
+from __future__ import annotations
+
+from actors.errors import DataError
+
+__all__ = [
+    "damaged_key",
+    "log_prefix",
+    "queue_of",
+    "queue_prefix",
+    "report_key",
+    "segment_key",
+    "seq_of",
+    "snapshot_key",
+    "snapshot_prefix",
+]
+
+ROOT = "queues/"
+_SEQ_WIDTH = 20
+
+
+def queue_prefix(queue: str) -> str:
+    """Prefix of every object of ``queue``."""
+    return f"{ROOT}{queue}/"
+
+
+def log_prefix(queue: str) -> str:
+    """Prefix of the queue's segments."""
+    return f"{ROOT}{queue}/log/"
+
+
+def snapshot_prefix(queue: str) -> str:
+    """Prefix of the queue's snapshots."""
+    return f"{ROOT}{queue}/snap/"
+
+
+def segment_key(queue: str, first_seq: int) -> str:
+    """Name of the segment whose first record is ``first_seq``."""
+    return f"{ROOT}{queue}/log/{first_seq:0{_SEQ_WIDTH}d}.seg"
+
+
+def snapshot_key(queue: str, seq: int) -> str:
+    """Name of the snapshot covering records up to ``seq``."""
+    return f"{ROOT}{queue}/snap/{seq:0{_SEQ_WIDTH}d}.snap"
+
+
+def damaged_key(key: str, epoch: int) -> str:
+    """Where recovery of incarnation ``epoch`` moves the damaged object ``key``."""
+    queue = queue_of(key)
+    name = key.rsplit("/", 1)[-1]
+    return f"{ROOT}{queue}/damaged/{name}.{epoch}"
+
+
+def report_key(queue: str, epoch: int) -> str:
+    """The recovery report of incarnation ``epoch``."""
+    return f"{ROOT}{queue}/reports/{epoch:010d}.json"
+
+
+def seq_of(key: str) -> int:
+    """The sequence number in a segment or snapshot name.
+
+    Raises:
+        DataError: the name is not a segment or snapshot name.
+    """
+    name = key.rsplit("/", 1)[-1]
+    stem, _, suffix = name.partition(".")
+    if suffix not in ("seg", "snap") or len(stem) != _SEQ_WIDTH or not stem.isdigit():
+        raise DataError(f"not a log object name: {key!r}")
+    return int(stem)
+
+
+def queue_of(key: str) -> str:
+    """The queue a log object belongs to.
+
+    Raises:
+        DataError: the key is not under ``queues/<queue>/``.
+    """
+    if not key.startswith(ROOT) or key.count("/") < 2:
+        raise DataError(f"not a queue object: {key!r}")
+    return key[len(ROOT) :].split("/", 1)[0]

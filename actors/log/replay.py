@@ -1,0 +1,189 @@
+"""Recovery: newest valid snapshot + replay of the segments after it.
+
+A snapshot that fails any check is skipped for the one before it. Replay goes through
+segments in order and stops at the first damage — a damaged header, a bad record, a torn
+tail, or a gap in sequence numbers — keeping every record before it. What was discarded is
+described exactly (queue, object, byte offset, records) in a :class:`RecoveryReport`, which
+the caller logs and keeps. Nothing here writes to the store: acting on the report (moving
+damaged objects aside, claiming an epoch) is :mod:`actors.log.recovery`'s job.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+import msgspec
+
+from actors.core.snapshot import decode_snapshot, restore
+from actors.core.state import QueueState
+from actors.errors import DataError
+from actors.log import keys
+from actors.log.codec import decode_segment, decode_segment_header, decode_snapshot_object
+from actors.log.store import KeyNotFound, ObjectStore
+
+__all__ = ["Discarded", "RecoveryReport", "Replayed", "replay"]
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[int, int, int], None]  # (segments done, segments total, records done)
+
+
+class Discarded(msgspec.Struct, frozen=True):
+    """An object (or its tail) that recovery did not use, and why."""
+
+    object: str
+    offset: int  # byte offset of the first byte not used (0: the whole object)
+    records: int | None  # records not used (None: unknown, e.g. a damaged header)
+    reason: str
+
+
+class RecoveryReport(msgspec.Struct, kw_only=True):
+    """What a recovery used, what it discarded, and how long it took."""
+
+    queue: str
+    epoch: int = 0  # the incarnation that recovered (set by the caller)
+    snapshot: str | None = None
+    snapshot_seq: int = 0
+    segments_replayed: int = 0
+    records_replayed: int = 0
+    last_seq: int = 0
+    discarded: list[Discarded] = msgspec.field(default_factory=list)
+    duration_ms: int = 0
+
+    @property
+    def clean(self) -> bool:
+        """Nothing was discarded."""
+        return not self.discarded
+
+
+class Replayed(msgspec.Struct):
+    """The outcome of :func:`replay`."""
+
+    state: QueueState
+    report: RecoveryReport
+    max_epoch: int  # highest epoch seen in any header read
+    found: bool  # whether the queue has any log object at all
+    damaged: list[str]  # objects to move aside before writing again
+
+    @property
+    def last_seq(self) -> int:
+        """Sequence number of the last record recovered."""
+        return self.report.last_seq
+
+
+async def replay(store: ObjectStore, queue: str, *, progress: Progress | None = None) -> Replayed:
+    """Rebuild ``queue``'s state from its newest valid snapshot and the segments after it.
+
+    Raises:
+        StoreError: the store could not be read (nothing is decided on partial listings).
+    """
+    started = time.perf_counter()  # a duration for the report; state time comes from events
+    report = RecoveryReport(queue=queue)
+    damaged: list[str] = []
+    state, snap_seq, max_epoch = await _newest_snapshot(store, queue, report, damaged)
+    seg_keys = await store.list(keys.log_prefix(queue))
+    found = bool(seg_keys) or report.snapshot is not None or bool(damaged)
+    segments = _segments_after(seg_keys, snap_seq)
+    expected = snap_seq + 1
+    for index, (first_seq, key) in enumerate(segments):
+        if first_seq > expected:
+            gap = f"gap: record {expected} is missing"
+            max_epoch = max(
+                max_epoch, await _discard_rest(store, segments[index:], report, damaged, gap)
+            )
+            break
+        try:
+            read = decode_segment(await store.get(key))
+        except (DataError, KeyNotFound) as exc:
+            reason = exc.message if isinstance(exc, DataError) else "vanished while reading"
+            report.discarded.append(Discarded(key, 0, None, reason))
+            damaged.append(key)
+            after = f"after damage in {key}"
+            max_epoch = max(
+                max_epoch, await _discard_rest(store, segments[index + 1 :], report, damaged, after)
+            )
+            break
+        max_epoch = max(max_epoch, read.header.epoch)
+        skip = expected - first_seq  # records already in the snapshot
+        for event in read.events[skip:]:
+            state.apply(event)
+        used = max(0, len(read.events) - skip)
+        report.records_replayed += used
+        report.segments_replayed += 1
+        expected += used
+        if read.damage is not None:
+            d = read.damage
+            report.discarded.append(Discarded(key, d.offset, d.records_discarded, d.reason))
+            damaged.append(key)
+            after = f"after damage in {key}"
+            max_epoch = max(
+                max_epoch, await _discard_rest(store, segments[index + 1 :], report, damaged, after)
+            )
+            break
+        if progress is not None:
+            progress(index + 1, len(segments), report.records_replayed)
+    report.last_seq = expected - 1
+    report.duration_ms = int((time.perf_counter() - started) * 1000)
+    if report.discarded:
+        log.warning(
+            "queue %s: recovery discarded %s", queue, msgspec.json.encode(report.discarded).decode()
+        )
+    return Replayed(state, report, max_epoch, found, damaged)
+
+
+async def _newest_snapshot(
+    store: ObjectStore, queue: str, report: RecoveryReport, damaged: list[str]
+) -> tuple[QueueState, int, int]:
+    """The newest snapshot that passes every check, restored; older damaged ones reported."""
+    snap_keys = sorted(await store.list(keys.snapshot_prefix(queue)), key=keys.seq_of, reverse=True)
+    for key in snap_keys:
+        try:
+            epoch, seq, body = decode_snapshot_object(await store.get(key))
+            state = restore(decode_snapshot(body))
+        except (DataError, KeyNotFound) as exc:
+            reason = exc.message if isinstance(exc, DataError) else "vanished while reading"
+            report.discarded.append(Discarded(key, 0, None, f"snapshot unusable: {reason}"))
+            damaged.append(key)
+            continue
+        if seq != keys.seq_of(key):
+            report.discarded.append(Discarded(key, 0, None, f"snapshot says seq {seq}"))
+            damaged.append(key)
+            continue
+        report.snapshot, report.snapshot_seq = key, seq
+        return state, seq, epoch
+    return QueueState(), 0, 0
+
+
+def _segments_after(seg_keys: list[str], snap_seq: int) -> list[tuple[int, str]]:
+    """Segments that may hold records after ``snap_seq``, in order."""
+    ordered = sorted((keys.seq_of(k), k) for k in seg_keys)
+    keep = []
+    for i, (first, key) in enumerate(ordered):
+        next_first = ordered[i + 1][0] if i + 1 < len(ordered) else None
+        if next_first is None or next_first - 1 > snap_seq:
+            keep.append((first, key))
+    return keep
+
+
+async def _discard_rest(
+    store: ObjectStore,
+    segments: list[tuple[int, str]],
+    report: RecoveryReport,
+    damaged: list[str],
+    reason: str,
+) -> int:
+    """Report whole segments that cannot be used, with their record counts when readable;
+    return the highest epoch among their headers (a new writer must exceed it too)."""
+    max_epoch = 0
+    for _, key in segments:
+        records: int | None = None
+        try:
+            header = decode_segment_header(await store.get(key))
+            records, max_epoch = header.count, max(max_epoch, header.epoch)
+        except (DataError, KeyNotFound):
+            pass
+        report.discarded.append(Discarded(key, 0, records, reason))
+        damaged.append(key)
+    return max_epoch
