@@ -140,6 +140,7 @@ class QueueActor:
         self._snapshot_seq = opened.snapshot_seq
         self._snapshot_at_ms = self.clock.now_ms()
         opened.writer.on_durable = self._on_durable
+        opened.writer.on_broken = self._on_broken
         opened.writer.on_failed = self._on_failed
         self._writer = opened.writer
         self._ready.set()
@@ -238,14 +239,17 @@ class QueueActor:
         self._changed()
         self._maybe_snapshot()
 
-    def _on_failed(self, batch: Batch, exc: QueueError) -> None:
-        assert self._writer is not None
-        later = [e for b in self._writer.unwritten() for e in b.entries]
+    def _on_broken(self, exc: QueueError) -> None:
+        """A write failed: decide nothing more until the log has been reloaded."""
         self._ready.clear()
+
+    def _on_failed(self, failed: Batch, later: list[Batch], exc: QueueError) -> None:
+        """Every write has settled after a failure: fail what the failed write held, then
+        reload and sort out the rest (see :meth:`_reload`)."""
         if isinstance(exc, Fenced):
             log.error("queue %s: fenced, stopping: %s", self.name, exc)
             self._stopped = exc
-            for entry in [*batch.entries, *later]:
+            for entry in [*failed.entries, *(e for b in later for e in b.entries)]:
                 entry.fail(exc)
             self._ready.set()  # waiters see _stopped
             return
@@ -254,16 +258,16 @@ class QueueActor:
             f"queue {self.name}: the log write failed; the command may or may not have happened",
             queue=self.name,
         )
-        redo = []
-        for entry in batch.entries:
+        for entry in failed.entries:
             if entry.has_events:
                 entry.fail(lost)
-            else:
-                redo.append(entry)
-        self._spawn(self._reload([*redo, *later]))
+        unsure = [Batch(failed.first_seq)]  # the failed batch's read-only commands
+        unsure[0].entries = [e for e in failed.entries if not e.has_events]
+        self._spawn(self._reload([*unsure, *later]))
 
-    async def _reload(self, redo: list[_Entry]) -> None:
-        """Rebuild the state from the log, then decide the waiting commands again."""
+    async def _reload(self, unsure: list[Batch]) -> None:
+        """Rebuild the state from the log; then release the commands of batches the log
+        holds, and decide again those of batches it does not."""
         delay = 0.05
         while self._stopped is None:
             try:
@@ -273,13 +277,19 @@ class QueueActor:
                 log.error("queue %s: reload failed (%s); retrying in %.2fs", self.name, exc, delay)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
+        entries = [e for b in unsure for e in b.entries]
         if self._stopped is not None:
-            for entry in redo:
+            for entry in entries:
                 entry.fail(self._stopped)
             return
-        for entry in redo:
-            entry.has_events, entry.reply, entry.error = False, None, None
-            self._decide(entry)
+        durable = self.report.last_seq if self.report is not None else 0
+        for batch in unsure:
+            for entry in batch.entries:
+                if batch.payloads and batch.last_seq <= durable:
+                    entry.release()  # it landed: its reply is true
+                else:
+                    entry.has_events, entry.reply, entry.error = False, None, None
+                    self._decide(entry)
 
     # ---------------------------------------------------------------- time and changes
 
@@ -364,7 +374,7 @@ class QueueActor:
             data = encode_state(self.state, writer.epoch, seq)
             batch = writer.last_batch()
             if batch is not None:
-                await asyncio.shield(batch.future)
+                await batch.wait()
             key = await write_snapshot(self.store, self.name, seq, data)
             if key is not None:
                 self._snapshot_seq = max(self._snapshot_seq, seq)

@@ -171,7 +171,7 @@ def decode_segment(data: bytes) -> SegmentRead:
                         if flags:
                             if decompressor is None:
                                 decompressor = zstandard.ZstdDecompressor()
-                            payload = decompressor.decompress(payload)
+                            payload = _inflate(decompressor, payload, MAX_RECORD)
                         events.append(decode(payload))
                     except (zstandard.ZstdError, msgspec.DecodeError) as exc:
                         reason = f"record does not decode: {exc}"
@@ -235,6 +235,23 @@ def decode_snapshot_object(data: bytes) -> tuple[int, int, bytes]:
     if not flags:
         return epoch, seq, bytes(body)
     try:
-        return epoch, seq, zstandard.ZstdDecompressor().decompress(body)
+        # Streamed: memory grows with the real output, not with the size the frame claims.
+        inflater = zstandard.ZstdDecompressor().decompressobj()
+        out = inflater.decompress(body)
+        if not inflater.eof:
+            raise zstandard.ZstdError("the frame is cut short")
     except zstandard.ZstdError as exc:
         raise DataError(f"snapshot body does not decompress: {exc}") from exc
+    claimed = zstandard.frame_content_size(body)
+    if claimed >= 0 and claimed != len(out):
+        raise DataError(f"snapshot body is {len(out)} bytes, its frame says {claimed}")
+    return epoch, seq, out
+
+
+def _inflate(decompressor: zstandard.ZstdDecompressor, frame: memoryview, limit: int) -> bytes:
+    """Decompress one frame, refusing (ZstdError) one that claims to be over ``limit``: the
+    size comes from untrusted bytes, and allocating it first could exhaust memory."""
+    size = zstandard.frame_content_size(frame)
+    if size < 0 or size > limit:  # -1: unknown size; every frame we write carries it
+        raise zstandard.ZstdError(f"frame content size {size} is unknown or over {limit}")
+    return decompressor.decompress(frame, max_output_size=limit)

@@ -98,6 +98,7 @@ class FaultyStore:
     ) -> None:
         self.inner = inner
         self.url = inner.url
+        self.write_slots = getattr(inner, "write_slots", 1)
         self.schedule = schedule if schedule is not None else FaultSchedule()
         self._sleep = sleep  # injectable, so a test with a fake clock need not wait
         self.calls: Counter[str] = Counter()

@@ -65,7 +65,11 @@ def seq_of(key: str) -> int:
     """
     name = key.rsplit("/", 1)[-1]
     stem, _, suffix = name.partition(".")
-    if suffix not in ("seg", "snap") or len(stem) != _SEQ_WIDTH or not stem.isdigit():
+    if (
+        suffix not in ("seg", "snap")
+        or len(stem) != _SEQ_WIDTH
+        or not (stem.isascii() and stem.isdigit())
+    ):
         raise DataError(f"not a log object name: {key!r}")
     return int(stem)
 

@@ -40,9 +40,12 @@ def _error(op: str, key: str, exc: BaseException, *, ambiguous: bool) -> StoreEr
 class ObstoreStore:
     """An :class:`~actors.log.store.ObjectStore` over any obstore store."""
 
-    def __init__(self, store: Any, url: str) -> None:
+    def __init__(self, store: Any, url: str, *, write_slots: int = 8) -> None:
         self.store = store
         self.url = url
+        # Object stores answer in milliseconds: several segment writes in flight keep a busy
+        # queue's throughput from being capped at one batch per round trip.
+        self.write_slots = write_slots
 
     def __repr__(self) -> str:
         return f"ObstoreStore({self.url!r})"

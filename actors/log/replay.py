@@ -20,7 +20,12 @@ from actors.core.snapshot import decode_snapshot, restore
 from actors.core.state import QueueState
 from actors.errors import DataError
 from actors.log import keys
-from actors.log.codec import decode_segment, decode_segment_header, decode_snapshot_object
+from actors.log.codec import (
+    SegmentHeader,
+    decode_segment,
+    decode_segment_header,
+    decode_snapshot_object,
+)
 from actors.log.store import KeyNotFound, ObjectStore
 
 __all__ = ["Discarded", "RecoveryReport", "Replayed", "replay"]
@@ -87,6 +92,7 @@ async def replay(store: ObjectStore, queue: str, *, progress: Progress | None = 
     found = bool(seg_keys) or report.snapshot is not None or bool(damaged)
     segments = _segments_after(seg_keys, snap_seq)
     expected = snap_seq + 1
+    last_epoch = 0
     for index, (first_seq, key) in enumerate(segments):
         if first_seq > expected:
             gap = f"gap: record {expected} is missing"
@@ -105,7 +111,19 @@ async def replay(store: ObjectStore, queue: str, *, progress: Progress | None = 
                 max_epoch, await _discard_rest(store, segments[index + 1 :], report, damaged, after)
             )
             break
+        reason = _misplaced(read.header, first_seq, last_epoch)
+        if reason is not None:
+            report.discarded.append(Discarded(key, 0, read.header.count, reason))
+            damaged.append(key)
+            after = f"after damage in {key}"
+            max_epoch = max(
+                max_epoch,
+                read.header.epoch,
+                await _discard_rest(store, segments[index + 1 :], report, damaged, after),
+            )
+            break
         max_epoch = max(max_epoch, read.header.epoch)
+        last_epoch = read.header.epoch
         skip = expected - first_seq  # records already in the snapshot
         for event in read.events[skip:]:
             state.apply(event)
@@ -137,7 +155,11 @@ async def _newest_snapshot(
     store: ObjectStore, queue: str, report: RecoveryReport, damaged: list[str]
 ) -> tuple[QueueState, int, int]:
     """The newest snapshot that passes every check, restored; older damaged ones reported."""
-    snap_keys = sorted(await store.list(keys.snapshot_prefix(queue)), key=keys.seq_of, reverse=True)
+    snap_keys = sorted(
+        (k for k in await store.list(keys.snapshot_prefix(queue)) if _is_log_name(k)),
+        key=keys.seq_of,
+        reverse=True,
+    )
     for key in snap_keys:
         try:
             epoch, seq, body = decode_snapshot_object(await store.get(key))
@@ -156,15 +178,42 @@ async def _newest_snapshot(
     return QueueState(), 0, 0
 
 
+def _misplaced(header: SegmentHeader, first_seq: int, last_epoch: int) -> str | None:
+    """Why a segment with an intact header still cannot follow the ones before it."""
+    if header.first_seq != first_seq:
+        return f"header says first record {header.first_seq}, the name says {first_seq}"
+    if header.epoch < last_epoch:
+        # A zombie's write that landed above a newer incarnation's claim: never acknowledged
+        # (acks are released in order, and the zombie's write at the claim failed first).
+        return f"epoch {header.epoch} after epoch {last_epoch}: a fenced writer's segment"
+    return None
+
+
 def _segments_after(seg_keys: list[str], snap_seq: int) -> list[tuple[int, str]]:
-    """Segments that may hold records after ``snap_seq``, in order."""
-    ordered = sorted((keys.seq_of(k), k) for k in seg_keys)
+    """Segments that may hold records after ``snap_seq``, in order. Objects whose names are
+    not segment names are ignored (and logged): they cannot be part of the log."""
+    ordered = []
+    for k in seg_keys:
+        try:
+            ordered.append((keys.seq_of(k), k))
+        except DataError:
+            log.warning("ignoring %s: not a segment name", k)
+    ordered.sort()
     keep = []
     for i, (first, key) in enumerate(ordered):
         next_first = ordered[i + 1][0] if i + 1 < len(ordered) else None
         if next_first is None or next_first - 1 > snap_seq:
             keep.append((first, key))
     return keep
+
+
+def _is_log_name(key: str) -> bool:
+    try:
+        keys.seq_of(key)
+    except DataError:
+        log.warning("ignoring %s: not a snapshot name", key)
+        return False
+    return True
 
 
 async def _discard_rest(

@@ -67,6 +67,7 @@ class ObjectStore(Protocol):
     """The interface the log writes through (see the module docstring for the contract)."""
 
     url: str
+    write_slots: int  # how many log segment writes should run at once against this store
 
     async def get(self, key: str) -> bytes:
         """The object's bytes. Raises: KeyNotFound, StoreError."""
@@ -206,6 +207,9 @@ class LocalDirStore:
         # store never removes a directory; if someone else does, _publish forgets it.
         self._durable_dirs: set[str] = set()
         self._closed = False
+        # One segment write at a time: parallel creates contend on directory fsyncs and are
+        # slower in total than one bigger batch (loadtest/RESULTS.md, "Durable log").
+        self.write_slots = 1
 
     @property
     def root(self) -> Path:

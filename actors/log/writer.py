@@ -1,9 +1,11 @@
 """Group commit: a queue's events go to the store in batches, one segment per batch.
 
-While one write is in flight, newly appended events gather in the next batch; when the write
-completes, the whole gathered batch goes out as the next segment. An idle writer therefore
-writes at once, a busy one writes bigger segments. Every batch has a future that resolves
-when its segment is durable, or fails with the write's error.
+Appended events gather in the current batch. A batch goes out as one segment as soon as a
+write slot is free (``max_in_flight`` writes may run at once, so an object store's latency
+does not cap throughput); while all slots are busy, events keep gathering, so an idle writer
+writes at once and a busy one writes bigger segments. Segments become durable in any order,
+but batches are *released* strictly in sequence order: a batch's future resolves only when
+it and every batch before it are durable.
 
 Fencing: every segment is created with ``put_if_absent`` under the name of its first
 sequence number. If the name is taken, the object that beat us decides what happened:
@@ -13,15 +15,18 @@ sequence number. If the name is taken, the object that beat us decides what happ
   (:class:`OwnWriteLanded`); the owner must reload the log before going on;
 - anything else → :class:`~actors.errors.DataError`.
 
-After any failure the writer is *broken*: it writes nothing more, and the batches still
-gathered are handed back to the owner (:meth:`GroupCommitWriter.unwritten`), who decides
-what to redo once it has reloaded the log.
+After any failure the writer is *broken*: it starts no more writes, waits until the writes
+already in flight have finished, then calls the owner's ``on_failed(failed, later)`` with the
+failed batch and every later batch whose durability is not established (in flight when the
+failure happened, or never attempted). The owner reloads the log to learn which of those
+landed. Without an owner, all of them fail with the same error.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -46,13 +51,14 @@ class OwnWriteLanded(Unavailable):
 class Batch:
     """Events that go to the store together as one segment."""
 
-    __slots__ = ("entries", "first_seq", "future", "payloads", "size")
+    __slots__ = ("entries", "first_seq", "future", "outcome", "payloads", "size", "waiters")
 
-    def __init__(self, first_seq: int, loop: asyncio.AbstractEventLoop) -> None:
+    def __init__(self, first_seq: int) -> None:
         self.first_seq = first_seq
         self.payloads: list[bytes] = []
         self.size = 0
-        self.future: asyncio.Future[None] = loop.create_future()
+        self.outcome: QueueError | bool | None = None  # None: not finished; True: durable
+        self.waiters: list[asyncio.Future[None]] = []
         self.entries: list[Any] = []  # the owner's bookkeeping: commands riding on this batch
 
     @property
@@ -60,9 +66,27 @@ class Batch:
         """Sequence number of the last event in the batch."""
         return self.first_seq + len(self.payloads) - 1
 
+    def wait(self) -> asyncio.Future[None]:
+        """A future of its own for one waiter (cancelling it affects nobody else)."""
+        fut = asyncio.get_running_loop().create_future()
+        self.waiters.append(fut)
+        return fut
+
+    def _settle(self, error: QueueError | None) -> None:
+        for fut in self.waiters:
+            if not fut.done():
+                if error is None:
+                    fut.set_result(None)
+                else:
+                    fut.set_exception(error)
+        self.waiters = []
+
+
+FailureHandler = Callable[[Batch, list[Batch], QueueError], None]
+
 
 class GroupCommitWriter:
-    """Writes a queue's events as segments, batching whatever arrives during a write."""
+    """Writes a queue's events as segments, batching whatever arrives during writes."""
 
     def __init__(
         self,
@@ -72,24 +96,33 @@ class GroupCommitWriter:
         next_seq: int,
         *,
         max_batch_bytes: int = 16 * 1024 * 1024,
+        max_in_flight: int | None = None,
         on_durable: Callable[[Batch], None] | None = None,
-        on_failed: Callable[[Batch, QueueError], None] | None = None,
+        on_broken: Callable[[QueueError], None] | None = None,
+        on_failed: FailureHandler | None = None,
     ) -> None:
         self.store = store
         self.queue = queue
         self.epoch = epoch
         self.next_seq = next_seq  # sequence number of the next appended event
-        self.durable_seq = next_seq - 1
+        self.durable_seq = next_seq - 1  # every event up to here is durable and released
         self.max_batch_bytes = max_batch_bytes
+        # How many segment writes may run at once: the store knows what suits it (a local
+        # disk serialises directory fsyncs; an object store hides latency behind parallelism).
+        self.max_in_flight = max_in_flight or getattr(store, "write_slots", 1)
         self.on_durable = on_durable
-        self.on_failed = on_failed
+        self.on_broken = on_broken  # called at once when a write fails (stop deciding)
+        self.on_failed = on_failed  # called once the writes in flight have finished
         self.failed: QueueError | None = None
         self.segments_written = 0
         self.bytes_written = 0
         self._gathering: list[Batch] = []
-        self._in_flight: Batch | None = None
-        self._task: asyncio.Task[None] | None = None
-        self._loop = asyncio.get_running_loop()
+        self._in_flight: deque[Batch] = deque()  # started, not yet released; in seq order
+        self._failed_batch: Batch | None = None
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._pump_scheduled = False
 
     # ---------------------------------------------------------------- appending
 
@@ -105,13 +138,18 @@ class GroupCommitWriter:
         batch = self._gathering[-1] if self._gathering else None
         size = sum(map(len, payloads))
         if batch is None or (batch.payloads and batch.size + size > self.max_batch_bytes):
-            batch = Batch(self.next_seq, self._loop)
+            batch = Batch(self.next_seq)
             self._gathering.append(batch)
         batch.payloads.extend(payloads)
         batch.size += size
         self.next_seq += len(payloads)
-        if self._task is None:
-            self._task = self._loop.create_task(self._flush_loop())
+        self._idle.clear()
+        if not self._pump_scheduled:
+            # Start writing at the end of this loop iteration, not now: every append made
+            # by callbacks already queued (e.g. all the waiters a durable batch just woke)
+            # then rides in the same segment.
+            self._pump_scheduled = True
+            asyncio.get_running_loop().call_soon(self._pump)
         return batch
 
     async def append_and_wait(self, events: Sequence[Event]) -> int:
@@ -121,72 +159,95 @@ class GroupCommitWriter:
             QueueError: the write failed (Unavailable, Fenced, DataError).
         """
         batch = self.append(events)
-        await asyncio.shield(batch.future)
-        return batch.first_seq + len(events) - 1
+        last = self.next_seq - 1
+        await batch.wait()
+        return last
 
     def last_batch(self) -> Batch | None:
-        """The batch that holds the newest appended event, if it is not durable yet."""
+        """The batch that holds the newest appended event, if it is not released yet."""
         if self._gathering:
             return self._gathering[-1]
-        return self._in_flight
-
-    def unwritten(self) -> list[Batch]:
-        """After a failure: the batches that were never attempted, oldest first."""
-        batches, self._gathering = self._gathering, []
-        return batches
+        return self._in_flight[-1] if self._in_flight else None
 
     @property
     def idle(self) -> bool:
         """Nothing gathered and nothing in flight."""
-        return not self._gathering and self._in_flight is None
+        return self._idle.is_set()
 
     async def drain(self) -> None:
-        """Wait until everything appended so far is durable (or the writer broke).
+        """Wait until everything appended so far is released (or the writer broke).
 
         Raises:
             QueueError: the writer is broken.
         """
-        while self._task is not None:
-            await asyncio.shield(self._task)
+        await self._idle.wait()
         if self.failed is not None:
             raise self.failed
 
     # ---------------------------------------------------------------- writing
 
-    async def _flush_loop(self) -> None:
-        try:
-            while self._gathering and self.failed is None:
-                batch = self._gathering.pop(0)
-                self._in_flight = batch
-                try:
-                    await self._write(batch)
-                except QueueError as exc:
-                    self._fail(batch, exc)
-                except Exception as exc:  # a bug or an unexpected library error
-                    log.exception("queue %s: segment write crashed", self.queue)
-                    self._fail(batch, Unavailable(f"segment write crashed: {exc!r}"))
-                else:
-                    self.durable_seq = batch.last_seq
-                    self.segments_written += 1
-                    if not batch.future.done():
-                        batch.future.set_result(None)
-                    if self.on_durable is not None:
-                        self.on_durable(batch)
-                finally:
-                    self._in_flight = None
-        finally:
-            self._task = None
+    def _pump(self) -> None:
+        """Start writes while there are gathered batches and free slots."""
+        self._pump_scheduled = False
+        while self._gathering and len(self._in_flight) < self.max_in_flight and not self.failed:
+            batch = self._gathering.pop(0)
+            self._in_flight.append(batch)
+            task = asyncio.get_running_loop().create_task(self._write_one(batch))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
 
-    def _fail(self, batch: Batch, exc: QueueError) -> None:
-        """Break the writer: fail ``batch``; the owner may take the gathered batches back
-        (``unwritten``) from its ``on_failed`` callback, whatever it leaves fails too."""
-        self.failed = exc
+    async def _write_one(self, batch: Batch) -> None:
+        try:
+            await self._write(batch)
+        except QueueError as exc:
+            batch.outcome = exc
+        except Exception as exc:  # a bug or an unexpected library error
+            log.exception("queue %s: segment write crashed", self.queue)
+            batch.outcome = Unavailable(f"segment write crashed: {exc!r}")
+        else:
+            batch.outcome = True
+            self.segments_written += 1
+        self._settle()
+
+    def _settle(self) -> None:
+        """Release finished batches in order; handle a failure once nothing is in flight."""
+        flight = self._in_flight
+        while flight and flight[0].outcome is not None and self.failed is None:
+            batch = flight[0]
+            if batch.outcome is True:
+                flight.popleft()
+                self.durable_seq = batch.last_seq
+                batch._settle(None)
+                if self.on_durable is not None:
+                    self.on_durable(batch)
+            else:
+                self.failed = batch.outcome  # type: ignore[assignment]
+                self._failed_batch = flight.popleft()
+                if self.on_broken is not None:
+                    self.on_broken(self.failed)  # type: ignore[arg-type]
+        if self.failed is not None:
+            if all(b.outcome is not None for b in flight):
+                self._break()
+            return
+        self._pump()
+        if not flight and not self._gathering:
+            self._idle.set()
+
+    def _break(self) -> None:
+        """Every write has finished: hand the failure and everything after it to the owner."""
+        failed, error = self._failed_batch, self.failed
+        assert failed is not None
+        assert error is not None
+        later = [*self._in_flight, *self._gathering]
+        self._in_flight.clear()
+        self._gathering = []
+        self._failed_batch = None
         if self.on_failed is not None:
-            self.on_failed(batch, exc)
-        for b in [batch, *self.unwritten()]:
-            if not b.future.done():
-                b.future.set_exception(exc)
-                b.future.exception()  # mark retrieved: waiters re-raise it themselves
+            self.on_failed(failed, later, error)
+        else:
+            for b in [failed, *later]:
+                b._settle(error)
+        self._idle.set()
 
     async def _write(self, batch: Batch) -> None:
         data = encode_segment(self.epoch, batch.first_seq, batch.payloads)
