@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -44,6 +45,11 @@ log = logging.getLogger(__name__)
 
 # Hands dead letters of a queue to its dead-letter queue; must be idempotent per message.
 DeadLetterRouter = Callable[[str, str, list[Message]], Awaitable[None]]
+
+
+def _resolve(fut: asyncio.Future[bool], value: bool) -> None:
+    if not fut.done():
+        fut.set_result(value)
 
 
 class _Entry:
@@ -106,6 +112,7 @@ class QueueActor:
         self._snapshot_seq = 0
         self._snapshot_at_ms = 0
         self._routing = False
+        self._takers: deque[asyncio.Future[bool]] = deque()  # long-poll takes, oldest first
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -117,13 +124,23 @@ class QueueActor:
             QueueNotFound: no log and no ``create``.
             QueueError: ``create`` is invalid, or the store failed.
         """
+        await self.open_or_create(create)
+        if create is not None:
+            await self.execute(create)  # same settings → no event; other settings → QueueExists
+        return self.report  # type: ignore[return-value]
+
+    async def open_or_create(self, create: cmd.Create | None) -> RecoveryReport:
+        """Like :meth:`open`, but an existing queue opens whatever its settings.
+
+        Raises:
+            QueueNotFound: no log and no ``create``.
+            QueueError: ``create`` is invalid, or the store failed.
+        """
         event = None
         if create is not None:
             create.settings.validate(create.name)
             event = QueueCreated(self.clock.now_ms(), create.name, create.settings)
         await self._load(event)
-        if create is not None:
-            await self.execute(create)  # same settings → no event; other settings → QueueExists
         return self.report  # type: ignore[return-value]
 
     async def _load(self, create: QueueCreated | None = None) -> None:
@@ -152,6 +169,7 @@ class QueueActor:
         """Stop taking commands, finish the writes in flight, snapshot, stop the timer."""
         if self._stopped is None:
             self._stopped = NotReady(f"queue {self.name} is shutting down", queue=self.name)
+        self._wake_takers(len(self._takers))  # they retry, see _stopped, and fail
         if self._writer is not None and self._writer.failed is None:
             with contextlib.suppress(QueueError):
                 await self._writer.drain()
@@ -294,12 +312,46 @@ class QueueActor:
     # ---------------------------------------------------------------- time and changes
 
     def _changed(self) -> None:
-        """The durable state changed: wake the timer, route dead letters, tell listeners."""
+        """The durable state changed: wake the timer and waiting takes, route dead letters,
+        tell listeners."""
         self._wake.set()
+        if self._takers and self.state.n_ready:
+            self._wake_takers(self.state.n_ready)
         if self.state.outbox and not self._routing:
             self._spawn(self._route_dead_letters())
         for listener in self.listeners:
             listener(self)
+
+    def _wake_takers(self, count: int) -> None:
+        """Wake up to ``count`` waiting takes, oldest first (no herd on every change)."""
+        while self._takers and count > 0:
+            fut = self._takers.popleft()
+            if not fut.done():
+                fut.set_result(True)
+                count -= 1
+
+    async def take(self, command: cmd.Take, wait_s: float = 0.0) -> list[Any]:
+        """Take messages; with ``wait_s``, wait up to that long for some to be ready.
+
+        Raises:
+            QueueError: as :meth:`execute`.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + wait_s
+        while True:
+            taken = await self.execute(command)
+            remaining = deadline - loop.time()
+            if taken or remaining <= 0:
+                return taken  # type: ignore[no-any-return]
+            fut: asyncio.Future[bool] = loop.create_future()
+            self._takers.append(fut)
+            alarm = loop.call_later(remaining, _resolve, fut, False)
+            try:
+                await fut
+            finally:
+                alarm.cancel()
+                if not fut.done():
+                    fut.cancel()
 
     async def _timer_loop(self) -> None:
         """Sleep until the next due transition (or a change), then advance the clock."""

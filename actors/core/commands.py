@@ -63,10 +63,24 @@ class ChangeSettings(msgspec.Struct, frozen=True):
     settings: QueueSettings
 
 
+class PatchSettings(msgspec.Struct, frozen=True):
+    """Change some settings, named as in QueueSettings (``id_mode``/``fifo`` cannot change)."""
+
+    changes: dict[str, Any]
+
+
+class Describe(msgspec.Struct, frozen=True):
+    """The queue's name, settings and stats."""
+
+
 class Put(msgspec.Struct, frozen=True):
-    """Put 1-1000 messages."""
+    """Put 1-1000 messages.
+
+    ``redelivery``: the messages come from another queue (dead letters): their ids are kept
+    in a client-id queue and replaced in a server-id queue, instead of being refused."""
 
     messages: list[NewMessage]
+    redelivery: bool = False
 
 
 class Take(msgspec.Struct, frozen=True):
@@ -179,6 +193,8 @@ class ConfirmDeadLetters(msgspec.Struct, frozen=True):
 Command = (
     Create
     | ChangeSettings
+    | PatchSettings
+    | Describe
     | Put
     | Take
     | Ack

@@ -16,6 +16,8 @@ import heapq
 from collections.abc import Callable
 from typing import Any
 
+import msgspec
+
 from actors.core import commands as cmd
 from actors.core import events as ev
 from actors.core import replies as rp
@@ -102,6 +104,24 @@ def _change_settings(state: QueueState, c: cmd.ChangeSettings, now: int, ids: Id
     return [ev.SettingsChanged(now, new)], new
 
 
+def _patch_settings(state: QueueState, c: cmd.PatchSettings, now: int, ids: IdSource) -> Decision:
+    fields = set(QueueSettings.__struct_fields__)
+    unknown = sorted(set(c.changes) - fields)
+    if unknown:
+        raise BadRequest(f"unknown settings: {', '.join(unknown)}")
+    merged = {**msgspec.structs.asdict(state.settings), **c.changes}
+    try:  # settings are array-like: convert field values in order, with type checks
+        new = msgspec.convert([merged[f] for f in QueueSettings.__struct_fields__], QueueSettings)
+    except msgspec.ValidationError as exc:
+        raise BadRequest(f"invalid settings: {exc}") from exc
+    return _change_settings(state, cmd.ChangeSettings(new), now, ids)
+
+
+def _describe(state: QueueState, c: cmd.Describe, now: int, ids: IdSource) -> Decision:
+    _, stats = _stats(state, cmd.Stats(), now, ids)
+    return [], rp.Description(state.name, state.settings, stats)
+
+
 def _purge(state: QueueState, c: cmd.Purge, now: int, ids: IdSource) -> Decision:
     n = len(state.messages)
     return ([ev.QueuePurged(now)] if n else []), n
@@ -160,7 +180,7 @@ def _put(state: QueueState, c: cmd.Put, now: int, ids: IdSource) -> Decision:
         if m.attributes is not None:
             _check_attributes(m.attributes)
         if server_ids:
-            if m.id is not None:
+            if m.id is not None and not c.redelivery:
                 raise BadRequest("this queue assigns ids (id_mode=server); omit 'id'")
             mid: ev.MessageId = max(ids.next_id(now), last_id + 1)
             last_id = mid
@@ -534,6 +554,8 @@ def _delete(state: QueueState, c: cmd.Delete, now: int, ids: IdSource) -> Decisi
 _DECIDE: dict[type, Callable[[QueueState, Any, int, IdSource], Decision]] = {
     cmd.Create: _create,
     cmd.ChangeSettings: _change_settings,
+    cmd.PatchSettings: _patch_settings,
+    cmd.Describe: _describe,
     cmd.Put: _put,
     cmd.Take: _take,
     cmd.Ack: _ack,

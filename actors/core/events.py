@@ -131,10 +131,14 @@ class QueuePurged(_Base, tag="purged"):
     """Every message in the queue deleted."""
 
 
-class WriterStarted(_Base, tag="writer"):
-    """A new incarnation of the queue's writer took over the log (fencing; no state change)."""
+class WriterStarted(_Base, tag="writer", omit_defaults=True):
+    """A new incarnation of the queue's writer took over the log (fencing; no state change).
+
+    ``nonce`` makes every claim unique, so two incarnations claiming in the same millisecond
+    never mistake the other's claim for their own landed write."""
 
     epoch: int
+    nonce: int = 0
 
 
 class DeadLettersRouted(_Base, tag="dlq"):

@@ -6,7 +6,9 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["Delivery", "ItemResult", "MessageView", "PutResult", "StatsView"]
+from actors.settings import QueueSettings
+
+__all__ = ["Delivery", "Description", "ItemResult", "MessageView", "PutResult", "StatsView"]
 
 # Per-item statuses of ack / release / touch (API.md) and of put.
 OK, STALE_LEASE, NOT_FOUND = "ok", "stale_lease", "not_found"
@@ -73,3 +75,11 @@ class StatsView(msgspec.Struct, frozen=True, kw_only=True):
     purged: int
     groups: int
     now_ms: int
+
+
+class Description(msgspec.Struct, frozen=True):
+    """A queue: its name, settings and stats."""
+
+    name: str
+    settings: QueueSettings
+    stats: StatsView

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import secrets
 
 import msgspec
 
@@ -81,7 +82,7 @@ async def open_log(
             store, queue, epoch, report.last_seq + 1, **(writer_options or {})
         )
         now = max(clock.now_ms(), state.clock_ms)
-        claim: list[Event] = [WriterStarted(now, epoch)]
+        claim: list[Event] = [WriterStarted(now, epoch, secrets.randbits(62) + 1)]
         if not state.created and create is not None:
             claim.append(QueueCreated(max(now, create.at_ms), create.name, create.settings))
         try:

@@ -92,7 +92,7 @@ async def replay(store: ObjectStore, queue: str, *, progress: Progress | None = 
     found = bool(seg_keys) or report.snapshot is not None or bool(damaged)
     segments = _segments_after(seg_keys, snap_seq)
     expected = snap_seq + 1
-    last_epoch = 0
+    last_epoch = max_epoch  # the snapshot's: segments after it must not be older
     for index, (first_seq, key) in enumerate(segments):
         if first_seq > expected:
             gap = f"gap: record {expected} is missing"

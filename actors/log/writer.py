@@ -34,11 +34,13 @@ from actors.core.events import Event
 from actors.errors import DataError, Fenced, QueueError, Unavailable
 from actors.log import keys
 from actors.log.codec import decode_segment_header, encode_payloads, encode_segment
-from actors.log.store import KeyNotFound, ObjectStore, StoreError
+from actors.log.store import KeyNotFound, ObjectStore
 
 __all__ = ["Batch", "GroupCommitWriter", "OwnWriteLanded"]
 
 log = logging.getLogger(__name__)
+
+_JUNK_RETRIES = 4
 
 
 class OwnWriteLanded(Unavailable):
@@ -243,35 +245,34 @@ class GroupCommitWriter:
         self._gathering = []
         self._failed_batch = None
         if self.on_failed is not None:
-            self.on_failed(failed, later, error)
-        else:
-            for b in [failed, *later]:
-                b._settle(error)
+            self.on_failed(failed, later, error)  # the owner sorts out its commands
+        for b in [failed, *later]:
+            b._settle(error)  # plain waiters (snapshots, append_and_wait) learn it too
         self._idle.set()
 
     async def _write(self, batch: Batch) -> None:
         data = encode_segment(self.epoch, batch.first_seq, batch.payloads)
         key = keys.segment_key(self.queue, batch.first_seq)
-        if not await self.store.put_if_absent(key, data):
-            await self._taken(key, data)
-        self.bytes_written += len(data)
+        for _ in range(_JUNK_RETRIES):
+            if await self.store.put_if_absent(key, data) or await self._taken(key, data):
+                self.bytes_written += len(data)
+                return
+        raise Unavailable(f"{key}: kept finding a fenced writer's segments there", key=key)
 
-    async def _taken(self, key: str, data: bytes) -> None:
-        """Explain why ``key`` was taken, as an error (FORMAT.md, "Epochs and fencing").
-
-        Returns normally when the object is exactly ``data``: the store retried our own
-        create after a lost response and reported the retry's refusal."""
+    async def _taken(self, key: str, data: bytes) -> bool:
+        """Explain why ``key`` was taken (FORMAT.md, "Epochs and fencing"): True if the
+        object is exactly ``data`` (the store retried our own create after a lost response),
+        False if it was a fenced writer's leftover now set aside (write again); otherwise
+        raise."""
         try:
             existing = await self.store.get(key)
             if existing == data:
-                return
+                return True
             header = decode_segment_header(existing)
         except KeyNotFound:
-            raise Unavailable(f"{key} was taken, then vanished") from None
+            return False  # set aside meanwhile: write again
         except DataError as exc:
             raise DataError(f"{key} is taken by a damaged segment: {exc.message}") from exc
-        except StoreError:
-            raise
         if header.epoch > self.epoch:
             raise Fenced(
                 f"queue {self.queue}: epoch {header.epoch} took over from epoch {self.epoch}",
@@ -281,6 +282,9 @@ class GroupCommitWriter:
             )
         if header.epoch == self.epoch:
             raise OwnWriteLanded(f"{key}: a write reported as failed did land", key=key)
-        raise DataError(
-            f"{key} holds epoch {header.epoch}, older than this writer's {self.epoch}", key=key
-        )
+        # An older epoch above our claim: a fenced writer's late write. It was never
+        # acknowledged (its writes before it failed first) and no reader will use it.
+        log.warning("queue %s: setting aside %s of fenced epoch %d", self.queue, key, header.epoch)
+        await self.store.put(keys.damaged_key(key, self.epoch), existing)
+        await self.store.delete(key)
+        return False

@@ -272,6 +272,8 @@ def test_create_rejects_bad_settings(name: str, settings: QueueSettings) -> None
 
 NOT_CREATED_COMMANDS = [
     c.ChangeSettings(S()),
+    c.PatchSettings({"visibility_timeout_ms": 1_000}),
+    c.Describe(),
     c.Put([nm()]),
     c.Take(),
     c.Ack([c.LeaseRef("1", "1001")]),
@@ -2033,3 +2035,47 @@ def test_replayed_events_equal_the_live_state_as_time_moves_on(settings: QueueSe
     for later in range(now, now + 40_000, 1_300):
         q.take(later, max=2)
         q.assert_replays(later + 650)
+
+
+# ---------------------------------------------------------------- PatchSettings / Describe
+
+
+def test_patch_settings_changes_only_the_named_settings() -> None:
+    q = Q(S(visibility_timeout_ms=7_000, retention_ms=60_000))
+    events, new = q.run(c.PatchSettings({"visibility_timeout_ms": 5_000}), T1)
+    assert new == S(visibility_timeout_ms=5_000, retention_ms=60_000)
+    assert events == [ev.SettingsChanged(T1, new)]
+    assert q.state.settings == new
+
+
+def test_patch_settings_without_a_change_emits_nothing() -> None:
+    q = Q(S(visibility_timeout_ms=7_000))
+    events, new = q.run(c.PatchSettings({"visibility_timeout_ms": 7_000}), T1)
+    assert events == []
+    assert new == q.settings
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"fifo": True},
+        {"id_mode": "client"},
+        {"nope": 1},
+        {"visibility_timeout_ms": "soon"},
+        {"visibility_timeout_ms": -1},
+        {"max_receives": 0},
+        {"dead_letter_queue": "q"},
+    ],
+    ids=["fifo", "id-mode", "unknown", "wrong-type", "negative", "zero-receives", "own-dlq"],
+)
+def test_patch_settings_rejects_bad_changes(changes: dict) -> None:
+    Q().fails(c.PatchSettings(changes), T1, BadRequest)
+
+
+def test_describe_gives_name_settings_and_stats() -> None:
+    q = Q(S(visibility_timeout_ms=9_000))
+    q.put(T1, b"a", b"b")
+    _, d = q.run(c.Describe(), T2)
+    assert d.name == "q"
+    assert d.settings == q.settings
+    assert (d.stats.ready, d.stats.total, d.stats.oldest_ready_age_ms) == (2, 2, T2 - T1)

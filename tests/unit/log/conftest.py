@@ -1,89 +1,20 @@
-"""Fixtures for the log's store tests: every ObjectStore implementation, and a local S3 server.
+"""Fixtures for the log's store tests: every ObjectStore implementation.
 
-The S3 flavour talks to moto's real S3 server on 127.0.0.1 (started once per session, only
-when a test asks for it); each test gets a fresh key prefix in one shared bucket.
+The S3 flavour talks to moto's real S3 server (``s3_server`` in ``tests/conftest.py``).
 """
 
 from __future__ import annotations
 
-import itertools
-import logging
-import socket
-from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
-from obstore.store import MemoryStore, S3Store
+from obstore.store import MemoryStore
 
 from actors.log.faults import FaultyStore
-from actors.log.obstore_store import ObstoreStore, s3_config
+from actors.log.obstore_store import ObstoreStore
 from actors.log.store import LocalDirStore, ObjectStore
-
-BUCKET = "evq-test"
-# moto accepts any credentials; real-looking values keep obstore's signer content.
-CREDENTIALS = {"access_key_id": "testing", "secret_access_key": "testing"}
-REGION = "us-east-1"
-
-_prefixes = itertools.count()
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass(frozen=True)
-class S3Server:
-    """A running moto S3 server and the bucket the tests share."""
-
-    endpoint: str
-    bucket: str
-
-    def store(self, prefix: str | None = None) -> ObstoreStore:
-        """An ObstoreStore over S3Store under a fresh (or the given) prefix of the bucket."""
-        prefix = prefix or f"t{next(_prefixes)}"
-        config, client_options = s3_config(
-            {}, {"endpoint": self.endpoint, "region": REGION, **CREDENTIALS}
-        )
-        inner = S3Store(self.bucket, prefix=prefix, config=config, client_options=client_options)
-        return ObstoreStore(inner, f"s3://{self.bucket}/{prefix}")
-
-    def boto3_client(self):  # type: ignore[no-untyped-def]
-        """A boto3 S3 client for looking behind the store's back (close it after use)."""
-        import boto3
-
-        return boto3.client(
-            "s3",
-            endpoint_url=self.endpoint,
-            region_name=REGION,
-            aws_access_key_id=CREDENTIALS["access_key_id"],
-            aws_secret_access_key=CREDENTIALS["secret_access_key"],
-        )
-
-
-@pytest.fixture(scope="session")
-def s3_server() -> Iterator[S3Server]:
-    """moto's S3 server on 127.0.0.1 with one bucket, for the whole session."""
-    from moto.server import ThreadedMotoServer
-
-    # werkzeug logs every request at INFO; keep failure reports readable.
-    logging.getLogger("werkzeug").setLevel(logging.WARNING)
-    port = free_port()
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
-    server.start()
-    try:
-        s3 = S3Server(f"http://127.0.0.1:{port}", BUCKET)
-        client = s3.boto3_client()
-        try:
-            client.create_bucket(Bucket=BUCKET)
-        finally:
-            client.close()
-        yield s3
-    finally:
-        server.stop()
+from tests.conftest import S3Server
 
 
 def _local(tmp_path: Path) -> ObjectStore:

@@ -32,7 +32,7 @@ from actors.log.store import (
     check_key,
     open_store,
 )
-from tests.unit.log.conftest import CREDENTIALS, REGION, S3Server, free_port
+from tests.conftest import CREDENTIALS, REGION, S3Server, free_port
 
 MIB = 1024 * 1024
 REPO = Path(__file__).resolve().parents[3]
