@@ -1,0 +1,153 @@
+"""The only place that makes Ray actors: shard processes and their handles.
+
+Each shard is an async Ray actor named ``evq-shard-<i>`` in the ``evq`` namespace, so every
+gateway process of the cluster finds the same shards. Ray restarts a shard whose process
+died (``max_restarts=-1``); the new incarnation recovers its queues from the store on its
+first call. Calls are not retried by Ray: a call that died with its actor may have taken
+effect, and only the client can decide whether repeating it is safe (its puts carry
+idempotency keys).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import msgspec
+import ray
+
+from actors.core import commands as cmd
+from actors.errors import QueueError
+from actors.log.store import open_store
+from actors.settings import LogSettings, QueueSettings
+from actors.shard import QueueShard, ShardStatus, placement
+
+__all__ = ["NAMESPACE", "ShardActor", "ShardSpec", "shard_handles", "spawn_shards"]
+
+log = logging.getLogger(__name__)
+
+NAMESPACE = "evq"
+
+
+def shard_name(index: int) -> str:
+    """The Ray actor name of shard ``index``."""
+    return f"evq-shard-{index}"
+
+
+class ShardSpec(msgspec.Struct, frozen=True):
+    """What every shard process needs to open its store."""
+
+    count: int
+    store: str
+    store_options: dict[str, Any] = msgspec.field(default_factory=dict)
+    log_settings: LogSettings = msgspec.field(default_factory=LogSettings)
+
+
+class ShardActor:
+    """The process around one :class:`QueueShard`; wrapped by ``ray.remote`` in
+    :func:`spawn_shards`."""
+
+    def __init__(self, index: int, spec: ShardSpec) -> None:
+        logging.basicConfig(
+            level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+        )
+        self.index = index
+        self.spec = spec
+        store = open_store(spec.store, **spec.store_options)
+        self.shard = QueueShard(
+            index, spec.count, store, log_settings=spec.log_settings, forward=self._forward
+        )
+        self._started: asyncio.Task[ShardStatus] | None = None
+        self._handles: dict[int, Any] = {}
+
+    def _ensure_started(self) -> None:
+        # Async actors run __init__ outside the event loop: start recovery on the first call.
+        if self._started is None:
+            self._started = asyncio.get_running_loop().create_task(self.shard.start())
+
+    async def start(self) -> ShardStatus:
+        """Recover this shard's queues (once) and report."""
+        self._ensure_started()
+        assert self._started is not None
+        return await asyncio.shield(self._started)
+
+    async def status(self) -> ShardStatus:
+        """Readiness without waiting for it."""
+        self._ensure_started()
+        return self.shard.status()
+
+    async def execute_many(self, name: str, commands: list[object]) -> list[Any]:
+        """See :meth:`QueueShard.execute_many`."""
+        self._ensure_started()
+        return await self.shard.execute_many(name, commands)
+
+    async def take(self, name: str, command: cmd.Take, wait_s: float) -> Any:
+        """See :meth:`QueueShard.take`; errors are returned, not raised."""
+        self._ensure_started()
+        try:
+            return await self.shard.take(name, command, wait_s)
+        except QueueError as exc:
+            return exc
+
+    async def create(self, name: str, settings: QueueSettings, given: list[str]) -> Any:
+        """See :meth:`QueueShard.create`; errors are returned, not raised."""
+        self._ensure_started()
+        try:
+            return await self.shard.create(name, settings, given)
+        except QueueError as exc:
+            return exc
+
+    async def delete(self, name: str) -> QueueError | None:
+        """See :meth:`QueueShard.delete`; errors are returned, not raised."""
+        self._ensure_started()
+        try:
+            await self.shard.delete(name)
+        except QueueError as exc:
+            return exc
+        return None
+
+    async def names(self) -> list[str]:
+        """The queues this shard serves."""
+        self._ensure_started()
+        return await self.shard.names()
+
+    async def close(self) -> None:
+        """Finish writes and snapshot every queue (graceful shutdown)."""
+        await self.shard.close()
+
+    async def pid(self) -> int:
+        """The process id (tests kill it to prove restarts)."""
+        import os
+
+        return os.getpid()
+
+    async def _forward(self, target: str, commands: list[object]) -> list[Any]:
+        index = placement(target, self.spec.count)
+        handle = self._handles.get(index)
+        if handle is None:
+            handle = self._handles[index] = ray.get_actor(shard_name(index), namespace=NAMESPACE)
+        return await handle.execute_many.remote(target, commands)  # type: ignore[no-any-return]
+
+
+def spawn_shards(spec: ShardSpec) -> list[Any]:
+    """Create (or find) the ``spec.count`` shard actors; return their handles in order."""
+    remote = ray.remote(ShardActor)
+    handles = []
+    for index in range(spec.count):
+        handle = remote.options(  # type: ignore[attr-defined]
+            name=shard_name(index),
+            namespace=NAMESPACE,
+            get_if_exists=True,
+            max_restarts=-1,
+            max_task_retries=0,
+            max_concurrency=10_000,
+            num_cpus=0,
+        ).remote(index, spec)
+        handles.append(handle)
+    return handles
+
+
+def shard_handles(count: int) -> list[Any]:
+    """Handles of shards another process spawned (a gateway worker joining the cluster)."""
+    return [ray.get_actor(shard_name(i), namespace=NAMESPACE) for i in range(count)]

@@ -1,0 +1,123 @@
+"""make_app: the aiohttp application — routes, middlewares, health, readiness, shutdown."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
+
+import msgspec
+from aiohttp import web
+
+from actors.errors import Overloaded
+from gateway import native
+from gateway.batcher import Batchers
+from gateway.directory import Directory
+from gateway.errors import MAX_BODY, error_middleware
+
+__all__ = ["AppOptions", "make_app"]
+
+log = logging.getLogger(__name__)
+
+READY = web.AppKey("ready", list)  # [bool]: once every shard has recovered
+IN_FLIGHT = web.AppKey("in_flight", list)  # [int]: requests being handled
+APP_OPTIONS = web.AppKey("app_options", "AppOptions")
+
+
+class AppOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """Gateway limits and behaviour (from ServerSettings)."""
+
+    max_body_bytes: int = 32 * 1024 * 1024
+    max_requests: int = 10_000
+    max_waiting_takes: int = 50_000
+    auto_create: bool = False
+    batch_in_flight: int = 2
+    batch_split_at: int = 128
+    max_waiting_per_queue: int = 20_000
+
+
+def make_app(directory: Directory, options: AppOptions | None = None) -> web.Application:
+    """The gateway application over ``directory``."""
+    options = options or AppOptions()
+    app = web.Application(
+        client_max_size=options.max_body_bytes,
+        middlewares=[_limit_middleware, error_middleware],
+    )
+    app[MAX_BODY] = options.max_body_bytes
+    app[APP_OPTIONS] = options
+    app[native.DIRECTORY] = directory
+    app[native.BATCHERS] = Batchers(
+        directory.execute_many,
+        max_in_flight=options.batch_in_flight,
+        split_at=options.batch_split_at,
+        max_waiting=options.max_waiting_per_queue,
+    )
+    app[native.OPTIONS] = native.Options(
+        auto_create=options.auto_create, max_waiting_takes=options.max_waiting_takes
+    )
+    app[native.WAITING_TAKES] = [0]
+    app[native.SHUTTING_DOWN] = asyncio.Event()
+    app[READY] = [False]
+    app[IN_FLIGHT] = [0]
+    app.add_routes(native.routes)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.cleanup_ctx.append(_lifecycle)
+    app.on_shutdown.append(_on_shutdown)
+    return app
+
+
+@web.middleware
+async def _limit_middleware(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Answer 429 past the number of requests handled at once, instead of queueing in memory."""
+    counter = request.app[IN_FLIGHT]
+    if counter[0] >= request.app[APP_OPTIONS].max_requests and request.path.startswith("/v1/"):
+        from gateway.errors import error_response
+
+        exc = Overloaded("the server is handling too many requests; retry shortly")
+        return error_response(429, exc.code, exc.message)
+    counter[0] += 1
+    try:
+        return await handler(request)
+    finally:
+        counter[0] -= 1
+
+
+async def healthz(request: web.Request) -> web.Response:
+    """The process is up."""
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    """200 once every shard has recovered its queues, 503 until then."""
+    if request.app[READY][0]:
+        return web.json_response({"status": "ready"})
+    statuses = await request.app[native.DIRECTORY].status()
+    if statuses and all(s.ready for s in statuses):
+        request.app[READY][0] = True
+        return web.json_response({"status": "ready"})
+    doc = {
+        "status": "recovering",
+        "shards": [
+            {"index": s.index, "ready": s.ready, "queues": s.queues, "recovering": s.recovering}
+            for s in statuses
+        ],
+    }
+    return web.json_response(doc, status=503, headers={"Retry-After": "1"})
+
+
+async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
+    """Start recovery with the app; close the queues (drain, snapshot) when it stops."""
+    directory = app[native.DIRECTORY]
+    await directory.start()
+    yield
+    log.info("closing queues: finishing writes and taking snapshots")
+    await directory.close()
+    log.info("queues closed")
+
+
+async def _on_shutdown(app: web.Application) -> None:
+    """New connections are refused by now; let waiting takes answer "nothing yet"."""
+    app[native.SHUTTING_DOWN].set()

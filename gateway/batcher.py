@@ -1,0 +1,137 @@
+"""Adaptive batching of one queue's commands toward its shard.
+
+A call into a Ray actor costs ~1.5 ms, so the gateway never makes one per request. Per queue:
+send at once when nothing is in flight; while a call is in flight, gather; open a second
+parallel call once the gathered commands pass a threshold; never more than a few calls in
+flight; refuse (429) past a bound of waiting commands instead of growing without limit.
+Each caller gets exactly its own command's result, success or error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from actors.errors import Overloaded, QueueError, Unavailable
+
+__all__ = ["Batcher", "Batchers"]
+
+log = logging.getLogger(__name__)
+
+Send = Callable[[list[object]], Awaitable[list[Any]]]
+
+
+class Batcher:
+    """Gathers commands for one queue and sends them in batches."""
+
+    def __init__(
+        self,
+        send: Send,
+        *,
+        max_in_flight: int = 2,
+        split_at: int = 128,
+        max_batch: int = 1000,
+        max_waiting: int = 20_000,
+        on_idle: Callable[[], None] | None = None,
+    ) -> None:
+        self._send = send
+        self.max_in_flight = max_in_flight
+        self.split_at = split_at
+        self.max_batch = max_batch
+        self.max_waiting = max_waiting
+        self._on_idle = on_idle
+        self._waiting: list[tuple[object, asyncio.Future[Any]]] = []
+        self._in_flight = 0
+        self.calls = 0
+        self.commands = 0
+
+    @property
+    def idle(self) -> bool:
+        """Nothing waiting and nothing in flight."""
+        return not self._waiting and not self._in_flight
+
+    async def submit(self, command: object) -> Any:
+        """Run ``command`` in some batch; return its reply.
+
+        Raises:
+            QueueError: the command's error; Overloaded when too many commands wait.
+        """
+        if len(self._waiting) >= self.max_waiting:
+            raise Overloaded("too many commands waiting for this queue; retry shortly")
+        fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self._waiting.append((command, fut))
+        if self._in_flight == 0 or (
+            self._in_flight < self.max_in_flight and len(self._waiting) >= self.split_at
+        ):
+            self._launch()
+        result = await fut
+        if isinstance(result, QueueError):
+            raise result
+        return result
+
+    def _launch(self) -> None:
+        batch = self._waiting[: self.max_batch]
+        del self._waiting[: self.max_batch]
+        self._in_flight += 1
+        asyncio.get_running_loop().create_task(self._call(batch))
+
+    async def _call(self, batch: list[tuple[object, asyncio.Future[Any]]]) -> None:
+        commands = [c for c, _ in batch]
+        try:
+            results = await self._send(commands)
+            if len(results) != len(commands):
+                raise Unavailable(f"a shard answered {len(results)} results for {len(commands)}")
+        except QueueError as exc:
+            results = [exc] * len(commands)
+        except Exception as exc:
+            log.exception("batch call failed")
+            results = [Unavailable(f"the queue's shard could not be reached: {exc!r}")] * len(
+                commands
+            )
+        finally:
+            self._in_flight -= 1
+        self.calls += 1
+        self.commands += len(commands)
+        for (_, fut), result in zip(batch, results, strict=True):
+            if not fut.done():
+                fut.set_result(result)
+        while self._waiting and self._in_flight < self.max_in_flight:
+            self._launch()
+        if self.idle and self._on_idle is not None:
+            self._on_idle()
+
+
+class Batchers:
+    """One batcher per queue, created on first use and dropped when idle."""
+
+    def __init__(
+        self, send: Callable[[str, list[object]], Awaitable[list[Any]]], **options: Any
+    ) -> None:
+        self._send = send
+        self._options = options
+        self._batchers: dict[str, Batcher] = {}
+
+    def __len__(self) -> int:
+        return len(self._batchers)
+
+    async def submit(self, queue: str, command: object) -> Any:
+        """Run ``command`` on ``queue`` through its batcher.
+
+        Raises:
+            QueueError: the command's error.
+        """
+        batcher = self._batchers.get(queue)
+        if batcher is None:
+            batcher = self._batchers[queue] = Batcher(
+                lambda commands: self._send(queue, commands),
+                on_idle=lambda: self._drop(queue),
+                **self._options,
+            )
+        return await batcher.submit(command)
+
+    def _drop(self, queue: str) -> None:
+        batcher = self._batchers.get(queue)
+        if batcher is not None and batcher.idle:
+            del self._batchers[queue]

@@ -1,0 +1,190 @@
+"""Where a queue lives: the gateway's view of the shards.
+
+:class:`RayDirectory` talks to shard actors on Ray; :class:`LocalDirectory` hosts the same
+:class:`~actors.shard.QueueShard` objects in the gateway's own process (tests, and
+``evq serve --no-ray`` for debugging). Both give errors back as values or raise
+:class:`QueueError` — never Ray's exceptions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any, Protocol
+
+from actors.core import commands as cmd
+from actors.errors import InternalError, QueueError, Unavailable
+from actors.log.store import ObjectStore
+from actors.settings import LogSettings, QueueSettings
+from actors.shard import QueueShard, ShardStatus, placement
+
+__all__ = ["Directory", "LocalDirectory", "RayDirectory"]
+
+log = logging.getLogger(__name__)
+
+
+class Directory(Protocol):
+    """The operations the gateway needs from wherever the queues live."""
+
+    count: int
+
+    async def execute_many(self, queue: str, commands: list[object]) -> list[Any]:
+        """Run commands on a queue; each result is a reply or a QueueError."""
+        ...
+
+    async def take(self, queue: str, command: cmd.Take, wait_s: float) -> Any:
+        """A waiting take: the deliveries, or a QueueError."""
+        ...
+
+    async def create(
+        self, name: str, settings: QueueSettings, given: list[str]
+    ) -> tuple[bool, QueueSettings]:
+        """Create a queue. Raises: QueueError."""
+        ...
+
+    async def delete(self, name: str) -> None:
+        """Delete a queue. Raises: QueueError."""
+        ...
+
+    async def names(self) -> list[str]:
+        """Every queue, sorted."""
+        ...
+
+    async def status(self) -> list[ShardStatus]:
+        """Every shard's readiness."""
+        ...
+
+    async def start(self) -> None:
+        """Begin recovering the shards (readiness follows)."""
+        ...
+
+    async def close(self) -> None:
+        """Finish writes, snapshot, stop."""
+        ...
+
+
+class LocalDirectory:
+    """Shards in this process, over one store."""
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        *,
+        count: int = 1,
+        log_settings: LogSettings | None = None,
+        **shard_options: Any,
+    ) -> None:
+        self.count = count
+        self.store = store
+        self.shards = [
+            QueueShard(
+                i, count, store, log_settings=log_settings, forward=self._forward, **shard_options
+            )
+            for i in range(count)
+        ]
+        self._started: asyncio.Future[Any] | None = None
+
+    def _shard(self, queue: str) -> QueueShard:
+        return self.shards[placement(queue, self.count)]
+
+    async def _forward(self, target: str, commands: list[object]) -> list[Any]:
+        return await self.execute_many(target, commands)
+
+    async def execute_many(self, queue: str, commands: list[object]) -> list[Any]:
+        return await self._shard(queue).execute_many(queue, commands)
+
+    async def take(self, queue: str, command: cmd.Take, wait_s: float) -> Any:
+        try:
+            return await self._shard(queue).take(queue, command, wait_s)
+        except QueueError as exc:
+            return exc
+
+    async def create(
+        self, name: str, settings: QueueSettings, given: list[str]
+    ) -> tuple[bool, QueueSettings]:
+        return await self._shard(name).create(name, settings, given)
+
+    async def delete(self, name: str) -> None:
+        await self._shard(name).delete(name)
+
+    async def names(self) -> list[str]:
+        return sorted(n for s in self.shards for n in await s.names())
+
+    async def status(self) -> list[ShardStatus]:
+        return [s.status() for s in self.shards]
+
+    async def start(self) -> None:
+        if self._started is None:
+            self._started = asyncio.ensure_future(asyncio.gather(*(s.start() for s in self.shards)))
+
+    async def close(self) -> None:
+        await asyncio.gather(*(s.close() for s in self.shards))
+        await self.store.close()
+
+
+class RayDirectory:
+    """Shard actors on Ray (handles from :mod:`actors.spawn`)."""
+
+    def __init__(self, handles: list[Any]) -> None:
+        self.handles = handles
+        self.count = len(handles)
+
+    def _handle(self, queue: str) -> Any:
+        return self.handles[placement(queue, self.count)]
+
+    async def _call(self, ref: Any) -> Any:
+        """Await a Ray call; a dead or restarting shard becomes Unavailable."""
+        import ray.exceptions
+
+        try:
+            return await ref
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
+            raise Unavailable(f"the queue's shard is restarting: {type(exc).__name__}") from None
+        except ray.exceptions.RayTaskError as exc:
+            cause = exc.cause if isinstance(getattr(exc, "cause", None), QueueError) else None
+            if cause is not None:
+                raise cause from None
+            log.error("shard call failed: %s", exc)
+            raise InternalError(f"shard call failed: {type(exc).__name__}") from None
+
+    async def execute_many(self, queue: str, commands: list[object]) -> list[Any]:
+        return await self._call(self._handle(queue).execute_many.remote(queue, commands))  # type: ignore[no-any-return]
+
+    async def take(self, queue: str, command: cmd.Take, wait_s: float) -> Any:
+        ref = self._handle(queue).take.remote(queue, command, wait_s)
+        try:
+            return await self._call(ref)
+        except asyncio.CancelledError:
+            import ray
+
+            ray.cancel(ref)  # the client went away: stop waiting on its behalf
+            raise
+
+    async def create(
+        self, name: str, settings: QueueSettings, given: list[str]
+    ) -> tuple[bool, QueueSettings]:
+        result = await self._call(self._handle(name).create.remote(name, settings, given))
+        if isinstance(result, QueueError):
+            raise result
+        return result  # type: ignore[no-any-return]
+
+    async def delete(self, name: str) -> None:
+        error = await self._call(self._handle(name).delete.remote(name))
+        if error is not None:
+            raise error
+
+    async def names(self) -> list[str]:
+        lists = await asyncio.gather(*(self._call(h.names.remote()) for h in self.handles))
+        return sorted(n for names in lists for n in names)
+
+    async def status(self) -> list[ShardStatus]:
+        return list(await asyncio.gather(*(self._call(h.status.remote()) for h in self.handles)))
+
+    async def start(self) -> None:
+        for h in self.handles:
+            h.start.remote()  # recovery runs in the shards; status() reports its progress
+
+    async def close(self) -> None:
+        await asyncio.gather(
+            *(self._call(h.close.remote()) for h in self.handles), return_exceptions=True
+        )

@@ -1,0 +1,125 @@
+"""``evq serve``: a local Ray runtime, the queue shards and the aiohttp gateway.
+
+Start: settings → Ray (local, or ``--ray-address``) → shard actors (they recover their
+queues; ``/readyz`` says 503 until they have) → the gateway on ``--host:--port``.
+Stop (SIGTERM / SIGINT): stop accepting connections, let waiting takes answer, finish the
+requests in flight, close every queue (finish writes, snapshot), stop Ray, exit 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+
+from aiohttp import web
+
+from actors.errors import QueueError
+from actors.settings import LogSettings
+from gateway.app import AppOptions, make_app
+from gateway.directory import Directory, LocalDirectory, RayDirectory
+from gateway.settings import ServerSettings, add_arguments, load_settings
+
+__all__ = ["add_arguments", "main", "run"]
+
+log = logging.getLogger("evq.serve")
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the server until SIGTERM/SIGINT; return the exit code."""
+    try:
+        settings = load_settings(args)
+    except (QueueError, OSError, ValueError) as exc:
+        print(f"evq serve: {exc}", file=sys.stderr)
+        return 2
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    return run(settings)
+
+
+def run(settings: ServerSettings) -> int:
+    """Serve with ``settings``; return the exit code."""
+    log_settings = LogSettings(
+        snapshot_every_records=settings.snapshot_every_records,
+        snapshot_every_ms=int(settings.snapshot_every_s * 1000),
+    )
+    if settings.no_ray:
+        directory: Directory = _local_directory(settings, log_settings)
+    else:
+        directory = _ray_directory(settings, log_settings)
+    app = make_app(
+        directory,
+        AppOptions(
+            max_body_bytes=settings.max_body_bytes,
+            max_requests=settings.max_requests,
+            max_waiting_takes=settings.max_waiting_takes,
+            auto_create=settings.auto_create,
+        ),
+    )
+    log.info(
+        "evq serving on http://%s:%d (store %s, %d shard(s)%s)",
+        settings.host,
+        settings.port,
+        settings.store_target(),
+        directory.count,
+        ", queues auto-created" if settings.auto_create else "",
+    )
+    try:
+        web.run_app(
+            app,
+            host=settings.host,
+            port=settings.port,
+            shutdown_timeout=settings.shutdown_timeout_s,
+            access_log=None,
+            print=None,
+            handle_signals=True,
+        )
+    finally:
+        if not settings.no_ray:
+            import ray
+
+            ray.shutdown()
+    log.info("evq stopped")
+    return 0
+
+
+def _local_directory(settings: ServerSettings, log_settings: LogSettings) -> LocalDirectory:
+    from actors.log.store import open_store
+
+    store = open_store(settings.store_target(), **settings.store_options())
+    return LocalDirectory(store, count=settings.shard_count(), log_settings=log_settings)
+
+
+def _ray_directory(settings: ServerSettings, log_settings: LogSettings) -> RayDirectory:
+    import ray
+
+    from actors.spawn import NAMESPACE, ShardSpec, spawn_shards
+
+    ray.init(
+        address=settings.ray_address,
+        num_cpus=None if settings.ray_address else (settings.ray_cpus or os.cpu_count()),
+        include_dashboard=False,
+        namespace=NAMESPACE,
+        logging_level=logging.WARNING,
+        log_to_driver=True,
+    )
+    spec = ShardSpec(
+        count=settings.shard_count(),
+        store=settings.store_target(),
+        store_options=settings.store_options(),
+        log_settings=log_settings,
+    )
+    return RayDirectory(spawn_shards(spec))
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="evq serve", description=__doc__)
+    add_arguments(parser)
+    return parser
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(_parser().parse_args()))

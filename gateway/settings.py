@@ -1,0 +1,134 @@
+"""Server settings: command line, then environment (``EVQ_*``), then a TOML file, then defaults.
+
+This and :mod:`gateway.server` are the only places that read the environment.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from actors.errors import BadRequest
+
+__all__ = ["ServerSettings", "add_arguments", "load_settings"]
+
+MIB = 1024 * 1024
+# A Ray actor process costs ~52 MiB (PSS) here (loadtest/RESULTS.md, "Ray actor cost"):
+# shards may use at most this share of the machine's memory.
+SHARD_MEMORY_SHARE = 0.05
+SHARD_PROCESS_MIB = 52
+
+
+class ServerSettings(msgspec.Struct, kw_only=True):
+    """Everything ``evq serve`` can be told."""
+
+    data: str = "./evq-data"
+    store: str | None = None  # a URL (s3://bucket/prefix, …); overrides data
+    endpoint: str | None = None  # object-store endpoint override (S3-compatible servers)
+    region: str | None = None
+    host: str = "127.0.0.1"
+    port: int = 8700
+    shards: int | None = None  # default: one per CPU, bounded by memory
+    auto_create: bool = False
+    max_body_bytes: int = 32 * MIB
+    max_requests: int = 10_000
+    max_waiting_takes: int = 50_000
+    snapshot_every_records: int = 200_000
+    snapshot_every_s: float = 300.0
+    ray_address: str | None = None  # join an existing Ray cluster instead of starting one
+    ray_cpus: int | None = None
+    no_ray: bool = False  # queues in the gateway process (debugging)
+    shutdown_timeout_s: float = 30.0
+    log_level: str = "INFO"
+    log_format: str = "text"
+
+    def store_target(self) -> str:
+        """The store to open: the URL, or the data directory as an absolute path."""
+        return self.store or os.path.abspath(self.data)
+
+    def store_options(self) -> dict[str, Any]:
+        """Options for ``open_store`` (only those given)."""
+        options: dict[str, Any] = {}
+        if self.store and self.endpoint:
+            options["endpoint"] = self.endpoint
+        if self.store and self.region:
+            options["region"] = self.region
+        return options
+
+    def shard_count(self) -> int:
+        """Shards to run: as set, else one per CPU bounded by the memory share."""
+        if self.shards is not None:
+            return self.shards
+        cpus = os.cpu_count() or 1
+        try:
+            total_mib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / MIB
+        except (ValueError, OSError):
+            total_mib = 4096
+        by_memory = int(total_mib * SHARD_MEMORY_SHARE / SHARD_PROCESS_MIB)
+        return max(1, min(cpus, by_memory))
+
+
+_FIELDS = ServerSettings.__struct_fields__
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``evq serve`` options (defaults come from the environment and TOML, not here)."""
+    add = parser.add_argument
+    add("--config", metavar="FILE", help="TOML file with settings (keys as below, with _)")
+    add("--data", metavar="DIR", help="local data directory (default ./evq-data)")
+    add(
+        "--store", metavar="URL", help="object store URL instead of --data, e.g. s3://bucket/prefix"
+    )
+    add("--endpoint", metavar="URL", help="object-store endpoint override")
+    add("--region")
+    add("--host", help="address to listen on (default 127.0.0.1)")
+    add("--port", type=int, help="port to listen on (default 8700)")
+    add("--shards", type=int, help="queue shard processes (default: one per CPU)")
+    add("--auto-create", action="store_true", default=None, help="create queues on first put")
+    add("--max-body-bytes", type=int)
+    add("--max-requests", type=int)
+    add("--snapshot-every-records", type=int)
+    add("--snapshot-every-s", type=float)
+    add("--ray-address", help="join this Ray cluster instead of starting a local one")
+    add("--ray-cpus", type=int)
+    add("--no-ray", action="store_true", default=None, help="run the queues in this process")
+    add("--shutdown-timeout-s", type=float)
+    add("--log-level")
+    add("--log-format", choices=["text", "json"])
+
+
+def load_settings(
+    args: argparse.Namespace, environ: dict[str, str] | None = None
+) -> ServerSettings:
+    """Merge the command line, ``EVQ_*`` variables, the TOML file and the defaults.
+
+    Raises:
+        BadRequest: an unknown key or a value of the wrong type.
+    """
+    environ = dict(os.environ if environ is None else environ)
+    merged: dict[str, Any] = {}
+    config = getattr(args, "config", None) or environ.get("EVQ_CONFIG")
+    if config:
+        data = tomllib.loads(Path(config).read_text())
+        section = data.get("evq", data)
+        unknown = set(section) - set(_FIELDS)
+        if unknown:
+            raise BadRequest(f"unknown settings in {config}: {', '.join(sorted(unknown))}")
+        merged.update(section)
+    for field in _FIELDS:
+        value = environ.get(f"EVQ_{field.upper()}")
+        if value is not None:
+            merged[field] = value
+    for field in _FIELDS:
+        value = getattr(args, field, None)
+        if value is not None:
+            merged[field] = value
+    try:
+        return msgspec.convert(merged, ServerSettings, strict=False)
+    except msgspec.ValidationError as exc:
+        raise BadRequest(f"invalid setting: {exc}") from None

@@ -1,0 +1,139 @@
+"""The per-queue batcher: the right reply to the right caller, errors kept apart, bounded."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+
+import pytest
+
+from actors.errors import BadRequest, Overloaded, QueueError, Unavailable
+from gateway.batcher import Batcher, Batchers
+
+
+class Shard:
+    """A stand-in shard: answers each command with a value derived from it, after a delay;
+    records the batches it was sent."""
+
+    def __init__(self, delay: float = 0.005, fail_on: object = None) -> None:
+        self.delay = delay
+        self.fail_on = fail_on
+        self.batches: list[list[object]] = []
+        self.concurrent = 0
+        self.max_concurrent = 0
+
+    async def send(self, commands: list[object]) -> list[object]:
+        self.batches.append(list(commands))
+        self.concurrent += 1
+        self.max_concurrent = max(self.max_concurrent, self.concurrent)
+        try:
+            await asyncio.sleep(self.delay * random.random())
+        finally:
+            self.concurrent -= 1
+        return [BadRequest(f"bad {c}") if c == self.fail_on else ("done", c) for c in commands]
+
+
+async def test_every_caller_gets_the_reply_to_its_own_command_under_concurrency() -> None:
+    shard = Shard()
+    batcher = Batcher(shard.send, max_in_flight=2, split_at=8)
+    results = await asyncio.gather(*(batcher.submit(i) for i in range(500)))
+    assert results == [("done", i) for i in range(500)]
+    assert sum(len(b) for b in shard.batches) == 500
+    assert len(shard.batches) < 500  # commands were gathered into batches
+    assert batcher.idle
+
+
+async def test_one_failing_command_in_a_batch_fails_only_itself() -> None:
+    shard = Shard(fail_on=7)
+    batcher = Batcher(shard.send)
+    results = await asyncio.gather(*(batcher.submit(i) for i in range(20)), return_exceptions=True)
+    for i, r in enumerate(results):
+        if i == 7:
+            assert isinstance(r, BadRequest)
+            assert r.message == "bad 7"
+        else:
+            assert r == ("done", i)
+    assert any(7 in b and len(b) > 1 for b in shard.batches)  # it really shared a batch
+
+
+async def test_an_idle_batcher_sends_at_once_and_gathers_while_a_call_is_in_flight() -> None:
+    gate = asyncio.Event()
+    sent: list[list[object]] = []
+
+    async def send(commands: list[object]) -> list[object]:
+        sent.append(list(commands))
+        await gate.wait()
+        return list(commands)
+
+    batcher = Batcher(send, max_in_flight=2, split_at=1000)
+    first = asyncio.ensure_future(batcher.submit("a"))
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert sent == [["a"]]  # sent at once, alone
+    rest = [asyncio.ensure_future(batcher.submit(x)) for x in "bcd"]
+    for _ in range(3):
+        await asyncio.sleep(0)
+    assert sent == [["a"]]  # gathered behind the call in flight
+    gate.set()
+    assert await first == "a"
+    assert [await r for r in rest] == ["b", "c", "d"]
+    assert sent == [["a"], ["b", "c", "d"]]
+
+
+async def test_a_second_parallel_call_opens_past_the_threshold_and_no_more() -> None:
+    shard = Shard(delay=0.02)
+    batcher = Batcher(shard.send, max_in_flight=2, split_at=10)
+    await asyncio.gather(*(batcher.submit(i) for i in range(200)))
+    assert shard.max_concurrent == 2
+
+
+async def test_too_many_waiting_commands_are_refused_with_overloaded() -> None:
+    gate = asyncio.Event()
+
+    async def send(commands: list[object]) -> list[object]:
+        await gate.wait()
+        return list(commands)
+
+    batcher = Batcher(send, max_in_flight=1, max_waiting=5)
+    accepted = [asyncio.ensure_future(batcher.submit(i)) for i in range(6)]  # 1 in flight + 5
+    await asyncio.sleep(0)
+    with pytest.raises(Overloaded):
+        await batcher.submit("one too many")
+    gate.set()
+    assert [await a for a in accepted] == list(range(6))
+
+
+async def test_a_shard_that_cannot_be_reached_fails_the_whole_batch_with_unavailable() -> None:
+    async def send(commands: list[object]) -> list[object]:
+        raise ConnectionError("gone")
+
+    batcher = Batcher(send)
+    results = await asyncio.gather(*(batcher.submit(i) for i in range(3)), return_exceptions=True)
+    assert all(isinstance(r, Unavailable) for r in results)
+
+
+async def test_a_wrong_number_of_results_is_an_error_for_every_caller() -> None:
+    async def send(commands: list[object]) -> list[object]:
+        return [*commands, "one too many"]
+
+    batcher = Batcher(send)
+    results = await asyncio.gather(*(batcher.submit(i) for i in range(3)), return_exceptions=True)
+    assert all(isinstance(r, QueueError) for r in results)
+
+
+async def test_batchers_keep_queues_apart_and_drop_idle_ones() -> None:
+    calls: list[tuple[str, list[object]]] = []
+
+    async def send(queue: str, commands: list[object]) -> list[object]:
+        calls.append((queue, list(commands)))
+        await asyncio.sleep(0.001)
+        return [(queue, c) for c in commands]
+
+    batchers = Batchers(send)
+    results = await asyncio.gather(
+        *(batchers.submit(q, i) for i in range(30) for q in ("a", "b", "c"))
+    )
+    assert results == [(q, i) for i in range(30) for q in ("a", "b", "c")]
+    assert all(len({c for c in cs}) == len(cs) for _, cs in calls)
+    assert {q for q, _ in calls} == {"a", "b", "c"}
+    assert len(batchers) == 0  # all idle again: nothing kept per queue
