@@ -20,6 +20,7 @@ __all__ = [
     "DataError",
     "ErrorKind",
     "Fenced",
+    "Forbidden",
     "InternalError",
     "MessageNotFound",
     "NotReady",
@@ -29,6 +30,7 @@ __all__ = [
     "QueueNotFound",
     "StaleLease",
     "TooLarge",
+    "Unauthorized",
     "Unavailable",
 ]
 
@@ -37,6 +39,8 @@ class ErrorKind(enum.Enum):
     """How a caller should handle an error; closed on purpose."""
 
     INVALID = "invalid"  # the caller must fix the request
+    UNAUTHORIZED = "unauthorized"  # no or bad credentials: authenticate, then retry
+    FORBIDDEN = "forbidden"  # valid credentials without the right: do not retry
     TOO_LARGE = "too_large"  # a body or batch over a limit
     NOT_FOUND = "not_found"  # unknown queue, message or key
     CONFLICT = "conflict"  # stale lease, existing queue with other settings, id clash
@@ -81,6 +85,20 @@ class BadRequest(QueueError):
 
     kind = ErrorKind.INVALID
     code = "BadRequest"
+
+
+class Unauthorized(QueueError):
+    """The request carries no credentials, or credentials the server does not accept."""
+
+    kind = ErrorKind.UNAUTHORIZED
+    code = "Unauthorized"
+
+
+class Forbidden(QueueError):
+    """The credentials are valid but do not allow this request."""
+
+    kind = ErrorKind.FORBIDDEN
+    code = "Forbidden"
 
 
 class TooLarge(QueueError):

@@ -108,7 +108,10 @@ class LocalDirectory:
         await self._shard(name).delete(name)
 
     async def names(self) -> list[str]:
-        return sorted(n for s in self.shards for n in await s.names())
+        names: list[str] = []
+        for shard in self.shards:
+            names.extend(await shard.names())
+        return sorted(names)
 
     async def status(self) -> list[ShardStatus]:
         return [s.status() for s in self.shards]

@@ -1,6 +1,6 @@
 """Measure what one Ray actor process costs here (memory, threads), to size the shard pool.
 
-    .venv/bin/python loadtest/measure_ray_actor.py --actors 4
+.venv/bin/python loadtest/measure_ray_actor.py --actors 4
 """
 
 from __future__ import annotations
@@ -35,8 +35,14 @@ def main() -> None:
         for pid in pids:
             p = psutil.Process(pid)
             mem = p.memory_full_info()
-            rows.append({"rss_mib": mem.rss / 2**20, "uss_mib": mem.uss / 2**20,
-                         "pss_mib": mem.pss / 2**20, "threads": p.num_threads()})
+            rows.append(
+                {
+                    "rss_mib": mem.rss / 2**20,
+                    "uss_mib": mem.uss / 2**20,
+                    "pss_mib": mem.pss / 2**20,
+                    "threads": p.num_threads(),
+                }
+            )
         cpu = [psutil.Process(pid).cpu_percent(interval=2.0) for pid in pids]
         out = {
             "actors": len(rows),

@@ -16,6 +16,7 @@ from actors.errors import (
     DataError,
     ErrorKind,
     Fenced,
+    Forbidden,
     InternalError,
     MessageNotFound,
     NotReady,
@@ -25,6 +26,7 @@ from actors.errors import (
     QueueNotFound,
     StaleLease,
     TooLarge,
+    Unauthorized,
     Unavailable,
 )
 from actors.settings import QueueSettings, validate_queue_name
@@ -40,6 +42,8 @@ MAX_IDEMPOTENCY = 7 * 24 * 3600 * 1000
 ERRORS = [
     (QueueError, ErrorKind.INTERNAL, "InternalError"),
     (BadRequest, ErrorKind.INVALID, "BadRequest"),
+    (Unauthorized, ErrorKind.UNAUTHORIZED, "Unauthorized"),
+    (Forbidden, ErrorKind.FORBIDDEN, "Forbidden"),
     (TooLarge, ErrorKind.TOO_LARGE, "TooLarge"),
     (QueueNotFound, ErrorKind.NOT_FOUND, "QueueNotFound"),
     (MessageNotFound, ErrorKind.NOT_FOUND, "MessageNotFound"),

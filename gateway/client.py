@@ -1,0 +1,814 @@
+"""Python clients of the native API v1: :class:`AsyncClient` (aiohttp) and :class:`Client`.
+
+Both speak every endpoint of gateway/WIRE.md over one keep-alive connection pool (async)
+or one keep-alive connection (sync, http.client; not thread-safe: one per thread).
+Requests are built and replies parsed by the pure ``gateway.client_wire``.
+
+Errors: a non-2xx reply raises the ``actors.errors`` class named by its error code, with
+``fields["status"]``; no reply at all raises :class:`TransportError` (an ``Unavailable``)
+with ``fields["sent"]``.
+
+Retries: up to ``retries`` more attempts, with exponential backoff and jitter, on 429 and
+503 (honouring Retry-After) and on connection failures. When a failure leaves the outcome
+unknown (the connection broke after the request went out), only calls that are safe to
+repeat are resent: every put carries a per-message idempotency key (the caller's, or a
+random one made once and kept across retries), so a resent put never duplicates. ``take``
+and ``purge`` are resent only when the request surely never reached the server (a lost
+take reply leaves its messages reserved until their visibility timeout ends). Any call may
+raise TransportError, Overloaded or NotReady once its retries are spent.
+
+``put`` takes a body (bytes or str), a :class:`NewMessage`, or an iterable of them; keyword
+options apply to bare bodies. ``auto_key=False`` sends no generated key: on a FIFO queue
+with content-based dedup a key would replace the content hash.
+
+``watch_loop`` yields each new state of a key by one-shot long-polls, each resubscribed
+with the version last seen: changes between two polls fold into the newest state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import random
+import select
+import ssl
+import time
+from collections.abc import AsyncIterator, Iterable, Iterator
+from types import TracebackType
+from typing import Any, Self, TypeVar
+from urllib.parse import urlsplit
+
+import aiohttp
+
+from actors.errors import QueueError
+from gateway import client_wire as wire
+from gateway.client_wire import (
+    Body,
+    ItemResult,
+    KeyValue,
+    Message,
+    NewMessage,
+    PutResult,
+    QueueConfig,
+    QueueInfo,
+    QueueStats,
+    Receipt,
+    Resend,
+    RetryPolicy,
+    TransportError,
+)
+
+__all__ = [
+    "DEFAULT_URL",
+    "AsyncClient",
+    "Client",
+    "ItemResult",
+    "KeyValue",
+    "Message",
+    "NewMessage",
+    "PutResult",
+    "QueueConfig",
+    "QueueInfo",
+    "QueueStats",
+    "Resend",
+    "RetryPolicy",
+    "TransportError",
+]
+
+T = TypeVar("T")
+DEFAULT_URL = "http://127.0.0.1:8700"
+
+
+class _Base:
+    """Settings shared by both clients."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        timeout: float,
+        retries: int | RetryPolicy,
+        token: str | None,
+        binary: bool,
+        rng: random.Random | None,
+    ) -> None:
+        parts = urlsplit(base_url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"base_url must be http(s)://host[:port][/prefix], not {base_url!r}")
+        self.base_url = base_url.rstrip("/")
+        self._parts = parts
+        self._prefix = parts.path.rstrip("/")
+        self.timeout = timeout
+        self.policy = retries if isinstance(retries, RetryPolicy) else RetryPolicy(retries=retries)
+        self.binary = binary
+        self._token = token
+        self._rng = rng if rng is not None else random.Random()
+
+    def _prepare(self, call: wire.Call[Any]) -> wire.Prepared:
+        return wire.prepare(call, binary=self.binary, token=self._token)
+
+
+def _settings(
+    id_mode: str | None,
+    visibility_timeout: float | None,
+    max_receives: int | None,
+    dead_letter_queue: str | None,
+    retention: float | None,
+    max_message_bytes: int | None,
+    fifo: bool | None,
+    delay: float | None,
+    idempotency_window: float | None,
+    content_based_dedup: bool | None,
+) -> dict[str, Any]:
+    return {k: v for k, v in locals().items() if v is not None}
+
+
+def _message_ref(message: Message | str, lease: str | None) -> tuple[str, str | None]:
+    if isinstance(message, Message):
+        return message.id, lease if lease is not None else message.lease
+    return message, lease
+
+
+# ====================================================================== async
+
+
+class AsyncClient(_Base):
+    """Asyncio client on one aiohttp session; use ``async with`` or call :meth:`close`."""
+
+    def __init__(
+        self,
+        base_url: str = DEFAULT_URL,
+        *,
+        timeout: float = 30.0,
+        retries: int | RetryPolicy = 3,
+        token: str | None = None,
+        binary: bool = False,
+        rng: random.Random | None = None,
+    ) -> None:
+        super().__init__(
+            base_url, timeout=timeout, retries=retries, token=token, binary=binary, rng=rng
+        )
+        self._session: aiohttp.ClientSession | None = None
+
+    async def __aenter__(self) -> Self:
+        self._open()
+        return self
+
+    async def __aexit__(
+        self, _t: type[BaseException] | None, _e: BaseException | None, _tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    async def close(self) -> None:
+        """Close the session and its connections."""
+        if self._session is not None:
+            await self._session.close()
+            self._session = None
+
+    def _open(self) -> aiohttp.ClientSession:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession()
+        return self._session
+
+    async def _exchange(
+        self, req: wire.Prepared, hold: float
+    ) -> tuple[int, bytes, str | None, str | None]:
+        timeout = aiohttp.ClientTimeout(total=self.timeout + hold, sock_connect=self.timeout)
+        url = self.base_url + req.target
+        try:
+            async with self._open().request(
+                req.method, url, data=req.body, headers=req.headers, timeout=timeout
+            ) as resp:
+                data = await resp.read()
+                return (
+                    resp.status,
+                    data,
+                    resp.headers.get("Content-Type"),
+                    resp.headers.get("Retry-After"),
+                )
+        except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as e:
+            raise TransportError(f"cannot connect to {self.base_url}: {e}", sent=False) from e
+        except (aiohttp.ClientError, TimeoutError) as e:
+            reason = str(e) or type(e).__name__
+            raise TransportError(f"{req.method} {req.target}: {reason}", sent=True) from e
+
+    async def _run(self, call: wire.Call[T]) -> T:
+        req = self._prepare(call)
+        attempt = 0
+        while True:
+            try:
+                status, data, ctype, retry_after = await self._exchange(req, call.hold)
+                return wire.handle_reply(call, status, data, ctype, retry_after)
+            except QueueError as error:
+                pause = self.policy.next_pause(attempt, error, call.resend, self._rng)
+                if pause is None:
+                    raise
+            attempt += 1
+            await asyncio.sleep(pause)
+
+    # ---------------------------------------------------------------- queues
+
+    async def create_queue(
+        self,
+        name: str,
+        *,
+        id_mode: str | None = None,
+        visibility_timeout: float | None = None,
+        max_receives: int | None = None,
+        dead_letter_queue: str | None = None,
+        retention: float | None = None,
+        max_message_bytes: int | None = None,
+        fifo: bool | None = None,
+        delay: float | None = None,
+        idempotency_window: float | None = None,
+        content_based_dedup: bool | None = None,
+    ) -> QueueInfo:
+        """Create a queue (``created`` False when it exists with these settings); safe to retry.
+
+        Raises:
+            QueueExists: it exists with other settings.
+            BadRequest: a setting is invalid.
+        """
+        settings = _settings(
+            id_mode,
+            visibility_timeout,
+            max_receives,
+            dead_letter_queue,
+            retention,
+            max_message_bytes,
+            fifo,
+            delay,
+            idempotency_window,
+            content_based_dedup,
+        )
+        return await self._run(wire.create_queue(name, settings))
+
+    async def list_queues(self) -> list[str]:
+        """Names of all queues, sorted; safe to retry."""
+        return await self._run(wire.list_queues())
+
+    async def get_queue(self, name: str) -> QueueInfo:
+        """Settings and stats of a queue; safe to retry.
+
+        Raises:
+            QueueNotFound: no such queue.
+        """
+        return await self._run(wire.get_queue(name))
+
+    async def update_queue(self, name: str, **changes: Any) -> QueueInfo:
+        """Change settings (not id_mode or fifo); safe to retry.
+
+        Raises:
+            QueueNotFound: no such queue.
+            BadRequest: a setting is invalid.
+        """
+        return await self._run(wire.update_queue(name, changes))
+
+    async def delete_queue(self, name: str) -> None:
+        """Delete a queue and its messages; resent after a lost reply, which may then raise.
+
+        Raises:
+            QueueNotFound: no such queue (also when a lost first attempt had deleted it).
+        """
+        await self._run(wire.delete_queue(name))
+
+    async def purge(self, name: str) -> int:
+        """Delete every message; number deleted. Resent only if surely not received.
+
+        Raises:
+            QueueNotFound: no such queue.
+        """
+        return await self._run(wire.purge(name))
+
+    # ---------------------------------------------------------------- messages
+
+    async def put(
+        self,
+        queue: str,
+        messages: Body | NewMessage | Iterable[Body | NewMessage],
+        *,
+        delay: float | None = None,
+        activate_at: float | None = None,
+        group: str | None = None,
+        attributes: dict[str, str] | None = None,
+        id: str | None = None,
+        idempotency_key: str | None = None,
+        auto_key: bool = True,
+    ) -> list[PutResult]:
+        """Put one body / NewMessage or many (options apply to bare bodies); always resent.
+
+        Raises:
+            QueueNotFound: no such queue.
+            BadRequest: an invalid message; TooLarge: a body over the queue's limit.
+            Conflict: a client id reused with another body.
+        """
+        defaults = dict(
+            delay=delay,
+            activate_at=activate_at,
+            group=group,
+            attributes=attributes,
+            id=id,
+            idempotency_key=idempotency_key,
+        )
+        items = wire.as_messages(messages, defaults)
+        return await self._run(wire.put(queue, items, binary=self.binary, auto_key=auto_key))
+
+    async def take(
+        self,
+        queue: str,
+        max: int = 1,
+        *,
+        wait: float | None = None,
+        visibility_timeout: float | None = None,
+    ) -> list[Message]:
+        """Reserve up to ``max`` ready messages, waiting up to ``wait`` s; resent only if unsent.
+
+        Raises:
+            QueueNotFound: no such queue.
+        """
+        return await self._run(wire.take(queue, max, wait, visibility_timeout))
+
+    async def ack(self, queue: str, *items: Receipt) -> list[ItemResult]:
+        """Delete taken messages; a resent ack may answer ``not_found`` for one done before.
+
+        Raises:
+            QueueNotFound: no such queue.
+        """
+        return await self._run(wire.ack(queue, items)) if items else []
+
+    async def release(
+        self,
+        queue: str,
+        *items: Receipt,
+        delay: float | None = None,
+        activate_at: float | None = None,
+    ) -> list[ItemResult]:
+        """Give taken messages back, optionally later; a resent one may answer ``stale_lease``.
+
+        Raises:
+            QueueNotFound: no such queue.
+        """
+        call = wire.release(queue, items, delay, activate_at)
+        return await self._run(call) if items else []
+
+    async def touch(
+        self, queue: str, *items: Receipt, visibility_timeout: float | None = None
+    ) -> list[ItemResult]:
+        """Extend leases (results carry ``lease_expires_at``); safe to retry.
+
+        Raises:
+            QueueNotFound: no such queue.
+        """
+        call = wire.touch(queue, items, visibility_timeout)
+        return await self._run(call) if items else []
+
+    async def get_message(self, queue: str, message_id: str) -> Message:
+        """A message's current view (``state``, no lease); safe to retry.
+
+        Raises:
+            QueueNotFound, MessageNotFound: no such queue or message.
+        """
+        return await self._run(wire.get_message(queue, message_id))
+
+    async def update_message(
+        self,
+        queue: str,
+        message: Message | str,
+        *,
+        body: Body | None = None,
+        delay: float | None = None,
+        activate_at: float | None = None,
+        lease: str | None = None,
+    ) -> Message:
+        """Change body and/or activation time (a Message brings its lease); answers the view.
+
+        Raises:
+            MessageNotFound: no such message. Conflict: reserved and no lease given.
+            StaleLease: the lease is not the current one (also on a resend after a lost
+                reply, when the first attempt had already ended the lease).
+        """
+        mid, lease = _message_ref(message, lease)
+        call = wire.update_message(
+            queue,
+            mid,
+            body=body,
+            delay=delay,
+            activate_at=activate_at,
+            lease=lease,
+            binary=self.binary,
+        )
+        return await self._run(call)
+
+    async def reschedule(
+        self,
+        queue: str,
+        message: Message | str,
+        *,
+        delay: float | None = None,
+        activate_at: float | None = None,
+        lease: str | None = None,
+    ) -> Message:
+        """Run again later instead of acking: ends the lease, resets the receive count.
+
+        Raises:
+            MessageNotFound: no such message. StaleLease: the lease is not the current one.
+            Conflict: reserved and no lease given.
+        """
+        if (delay is None) == (activate_at is None):
+            raise ValueError("reschedule needs exactly one of delay and activate_at")
+        return await self.update_message(
+            queue, message, delay=delay, activate_at=activate_at, lease=lease
+        )
+
+    async def delete_message(
+        self, queue: str, message: Message | str, lease: str | None = None
+    ) -> None:
+        """Delete one message (a reserved one needs its lease); a resent one may raise.
+
+        Raises:
+            MessageNotFound: no such message (also when a lost first attempt deleted it).
+            StaleLease, Conflict: reserved and the lease is stale or missing.
+        """
+        mid, lease = _message_ref(message, lease)
+        await self._run(wire.delete_message(queue, mid, lease))
+
+    # ---------------------------------------------------------------- keys, watches
+
+    async def set_key(self, key: str, value: Any) -> int:
+        """Set a key to a JSON value; answers its new version. Safe to retry."""
+        return await self._run(wire.set_key(key, value))
+
+    async def get_key(self, key: str) -> KeyValue:
+        """A key's value and version (version 0: never set)."""
+        return await self._run(wire.get_key(key))
+
+    async def watch(self, key: str, version: int = 0, *, wait: float = 30.0) -> KeyValue | None:
+        """The key's state once its version is past ``version``; None after ``wait`` s (204)."""
+        return await self._run(wire.watch(key, version, wait))
+
+    async def watch_loop(
+        self, key: str, *, version: int = 0, wait: float = 30.0
+    ) -> AsyncIterator[KeyValue]:
+        """Each new state of a key (first the current one, if set), by resubscribing watches."""
+        while True:
+            state = await self.watch(key, version, wait=wait)
+            if state is None:
+                continue
+            yield state
+            version = state.version
+
+    # ---------------------------------------------------------------- service
+
+    async def health(self) -> bool:
+        """True when the process answers /healthz."""
+        return await self._run(wire.health())
+
+    async def ready(self) -> bool:
+        """True when /readyz says ready (logs replayed), False while recovering."""
+        return await self._run(wire.ready())
+
+
+# ====================================================================== sync
+
+
+class Client(_Base):
+    """Blocking client on one keep-alive http.client connection; one per thread."""
+
+    def __init__(
+        self,
+        base_url: str = DEFAULT_URL,
+        *,
+        timeout: float = 30.0,
+        retries: int | RetryPolicy = 3,
+        token: str | None = None,
+        binary: bool = False,
+        rng: random.Random | None = None,
+    ) -> None:
+        super().__init__(
+            base_url, timeout=timeout, retries=retries, token=token, binary=binary, rng=rng
+        )
+        self._conn: http.client.HTTPConnection | None = None
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self, _t: type[BaseException] | None, _e: BaseException | None, _tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connection."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    def _connection(self) -> http.client.HTTPConnection:
+        """The open connection, or a new one (the old one dropped if the server closed it)."""
+        conn = self._conn
+        if conn is not None and conn.sock is not None:
+            # Readable while idle means EOF (or junk): the server closed it; do not send on it.
+            readable, _, _ = select.select([conn.sock], [], [], 0)
+            if not readable:
+                return conn
+        self.close()
+        host, port = self._parts.hostname or "", self._parts.port
+        if self._parts.scheme == "https":
+            context = ssl.create_default_context()
+            conn = http.client.HTTPSConnection(host, port, timeout=self.timeout, context=context)
+        else:
+            conn = http.client.HTTPConnection(host, port, timeout=self.timeout)
+        try:
+            conn.connect()
+        except OSError as e:
+            conn.close()
+            raise TransportError(f"cannot connect to {self.base_url}: {e}", sent=False) from e
+        self._conn = conn
+        return conn
+
+    def _exchange(
+        self, req: wire.Prepared, hold: float
+    ) -> tuple[int, bytes, str | None, str | None]:
+        conn = self._connection()
+        try:
+            assert conn.sock is not None
+            conn.sock.settimeout(self.timeout + hold)
+            conn.request(req.method, self._prefix + req.target, body=req.body, headers=req.headers)
+            resp = conn.getresponse()
+            data = resp.read()
+        except (OSError, http.client.HTTPException) as e:
+            self.close()
+            reason = str(e) or type(e).__name__
+            raise TransportError(f"{req.method} {req.target}: {reason}", sent=True) from e
+        if resp.will_close:
+            self.close()
+        return resp.status, data, resp.getheader("Content-Type"), resp.getheader("Retry-After")
+
+    def _run(self, call: wire.Call[T]) -> T:
+        req = self._prepare(call)
+        attempt = 0
+        while True:
+            try:
+                status, data, ctype, retry_after = self._exchange(req, call.hold)
+                return wire.handle_reply(call, status, data, ctype, retry_after)
+            except QueueError as error:
+                pause = self.policy.next_pause(attempt, error, call.resend, self._rng)
+                if pause is None:
+                    raise
+            attempt += 1
+            time.sleep(pause)
+
+    # ---------------------------------------------------------------- queues
+
+    def create_queue(
+        self,
+        name: str,
+        *,
+        id_mode: str | None = None,
+        visibility_timeout: float | None = None,
+        max_receives: int | None = None,
+        dead_letter_queue: str | None = None,
+        retention: float | None = None,
+        max_message_bytes: int | None = None,
+        fifo: bool | None = None,
+        delay: float | None = None,
+        idempotency_window: float | None = None,
+        content_based_dedup: bool | None = None,
+    ) -> QueueInfo:
+        """Create a queue (``created`` False when it exists with these settings); safe to retry.
+
+        Raises:
+            QueueExists: it exists with other settings.
+            BadRequest: a setting is invalid.
+        """
+        settings = _settings(
+            id_mode,
+            visibility_timeout,
+            max_receives,
+            dead_letter_queue,
+            retention,
+            max_message_bytes,
+            fifo,
+            delay,
+            idempotency_window,
+            content_based_dedup,
+        )
+        return self._run(wire.create_queue(name, settings))
+
+    def list_queues(self) -> list[str]:
+        """Names of all queues, sorted; safe to retry."""
+        return self._run(wire.list_queues())
+
+    def get_queue(self, name: str) -> QueueInfo:
+        """Settings and stats of a queue; safe to retry.
+
+        Raises:
+            QueueNotFound: no such queue.
+        """
+        return self._run(wire.get_queue(name))
+
+    def update_queue(self, name: str, **changes: Any) -> QueueInfo:
+        """Change settings (not id_mode or fifo); safe to retry.
+
+        Raises:
+            QueueNotFound: no such queue.
+            BadRequest: a setting is invalid.
+        """
+        return self._run(wire.update_queue(name, changes))
+
+    def delete_queue(self, name: str) -> None:
+        """Delete a queue and its messages; resent after a lost reply, which may then raise.
+
+        Raises:
+            QueueNotFound: no such queue (also when a lost first attempt had deleted it).
+        """
+        self._run(wire.delete_queue(name))
+
+    def purge(self, name: str) -> int:
+        """Delete every message; number deleted. Resent only if surely not received.
+
+        Raises:
+            QueueNotFound: no such queue.
+        """
+        return self._run(wire.purge(name))
+
+    # ---------------------------------------------------------------- messages
+
+    def put(
+        self,
+        queue: str,
+        messages: Body | NewMessage | Iterable[Body | NewMessage],
+        *,
+        delay: float | None = None,
+        activate_at: float | None = None,
+        group: str | None = None,
+        attributes: dict[str, str] | None = None,
+        id: str | None = None,
+        idempotency_key: str | None = None,
+        auto_key: bool = True,
+    ) -> list[PutResult]:
+        """Put one body / NewMessage or many (options apply to bare bodies); always resent.
+
+        Raises:
+            QueueNotFound: no such queue.
+            BadRequest: an invalid message; TooLarge: a body over the queue's limit.
+            Conflict: a client id reused with another body.
+        """
+        defaults = dict(
+            delay=delay,
+            activate_at=activate_at,
+            group=group,
+            attributes=attributes,
+            id=id,
+            idempotency_key=idempotency_key,
+        )
+        items = wire.as_messages(messages, defaults)
+        return self._run(wire.put(queue, items, binary=self.binary, auto_key=auto_key))
+
+    def take(
+        self,
+        queue: str,
+        max: int = 1,
+        *,
+        wait: float | None = None,
+        visibility_timeout: float | None = None,
+    ) -> list[Message]:
+        """Reserve up to ``max`` ready messages, waiting up to ``wait`` s; resent only if unsent.
+
+        Raises:
+            QueueNotFound: no such queue.
+        """
+        return self._run(wire.take(queue, max, wait, visibility_timeout))
+
+    def ack(self, queue: str, *items: Receipt) -> list[ItemResult]:
+        """Delete taken messages; a resent ack may answer ``not_found`` for one done before.
+
+        Raises:
+            QueueNotFound: no such queue.
+        """
+        return self._run(wire.ack(queue, items)) if items else []
+
+    def release(
+        self,
+        queue: str,
+        *items: Receipt,
+        delay: float | None = None,
+        activate_at: float | None = None,
+    ) -> list[ItemResult]:
+        """Give taken messages back, optionally later; a resent one may answer ``stale_lease``.
+
+        Raises:
+            QueueNotFound: no such queue.
+        """
+        return self._run(wire.release(queue, items, delay, activate_at)) if items else []
+
+    def touch(
+        self, queue: str, *items: Receipt, visibility_timeout: float | None = None
+    ) -> list[ItemResult]:
+        """Extend leases (results carry ``lease_expires_at``); safe to retry.
+
+        Raises:
+            QueueNotFound: no such queue.
+        """
+        return self._run(wire.touch(queue, items, visibility_timeout)) if items else []
+
+    def get_message(self, queue: str, message_id: str) -> Message:
+        """A message's current view (``state``, no lease); safe to retry.
+
+        Raises:
+            QueueNotFound, MessageNotFound: no such queue or message.
+        """
+        return self._run(wire.get_message(queue, message_id))
+
+    def update_message(
+        self,
+        queue: str,
+        message: Message | str,
+        *,
+        body: Body | None = None,
+        delay: float | None = None,
+        activate_at: float | None = None,
+        lease: str | None = None,
+    ) -> Message:
+        """Change body and/or activation time (a Message brings its lease); answers the view.
+
+        Raises:
+            MessageNotFound: no such message. Conflict: reserved and no lease given.
+            StaleLease: the lease is not the current one (also on a resend after a lost
+                reply, when the first attempt had already ended the lease).
+        """
+        mid, lease = _message_ref(message, lease)
+        call = wire.update_message(
+            queue,
+            mid,
+            body=body,
+            delay=delay,
+            activate_at=activate_at,
+            lease=lease,
+            binary=self.binary,
+        )
+        return self._run(call)
+
+    def reschedule(
+        self,
+        queue: str,
+        message: Message | str,
+        *,
+        delay: float | None = None,
+        activate_at: float | None = None,
+        lease: str | None = None,
+    ) -> Message:
+        """Run again later instead of acking: ends the lease, resets the receive count.
+
+        Raises:
+            MessageNotFound: no such message. StaleLease: the lease is not the current one.
+            Conflict: reserved and no lease given.
+        """
+        if (delay is None) == (activate_at is None):
+            raise ValueError("reschedule needs exactly one of delay and activate_at")
+        return self.update_message(
+            queue, message, delay=delay, activate_at=activate_at, lease=lease
+        )
+
+    def delete_message(self, queue: str, message: Message | str, lease: str | None = None) -> None:
+        """Delete one message (a reserved one needs its lease); a resent one may raise.
+
+        Raises:
+            MessageNotFound: no such message (also when a lost first attempt deleted it).
+            StaleLease, Conflict: reserved and the lease is stale or missing.
+        """
+        mid, lease = _message_ref(message, lease)
+        self._run(wire.delete_message(queue, mid, lease))
+
+    # ---------------------------------------------------------------- keys, watches
+
+    def set_key(self, key: str, value: Any) -> int:
+        """Set a key to a JSON value; answers its new version. Safe to retry."""
+        return self._run(wire.set_key(key, value))
+
+    def get_key(self, key: str) -> KeyValue:
+        """A key's value and version (version 0: never set)."""
+        return self._run(wire.get_key(key))
+
+    def watch(self, key: str, version: int = 0, *, wait: float = 30.0) -> KeyValue | None:
+        """The key's state once its version is past ``version``; None after ``wait`` s (204)."""
+        return self._run(wire.watch(key, version, wait))
+
+    def watch_loop(self, key: str, *, version: int = 0, wait: float = 30.0) -> Iterator[KeyValue]:
+        """Each new state of a key (first the current one, if set), by resubscribing watches."""
+        while True:
+            state = self.watch(key, version, wait=wait)
+            if state is None:
+                continue
+            yield state
+            version = state.version
+
+    # ---------------------------------------------------------------- service
+
+    def health(self) -> bool:
+        """True when the process answers /healthz."""
+        return self._run(wire.health())
+
+    def ready(self) -> bool:
+        """True when /readyz says ready (logs replayed), False while recovering."""
+        return self._run(wire.ready())
