@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -45,6 +46,24 @@ log = logging.getLogger(__name__)
 
 # Hands dead letters of a queue to its dead-letter queue; must be idempotent per message.
 DeadLetterRouter = Callable[[str, str, list[Message]], Awaitable[None]]
+
+
+class _ProgressLog:
+    """Logs replay progress of a large log, at most every few seconds."""
+
+    EVERY_S = 5.0
+
+    def __init__(self, queue: str) -> None:
+        self.queue = queue
+        self._last = time.perf_counter()  # a rate limit, not state time
+
+    def __call__(self, done: int, total: int, records: int) -> None:
+        now = time.perf_counter()
+        if now - self._last >= self.EVERY_S or (done == total and total > 100):
+            self._last = now
+            log.info(
+                "queue %s: replayed %d/%d segments, %d records", self.queue, done, total, records
+            )
 
 
 def _resolve(fut: asyncio.Future[bool], value: bool) -> None:
@@ -98,7 +117,7 @@ class QueueActor:
         self.ids = ids
         self.log_settings = log_settings or LogSettings()
         self.dead_letter_router = dead_letter_router
-        self.progress = progress
+        self.progress = progress or _ProgressLog(name)
         self.state = QueueState()
         self.report: RecoveryReport | None = None
         self.listeners: list[Callable[[QueueActor], None]] = []
