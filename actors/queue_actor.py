@@ -394,19 +394,33 @@ class QueueActor:
                     self._changed()
 
     async def _route_dead_letters(self) -> None:
+        """Hand the outbox to the dead-letter queue until it is empty, retrying with backoff
+        while that queue is unreachable (its shard recovering or restarting): a dead letter
+        must not wait for this queue's next change to move on."""
         self._routing = True
+        delay = 0.2
         try:
             while self.state.outbox and self._stopped is None:
                 letters = list(self.state.outbox.values())
                 target = self.state.settings.dead_letter_queue
-                if target is not None and self.dead_letter_router is not None:
-                    await self.dead_letter_router(self.name, target, letters)
-                elif target is not None:
-                    log.error("queue %s: no router for dead-letter queue %s", self.name, target)
-                    return
-                await self.execute(cmd.ConfirmDeadLetters([m.seq for m in letters]))
-        except QueueError as exc:
-            log.error("queue %s: dead-letter routing failed: %s", self.name, exc)
+                try:
+                    if target is not None and self.dead_letter_router is not None:
+                        await self.dead_letter_router(self.name, target, letters)
+                    elif target is not None:
+                        raise Unavailable(f"no router for dead-letter queue {target}")
+                    await self.execute(cmd.ConfirmDeadLetters([m.seq for m in letters]))
+                    delay = 0.2
+                except QueueError as exc:
+                    if self._stopped is not None:
+                        return
+                    log.warning(
+                        "queue %s: dead-letter routing failed (%s); retrying in %.1fs",
+                        self.name,
+                        exc,
+                        delay,
+                    )
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 30.0)
         finally:
             self._routing = False
 

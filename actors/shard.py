@@ -297,12 +297,14 @@ class QueueShard:
 
 
 def _redelivery(source: str, m: Message) -> cmd.NewMessage:
-    """The dead-letter copy of ``m``: same body, attributes and group; an idempotency key
-    (and, for client-id queues, the same id) so that routing twice puts it once."""
+    """The dead-letter copy of ``m``: same body, attributes and group, plus where it came
+    from (``evq.source_queue``, ``evq.source_id``); an idempotency key so that routing twice
+    puts it once. A client-id dead-letter queue keeps the id; a server-id one assigns its own
+    (ids of different queues may collide)."""
     return cmd.NewMessage(
         body=m.body,
         id=str(m.id),
         idempotency_key=f"dlq:{source}:{m.seq}",
         group=m.group,
-        attributes=m.attributes,
+        attributes={**(m.attributes or {}), "evq.source_queue": source, "evq.source_id": str(m.id)},
     )

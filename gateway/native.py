@@ -152,16 +152,18 @@ async def _waiting_take(request: web.Request, name: str, take: cmd.Take, wait_s:
     if counter[0] >= app[OPTIONS].max_waiting_takes:
         raise Overloaded("too many takes are waiting; retry shortly")
     counter[0] += 1
+    shutdown = asyncio.ensure_future(app[SHUTTING_DOWN].wait())
+    taking = asyncio.ensure_future(app[DIRECTORY].take(name, take, wait_s))
     try:
-        shutdown = asyncio.ensure_future(app[SHUTTING_DOWN].wait())
-        taking = asyncio.ensure_future(app[DIRECTORY].take(name, take, wait_s))
         done, _ = await asyncio.wait({taking, shutdown}, return_when=asyncio.FIRST_COMPLETED)
-        shutdown.cancel()
         if taking not in done:
-            taking.cancel()  # the server is going down: answer "nothing yet"
-            return []
+            return []  # the server is going down: answer "nothing yet"
         result = taking.result()
     finally:
+        # Also when the client went away (the handler is cancelled): a take left waiting
+        # would reserve the next message for nobody.
+        shutdown.cancel()
+        taking.cancel()
         counter[0] -= 1
     if isinstance(result, QueueError):
         raise result

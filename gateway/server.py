@@ -57,6 +57,8 @@ def run(settings: ServerSettings) -> int:
             max_requests=settings.max_requests,
             max_waiting_takes=settings.max_waiting_takes,
             auto_create=settings.auto_create,
+            batch_in_flight=settings.batch_in_flight,
+            batch_split_at=settings.batch_split_at,
         ),
     )
     log.info(
@@ -76,6 +78,9 @@ def run(settings: ServerSettings) -> int:
             access_log=None,
             print=None,
             handle_signals=True,
+            # A client that hangs up cancels its handler: a waiting take must not go on
+            # waiting (and reserve a message) for a connection that is gone.
+            handler_cancellation=True,
         )
     finally:
         if not settings.no_ray:
@@ -105,6 +110,9 @@ def _ray_directory(settings: ServerSettings, log_settings: LogSettings) -> RayDi
         namespace=NAMESPACE,
         logging_level=logging.WARNING,
         log_to_driver=True,
+        # Shards serve requests: Ray's default niceness of 15 for workers would put them
+        # behind everything else on a busy machine.
+        _system_config={"worker_niceness": 0} if not settings.ray_address else None,
     )
     spec = ShardSpec(
         count=settings.shard_count(),

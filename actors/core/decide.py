@@ -178,7 +178,8 @@ def _put(state: QueueState, c: cmd.Put, now: int, ids: IdSource) -> Decision:
             continue
         group = _check_group(m, s)
         if m.attributes is not None:
-            _check_attributes(m.attributes)
+            # a dead-letter copy carries two more: where it came from
+            _check_attributes(m.attributes, _MAX_ATTRIBUTES + (2 if c.redelivery else 0))
         if server_ids:
             if m.id is not None and not c.redelivery:
                 raise BadRequest("this queue assigns ids (id_mode=server); omit 'id'")
@@ -261,8 +262,8 @@ def _check_group(m: cmd.NewMessage, s: QueueSettings) -> str | None:
     return group
 
 
-def _check_attributes(attributes: object) -> None:
-    if not isinstance(attributes, dict) or len(attributes) > _MAX_ATTRIBUTES:
+def _check_attributes(attributes: object, limit: int = _MAX_ATTRIBUTES) -> None:
+    if not isinstance(attributes, dict) or len(attributes) > limit:
         raise BadRequest(f"attributes must be a map of at most {_MAX_ATTRIBUTES} entries")
     for name in attributes:
         if not isinstance(name, str) or not 0 < len(name) <= 256:

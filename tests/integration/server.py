@@ -1,9 +1,11 @@
 """A real ``evq serve`` in a subprocess, for integration tests.
 
-Each server runs in its own session (process group), so stopping it — gracefully with
-SIGTERM, or brutally with SIGKILL of the whole group — also stops every Ray process it
-started, and nothing else on the machine (never ``ray stop``: it kills every Ray process of
-the user).
+Each server runs in its own session (``start_new_session``), so stopping it — gracefully
+with SIGTERM, or brutally with SIGKILL — also stops every Ray process it started, and
+nothing else on the machine (never ``ray stop``: it kills every Ray process of the user).
+Ray puts each worker process (the shard actors) in a process group of its own, but they
+stay in the server's session: :meth:`Server.kill` therefore kills the whole session, not
+only the server's process group.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -18,11 +21,14 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 EVQ = [sys.executable, "-m", "gateway.cli"]
+
+# A shard actor's first words: "... actors.shard: shard 1/2: recovering 0 queue(s)".
+_SHARD_LINE = re.compile(r"actors\.shard: shard (\d+)/\d+: recovering")
 
 
 def free_port() -> int:
@@ -45,8 +51,40 @@ def server_env(**extra: str) -> dict[str, str]:
     return env
 
 
+def session_pids(sid: int) -> list[int]:
+    """Live processes of session ``sid`` (zombies included until their parent reaps them)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        pid = int(entry)
+        with contextlib.suppress(ProcessLookupError, PermissionError, OSError):
+            if os.getsid(pid) == sid:
+                pids.append(pid)
+    return pids
+
+
+def _alive(pid: int) -> bool:
+    """Whether ``pid`` runs (a zombie does not)."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read()
+    except OSError:
+        return False
+    return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] not in (b"Z", b"X")
+
+
+def cmdline(pid: int) -> str:
+    """A process's command line ("" when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return ""
+
+
 class Server:
-    """One ``evq serve`` process: start, wait until ready, stop."""
+    """One ``evq serve`` process: start, wait until ready, stop; restartable."""
 
     def __init__(
         self,
@@ -62,19 +100,29 @@ class Server:
         self.log_path = log or data.parent / f"evq-serve-{self.port}.log"
         self.env = env or server_env()
         self.proc: subprocess.Popen[bytes] | None = None
+        self._log_start = 0
 
     @property
     def url(self) -> str:
         """Base URL of the server."""
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, *, ready_timeout: float = 120.0) -> Server:
-        """Start the server and wait until ``/readyz`` answers 200.
+    @property
+    def pid(self) -> int:
+        """The server's pid (also its session and process group id)."""
+        assert self.proc is not None
+        return self.proc.pid
+
+    def start(self, *, ready_timeout: float = 120.0, wait_ready: bool = True) -> Server:
+        """Start the server and wait until ``/readyz`` answers 200 (``/healthz`` only when
+        not ``wait_ready``). A stopped server may be started again on the same port.
 
         Raises:
             RuntimeError: it exited or did not get ready in time (the log is in the message).
         """
+        assert self.proc is None or self.proc.poll() is not None, "already running"
         command = [*EVQ, "serve", "--data", str(self.data), "--port", str(self.port), *self.args]
+        self._log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
         self._log = self.log_path.open("ab")
         self.proc = subprocess.Popen(
             command,
@@ -84,32 +132,91 @@ class Server:
             stderr=subprocess.STDOUT,
             start_new_session=True,
         )
+        check = self.ready if wait_ready else self.healthy
         deadline = time.monotonic() + ready_timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
+                self._reap_session(0)
                 raise RuntimeError(f"evq serve exited with {self.proc.returncode}:\n{self.log()}")
-            if self.ready():
+            if check():
                 return self
-            time.sleep(0.2)
+            time.sleep(0.05 if not wait_ready else 0.2)
         self.kill()
         raise RuntimeError(f"evq serve was not ready within {ready_timeout}s:\n{self.log()}")
 
-    def ready(self) -> bool:
-        """Whether /readyz answers 200."""
+    def _probe(self, path: str) -> bool:
         try:
-            with urllib.request.urlopen(f"{self.url}/readyz", timeout=2) as r:
+            with urllib.request.urlopen(f"{self.url}{path}", timeout=2) as r:
                 return bool(r.status == 200)
         except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
             return False
 
-    def log(self) -> str:
-        """The server's output so far (last 200 lines)."""
+    def ready(self) -> bool:
+        """Whether /readyz answers 200."""
+        return self._probe("/readyz")
+
+    def healthy(self) -> bool:
+        """Whether /healthz answers 200."""
+        return self._probe("/healthz")
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        """Wait until /readyz answers 200.
+
+        Raises:
+            RuntimeError: it exited or was not ready in time.
+        """
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            assert self.proc is not None
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"evq serve exited with {self.proc.returncode}:\n{self.log()}")
+            if self.ready():
+                return
+            time.sleep(0.1)
+        raise RuntimeError(f"evq serve was not ready within {timeout}s:\n{self.log()}")
+
+    def log(self, *, whole: bool = False, lines: int = 200) -> str:
+        """The server's output since its last start (or all runs), last ``lines`` lines."""
         with contextlib.suppress(OSError):
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-200:])
+            with self.log_path.open("rb") as f:
+                if not whole:
+                    f.seek(self._log_start)
+                text = f.read().decode(errors="replace")
+            return "\n".join(text.splitlines()[-lines:])
         return ""
 
+    def running(self) -> bool:
+        """Whether the server process runs."""
+        return self.proc is not None and self.proc.poll() is None
+
+    def pids(self) -> list[int]:
+        """Every live process of the server's session (server, Ray, shard actors)."""
+        return [p for p in session_pids(self.pid) if _alive(p)]
+
+    def shard_logs(self) -> dict[int, str]:
+        """Live shard actor processes: pid → their own stderr so far.
+
+        Ray forwards worker output to the server's log late (seconds, sometimes only at
+        exit); the worker's own log file (its fd 2) is written at once.
+        """
+        logs = {}
+        for pid in self.pids():
+            if not cmdline(pid).startswith("ray::ShardActor"):
+                continue
+            with contextlib.suppress(OSError), open(os.readlink(f"/proc/{pid}/fd/2"), "rb") as f:
+                logs[pid] = f.read().decode(errors="replace")
+        return logs
+
+    def shard_pids(self) -> dict[int, int]:
+        """Live shard actor processes: shard index → pid (those that have started)."""
+        found: dict[int, int] = {}
+        for pid, text in self.shard_logs().items():
+            for m in _SHARD_LINE.finditer(text):
+                found[int(m.group(1))] = pid
+        return found
+
     def stop(self, timeout: float = 60.0) -> int:
-        """SIGTERM, wait for a graceful exit, then make sure the whole group is gone."""
+        """SIGTERM, wait for a graceful exit, then make sure the whole session is gone."""
         assert self.proc is not None
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
@@ -118,41 +225,56 @@ class Server:
             except subprocess.TimeoutExpired:
                 self.kill()
                 raise
-        self._reap_group()
+        self._reap_session(20)
         return int(self.proc.returncode)
 
     def kill(self) -> None:
-        """SIGKILL the server and every process of its group (its Ray runtime)."""
+        """SIGKILL the server and every process of its session (its Ray runtime)."""
+        assert self.proc is not None
+        self._signal_session(signal.SIGKILL)
+        self.proc.wait(30)
+        self._reap_session(0)
+
+    def _signal_session(self, sig: int) -> None:
         assert self.proc is not None
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        self.proc.wait(30)
-        self._reap_group()
+            os.killpg(self.proc.pid, sig)
+        for pid in session_pids(self.proc.pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
 
-    def _reap_group(self) -> None:
+    def _reap_session(self, grace: float) -> None:
         """Ray's processes outlive a graceful driver for a moment; never let them linger."""
         assert self.proc is not None
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            try:
-                os.killpg(self.proc.pid, 0)
-            except ProcessLookupError:
-                break
+        deadline = time.monotonic() + grace
+        while self.pids() and time.monotonic() < deadline:
             time.sleep(0.2)
-        else:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
+        for _ in range(50):  # SIGKILL what is left until nothing of the session runs
+            if not self.pids():
+                break
+            self._signal_session(signal.SIGKILL)
+            time.sleep(0.1)
         with contextlib.suppress(OSError):
             self._log.close()
 
 
 def request(
-    method: str, url: str, doc: object | None = None, timeout: float = 30
+    method: str,
+    url: str,
+    doc: object | None = None,
+    timeout: float = 30,
+    *,
+    data: bytes | None = None,
+    headers: dict[str, str] | None = None,
 ) -> tuple[int, dict]:
     """A JSON request with the standard library: (status, decoded body or {})."""
-    data = None if doc is None else json.dumps(doc).encode()
+    if data is None and doc is not None:
+        data = json.dumps(doc).encode()
     req = urllib.request.Request(
-        url, data=data, method=method, headers={"Content-Type": "application/json"}
+        url,
+        data=data,
+        method=method,
+        headers={"Content-Type": "application/json", **(headers or {})},
     )
     try:
         with urllib.request.urlopen(req, timeout=timeout) as r:
@@ -175,3 +297,25 @@ def running(data: Path, *args: str) -> Iterator[Server]:
                 server.stop()
             except Exception:
                 server.kill()
+        elif server.proc is not None:
+            server._reap_session(0)
+
+
+def eventually(
+    check: Callable[[], object], *, timeout: float, interval: float = 0.1, what: str = ""
+) -> object:
+    """Call ``check`` until it returns something truthy (an AssertionError counts as not
+    yet); fail after ``timeout`` s with the last answer."""
+    deadline = time.monotonic() + timeout
+    last: object = None
+    while True:
+        try:
+            last = check()
+        except AssertionError as exc:
+            last = exc
+        else:
+            if last:
+                return last
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"not within {timeout}s: {what} (last: {last!r})")
+        time.sleep(interval)
