@@ -362,6 +362,11 @@ class QueueActor:
             remaining = deadline - loop.time()
             if taken or remaining <= 0:
                 return taken  # type: ignore[no-any-return]
+            if self.state.n_ready and self._stopped is None:
+                # A put became durable while this take's empty answer waited for an earlier
+                # write: the wake-up already went by. Look again instead of sleeping.
+                await asyncio.sleep(0)
+                continue
             fut: asyncio.Future[bool] = loop.create_future()
             self._takers.append(fut)
             alarm = loop.call_later(remaining, _resolve, fut, False)

@@ -13,7 +13,7 @@ from actors.errors import Overloaded
 from gateway import native
 from gateway.batcher import Batchers
 from gateway.directory import Directory
-from gateway.errors import MAX_BODY, error_middleware
+from gateway.errors import MAX_BODY, error_middleware, error_response, wants_msgpack
 
 __all__ = ["AppOptions", "make_app"]
 
@@ -74,10 +74,8 @@ async def _limit_middleware(
     """Answer 429 past the number of requests handled at once, instead of queueing in memory."""
     counter = request.app[IN_FLIGHT]
     if counter[0] >= request.app[APP_OPTIONS].max_requests and request.path.startswith("/v1/"):
-        from gateway.errors import error_response
-
         exc = Overloaded("the server is handling too many requests; retry shortly")
-        return error_response(429, exc.code, exc.message)
+        return error_response(429, exc.code, exc.message, msgpack=wants_msgpack(request))
     counter[0] += 1
     try:
         return await handler(request)

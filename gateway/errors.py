@@ -55,10 +55,17 @@ def status_of(exc: QueueError) -> int:
     return STATUS.get(exc.kind, 500)
 
 
-def error_response(status: int, code: str, message: str, *, msgpack: bool = False) -> web.Response:
+def error_response(
+    status: int,
+    code: str,
+    message: str,
+    *,
+    msgpack: bool = False,
+    headers: dict[str, str] | None = None,
+) -> web.Response:
     """An error reply in our model, with Retry-After where retrying makes sense."""
     doc = {"error": {"code": code, "message": message}}
-    headers = {}
+    headers = dict(headers or {})
     if status in RETRY_AFTER_S:
         headers["Retry-After"] = str(RETRY_AFTER_S[status])
     if msgpack:
@@ -70,12 +77,15 @@ def error_response(status: int, code: str, message: str, *, msgpack: bool = Fals
     )
 
 
+_MSGPACK_TYPES = (MSGPACK, "application/x-msgpack")
+
+
 def wants_msgpack(request: web.Request) -> bool:
     """Whether the reply should be msgpack (the request's type, or Accept)."""
     accept = request.headers.get("Accept", "")
-    if MSGPACK in accept:
+    if any(t in accept for t in _MSGPACK_TYPES):
         return True
-    return request.content_type == MSGPACK and "json" not in accept
+    return request.content_type in _MSGPACK_TYPES and "json" not in accept
 
 
 @web.middleware
@@ -94,7 +104,10 @@ async def error_middleware(
         message = exc.text or exc.reason
         if exc.status == 413:
             message = f"request body over the server's limit of {request.app[MAX_BODY]} bytes"
-        return error_response(exc.status, code, message, msgpack=wants_msgpack(request))
+        kept = {k: v for k, v in exc.headers.items() if k in ("Allow", "Retry-After")}
+        return error_response(
+            exc.status, code, message, msgpack=wants_msgpack(request), headers=kept
+        )
     except (ConnectionResetError, TimeoutError):
         raise
     except Exception:
