@@ -493,7 +493,11 @@ def test_dead_letters_reach_their_queue_on_any_shard(client: Client, names: Name
     for i, (src, dlq) in enumerate(pairs):
         [letter] = c.take(dlq, 5, wait=10)
         assert letter.body == f"poison-{i}".encode()
-        assert letter.attributes == {"pair": str(i)}
+        assert letter.attributes == {
+            "pair": str(i),
+            "evq.source_queue": src,  # where the dead letter came from
+            "evq.source_id": letter.attributes["evq.source_id"],
+        }
         assert letter.receive_count == 1  # a fresh start in the dead-letter queue
 
         def settled(src: str = src) -> bool:
