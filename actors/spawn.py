@@ -17,6 +17,7 @@ from typing import Any
 import msgspec
 import ray
 
+from actors.channel import ChannelServer
 from actors.core import commands as cmd
 from actors.errors import QueueError
 from actors.log.store import open_store
@@ -36,10 +37,11 @@ def shard_name(index: int) -> str:
 
 
 class ShardSpec(msgspec.Struct, frozen=True):
-    """What every shard process needs to open its store."""
+    """What every shard process needs: its store, and the secret gateways present."""
 
     count: int
     store: str
+    secret: str
     store_options: dict[str, Any] = msgspec.field(default_factory=dict)
     log_settings: LogSettings = msgspec.field(default_factory=LogSettings)
 
@@ -60,6 +62,8 @@ class ShardActor:
         )
         self._started: asyncio.Task[ShardStatus] | None = None
         self._handles: dict[int, Any] = {}
+        self._channel = ChannelServer(self.shard.execute_many, self._take, spec.secret)
+        self._address: asyncio.Future[tuple[str, int]] | None = None
 
     def _ensure_started(self) -> None:
         # Async actors run __init__ outside the event loop: start recovery on the first call.
@@ -71,6 +75,20 @@ class ShardActor:
         self._ensure_started()
         assert self._started is not None
         return await asyncio.shield(self._started)
+
+    async def address(self) -> tuple[str, int]:
+        """Where this shard's data channel listens (started on first ask)."""
+        self._ensure_started()
+        if self._address is None:
+            host = ray.util.get_node_ip_address()
+            self._address = asyncio.ensure_future(self._channel.start(host))
+        return await asyncio.shield(self._address)
+
+    async def _take(self, name: str, command: cmd.Take, wait_s: float) -> Any:
+        try:
+            return await self.shard.take(name, command, wait_s)
+        except QueueError as exc:
+            return exc
 
     async def status(self) -> ShardStatus:
         """Readiness without waiting for it."""
@@ -114,6 +132,7 @@ class ShardActor:
 
     async def close(self) -> None:
         """Finish writes and snapshot every queue (graceful shutdown)."""
+        await self._channel.close()
         await self.shard.close()
 
     async def pid(self) -> int:

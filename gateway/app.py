@@ -111,6 +111,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     directory = app[native.DIRECTORY]
     await directory.start()
     yield
+    log.info("calls toward shards: %s", app[native.BATCHERS].stats.summary())
     log.info("closing queues: finishing writes and taking snapshots")
     await directory.close()
     log.info("queues closed")

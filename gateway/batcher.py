@@ -11,16 +11,50 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
 from actors.errors import Overloaded, QueueError, Unavailable
 
-__all__ = ["Batcher", "Batchers"]
+__all__ = ["BatchStats", "Batcher", "Batchers"]
 
 log = logging.getLogger(__name__)
 
 Send = Callable[[list[object]], Awaitable[list[Any]]]
+
+
+class BatchStats:
+    """Calls toward shards: how many, how many commands, how long they took."""
+
+    __slots__ = ("calls", "commands", "seconds", "sizes")
+
+    BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1000)
+
+    def __init__(self) -> None:
+        self.calls = 0
+        self.commands = 0
+        self.seconds = 0.0
+        self.sizes = [0] * len(self.BUCKETS)  # calls per batch-size bucket (upper bounds)
+
+    def record(self, size: int, seconds: float) -> None:
+        """One call of ``size`` commands that took ``seconds``."""
+        self.calls += 1
+        self.commands += size
+        self.seconds += seconds
+        for i, bound in enumerate(self.BUCKETS):
+            if size <= bound:
+                self.sizes[i] += 1
+                break
+
+    def summary(self) -> str:
+        """A line for the log."""
+        if not self.calls:
+            return "no calls"
+        return (
+            f"{self.calls} calls, {self.commands / self.calls:.1f} commands each, "
+            f"{1000 * self.seconds / self.calls:.2f} ms each"
+        )
 
 
 class Batcher:
@@ -35,6 +69,7 @@ class Batcher:
         max_batch: int = 1000,
         max_waiting: int = 20_000,
         on_idle: Callable[[], None] | None = None,
+        stats: BatchStats | None = None,
     ) -> None:
         self._send = send
         self.max_in_flight = max_in_flight
@@ -44,8 +79,7 @@ class Batcher:
         self._on_idle = on_idle
         self._waiting: list[tuple[object, asyncio.Future[Any]]] = []
         self._in_flight = 0
-        self.calls = 0
-        self.commands = 0
+        self.stats = stats if stats is not None else BatchStats()
 
     @property
     def idle(self) -> bool:
@@ -79,6 +113,7 @@ class Batcher:
 
     async def _call(self, batch: list[tuple[object, asyncio.Future[Any]]]) -> None:
         commands = [c for c, _ in batch]
+        started = time.perf_counter()
         try:
             results = await self._send(commands)
             if len(results) != len(commands):
@@ -92,8 +127,7 @@ class Batcher:
             )
         finally:
             self._in_flight -= 1
-        self.calls += 1
-        self.commands += len(commands)
+        self.stats.record(len(commands), time.perf_counter() - started)
         for (_, fut), result in zip(batch, results, strict=True):
             if not fut.done():
                 fut.set_result(result)
@@ -112,6 +146,7 @@ class Batchers:
         self._send = send
         self._options = options
         self._batchers: dict[str, Batcher] = {}
+        self.stats = BatchStats()  # over every queue
 
     def __len__(self) -> int:
         return len(self._batchers)
@@ -127,6 +162,7 @@ class Batchers:
             batcher = self._batchers[queue] = Batcher(
                 lambda commands: self._send(queue, commands),
                 on_idle=lambda: self._drop(queue),
+                stats=self.stats,
                 **self._options,
             )
         return await batcher.submit(command)

@@ -12,6 +12,7 @@ import asyncio
 import logging
 from typing import Any, Protocol
 
+from actors.channel import ChannelClient
 from actors.core import commands as cmd
 from actors.errors import InternalError, QueueError, Unavailable
 from actors.log.store import ObjectStore
@@ -126,11 +127,15 @@ class LocalDirectory:
 
 
 class RayDirectory:
-    """Shard actors on Ray (handles from :mod:`actors.spawn`)."""
+    """Shard actors on Ray (handles from :mod:`actors.spawn`): commands go over each shard's
+    data channel (:mod:`actors.channel`), everything else through Ray calls."""
 
-    def __init__(self, handles: list[Any]) -> None:
+    def __init__(self, handles: list[Any], secret: str) -> None:
         self.handles = handles
         self.count = len(handles)
+        self.channels = [
+            ChannelClient(lambda h=h: self._call(h.address.remote()), secret) for h in handles
+        ]
 
     def _handle(self, queue: str) -> Any:
         return self.handles[placement(queue, self.count)]
@@ -150,18 +155,14 @@ class RayDirectory:
             log.error("shard call failed: %s", exc)
             raise InternalError(f"shard call failed: {type(exc).__name__}") from None
 
+    def _channel(self, queue: str) -> ChannelClient:
+        return self.channels[placement(queue, self.count)]
+
     async def execute_many(self, queue: str, commands: list[object]) -> list[Any]:
-        return await self._call(self._handle(queue).execute_many.remote(queue, commands))  # type: ignore[no-any-return]
+        return await self._channel(queue).execute_many(queue, commands)
 
     async def take(self, queue: str, command: cmd.Take, wait_s: float) -> Any:
-        ref = self._handle(queue).take.remote(queue, command, wait_s)
-        try:
-            return await self._call(ref)
-        except asyncio.CancelledError:
-            import ray
-
-            ray.cancel(ref)  # the client went away: stop waiting on its behalf
-            raise
+        return await self._channel(queue).take(queue, command, wait_s)
 
     async def create(
         self, name: str, settings: QueueSettings, given: list[str]
@@ -191,3 +192,5 @@ class RayDirectory:
         await asyncio.gather(
             *(self._call(h.close.remote()) for h in self.handles), return_exceptions=True
         )
+        for channel in self.channels:
+            await channel.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import secrets
 import sys
 
 from aiohttp import web
@@ -114,13 +115,15 @@ def _ray_directory(settings: ServerSettings, log_settings: LogSettings) -> RayDi
         # behind everything else on a busy machine.
         _system_config={"worker_niceness": 0} if not settings.ray_address else None,
     )
+    secret = secrets.token_hex(16)  # gateways show it to the shards' data channels
     spec = ShardSpec(
         count=settings.shard_count(),
         store=settings.store_target(),
+        secret=secret,
         store_options=settings.store_options(),
         log_settings=log_settings,
     )
-    return RayDirectory(spawn_shards(spec))
+    return RayDirectory(spawn_shards(spec), secret)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -1,7 +1,8 @@
 """Commands: what a client asks of one queue. Imperative names, the native API's verbs.
 
 Commands are plain data, validated by :mod:`actors.core.decide`. Times are integer ms;
-ids and leases are the strings the API shows.
+ids and leases are the strings the API shows. They form a tagged union (``Command``), so a
+batch of them travels as msgpack between the gateway and the shards.
 """
 
 from __future__ import annotations
@@ -50,30 +51,30 @@ class NewMessage(msgspec.Struct, kw_only=True, omit_defaults=True):
     attributes: dict[str, Any] | None = None
 
 
-class Create(msgspec.Struct, frozen=True):
+class Create(msgspec.Struct, frozen=True, tag=True):
     """Create the queue. The first command of every queue."""
 
     name: str
     settings: QueueSettings
 
 
-class ChangeSettings(msgspec.Struct, frozen=True):
+class ChangeSettings(msgspec.Struct, frozen=True, tag=True):
     """Replace the queue's settings (``id_mode`` and ``fifo`` cannot change)."""
 
     settings: QueueSettings
 
 
-class PatchSettings(msgspec.Struct, frozen=True):
+class PatchSettings(msgspec.Struct, frozen=True, tag=True):
     """Change some settings, named as in QueueSettings (``id_mode``/``fifo`` cannot change)."""
 
     changes: dict[str, Any]
 
 
-class Describe(msgspec.Struct, frozen=True):
+class Describe(msgspec.Struct, frozen=True, tag=True):
     """The queue's name, settings and stats."""
 
 
-class Put(msgspec.Struct, frozen=True):
+class Put(msgspec.Struct, frozen=True, tag=True):
     """Put 1-1000 messages.
 
     ``redelivery``: the messages come from another queue (dead letters): their ids are kept
@@ -83,7 +84,7 @@ class Put(msgspec.Struct, frozen=True):
     redelivery: bool = False
 
 
-class Take(msgspec.Struct, frozen=True):
+class Take(msgspec.Struct, frozen=True, tag=True):
     """Reserve up to ``max`` ready messages, each under a fresh lease."""
 
     max: int = 1
@@ -114,25 +115,25 @@ class TouchItem(msgspec.Struct, frozen=True, kw_only=True):
     visibility_timeout_ms: int | None = None
 
 
-class Ack(msgspec.Struct, frozen=True):
+class Ack(msgspec.Struct, frozen=True, tag=True):
     """Delete reserved messages whose leases are current."""
 
     items: list[LeaseRef]
 
 
-class Release(msgspec.Struct, frozen=True):
+class Release(msgspec.Struct, frozen=True, tag=True):
     """Return reserved messages to the queue."""
 
     items: list[ReleaseItem]
 
 
-class Touch(msgspec.Struct, frozen=True):
+class Touch(msgspec.Struct, frozen=True, tag=True):
     """Extend leases."""
 
     items: list[TouchItem]
 
 
-class Update(msgspec.Struct, frozen=True, kw_only=True):
+class Update(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     """Change a message's body and/or activation time.
 
     On a reserved message the lease is required. Changing the activation time of a reserved
@@ -145,7 +146,7 @@ class Update(msgspec.Struct, frozen=True, kw_only=True):
     activate_at_ms: int | None = None
 
 
-class Reschedule(msgspec.Struct, frozen=True, kw_only=True):
+class Reschedule(msgspec.Struct, frozen=True, kw_only=True, tag=True):
     """Change a message's activation time (an :class:`Update` without a body)."""
 
     id: str
@@ -154,34 +155,34 @@ class Reschedule(msgspec.Struct, frozen=True, kw_only=True):
     activate_at_ms: int | None = None
 
 
-class Peek(msgspec.Struct, frozen=True):
+class Peek(msgspec.Struct, frozen=True, tag=True):
     """Look at one message by id without changing anything."""
 
     id: str
 
 
-class PeekReady(msgspec.Struct, frozen=True):
+class PeekReady(msgspec.Struct, frozen=True, tag=True):
     """Look at the next ``max`` ready messages without reserving them."""
 
     max: int = 1
 
 
-class Delete(msgspec.Struct, frozen=True):
+class Delete(msgspec.Struct, frozen=True, tag=True):
     """Delete one message; a reserved one needs its lease."""
 
     id: str
     lease: str | None = None
 
 
-class Purge(msgspec.Struct, frozen=True):
+class Purge(msgspec.Struct, frozen=True, tag=True):
     """Delete every message in the queue."""
 
 
-class Stats(msgspec.Struct, frozen=True):
+class Stats(msgspec.Struct, frozen=True, tag=True):
     """Counts by state and ages."""
 
 
-class ConfirmDeadLetters(msgspec.Struct, frozen=True):
+class ConfirmDeadLetters(msgspec.Struct, frozen=True, tag=True):
     """The shell delivered these dead letters (or dropped them: no dead-letter queue).
 
     Dead letters are named by arrival sequence (``Message.seq``): a client id can be reused

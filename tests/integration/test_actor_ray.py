@@ -88,7 +88,9 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def directory(ray_runtime: Any, store: Path) -> RayDirectory:
     """The server's own shards (actors.spawn) behind the gateway's RayDirectory."""
-    directory = RayDirectory(spawn_shards(ShardSpec(count=COUNT, store=str(store))))
+    directory = RayDirectory(
+        spawn_shards(ShardSpec(count=COUNT, store=str(store), secret="s")), "s"
+    )
 
     async def ready() -> None:
         await directory.start()
@@ -108,7 +110,7 @@ def probe(ray_runtime: Any, store: Path) -> Any:
     handle = (
         ray.remote(ProbeShard)
         .options(max_restarts=0, num_cpus=0, name="probe")
-        .remote(0, ShardSpec(count=1, store=str(store / "probe")))
+        .remote(0, ShardSpec(count=1, store=str(store / "probe"), secret="s"))
     )
     assert ray.get(handle.start.remote(), timeout=60).ready
     return handle
@@ -139,7 +141,7 @@ def test_except_catches_an_error_raised_inside_a_shard_actor(ray_runtime: Any, p
 
 
 def test_directory_turns_raised_errors_into_the_plain_error(ray_runtime: Any, probe: Any) -> None:
-    directory = RayDirectory([probe])
+    directory = RayDirectory([probe], "s")
 
     async def call() -> None:
         with pytest.raises(QueueNotFound) as err:

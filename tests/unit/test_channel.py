@@ -1,0 +1,231 @@
+"""The gateway↔shard data channel over real TCP on 127.0.0.1, with an in-process shard.
+
+Every command type goes through and comes back with its reply type; errors keep their class
+and fields; a wrong secret is refused; a cancelled waiting take is cancelled in the shard; a
+broken connection fails the calls in flight with Unavailable and the next call reconnects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from actors.channel import ChannelClient, ChannelServer
+from actors.core import commands as cmd
+from actors.core import replies as rp
+from actors.errors import (
+    BadRequest,
+    MessageNotFound,
+    QueueError,
+    QueueNotFound,
+    StaleLease,
+    Unavailable,
+)
+from actors.log.store import LocalDirStore
+from actors.settings import QueueSettings
+from actors.shard import QueueShard
+
+SECRET = "s3cret"
+
+
+class Rig:
+    def __init__(self, shard: QueueShard) -> None:
+        self.shard = shard
+        self.takes_cancelled = 0
+        self.server = ChannelServer(shard.execute_many, self._take, SECRET)
+        self.address: tuple[str, int] | None = None
+        self.asked = 0
+
+    async def _take(self, name: str, command: cmd.Take, wait_s: float) -> Any:
+        try:
+            return await self.shard.take(name, command, wait_s)
+        except QueueError as exc:
+            return exc
+        except asyncio.CancelledError:
+            self.takes_cancelled += 1
+            raise
+
+    async def where(self) -> tuple[str, int]:
+        self.asked += 1
+        assert self.address is not None
+        return self.address
+
+    def client(self, secret: str = SECRET) -> ChannelClient:
+        return ChannelClient(self.where, secret)
+
+
+@pytest.fixture
+async def rig(tmp_path: Path) -> AsyncIterator[Rig]:
+    store = LocalDirStore(tmp_path)
+    shard = QueueShard(0, 1, store)
+    await shard.start()
+    await shard.create("q", QueueSettings(), [])
+    r = Rig(shard)
+    r.address = await r.server.start("127.0.0.1")
+    yield r
+    await r.server.close()
+    await shard.close()
+    await store.close()
+
+
+async def test_every_reply_type_round_trips(rig: Rig) -> None:
+    client = rig.client()
+    try:
+        [put] = await client.execute_many(
+            "q", [cmd.Put([cmd.NewMessage(body=b"\x00bin", attributes={"k": [1, "x"]})])]
+        )
+        assert isinstance(put[0], rp.PutResult)
+        [taken] = await client.execute_many("q", [cmd.Take(5)])
+        assert [d.body for d in taken] == [b"\x00bin"]
+        assert isinstance(taken[0], rp.Delivery)
+        assert taken[0].attributes == {"k": [1, "x"]}
+        mid, lease = taken[0].id, taken[0].lease
+        stats, peek, acked = await client.execute_many(
+            "q", [cmd.Stats(), cmd.Peek(mid), cmd.Ack([cmd.LeaseRef(mid, lease)])]
+        )
+        assert isinstance(stats, rp.StatsView)
+        assert stats.reserved == 1
+        assert isinstance(peek, rp.MessageView)
+        assert peek.id == mid
+        assert [r.status for r in acked] == [rp.OK]
+        [described] = await client.execute_many("q", [cmd.Describe()])
+        assert isinstance(described, rp.Description)
+        assert described.stats.acked == 1
+        [purged] = await client.execute_many("q", [cmd.Purge()])
+        assert purged == 0
+    finally:
+        await client.close()
+
+
+async def test_errors_keep_their_class_code_and_fields(rig: Rig) -> None:
+    client = rig.client()
+    try:
+        await client.execute_many("q", [cmd.Put([cmd.NewMessage(body=b"x")])])
+        [taken] = await client.execute_many("q", [cmd.Take(1)])
+        mid = taken[0].id
+        results = await client.execute_many(
+            "q",
+            [
+                cmd.Update(id=mid, body=b"y", lease="not-the-lease"),
+                cmd.Peek("no-such-id"),
+                cmd.Take(0),
+            ],
+        )
+        assert isinstance(results[0], StaleLease)
+        assert isinstance(results[1], MessageNotFound)
+        assert isinstance(results[2], BadRequest)
+        assert results[2].code == "BadRequest"
+        assert results[2].message
+        local = await rig.shard.execute_many("q", [cmd.Peek("no-such-id")])
+        assert results[1].message == local[0].message
+        assert results[1].fields == local[0].fields
+        [missing] = await client.execute_many("nope", [cmd.Stats()])
+        assert isinstance(missing, QueueNotFound)
+    finally:
+        await client.close()
+
+
+async def test_a_wrong_secret_is_refused(rig: Rig) -> None:
+    client = rig.client("wrong")
+    try:
+        with pytest.raises(Unavailable):
+            await asyncio.wait_for(client.execute_many("q", [cmd.Stats()]), 5)
+    finally:
+        await client.close()
+    stats = (await rig.shard.execute_many("q", [cmd.Stats()]))[0]
+    assert stats.total == 0
+
+
+async def test_a_waiting_take_is_answered_by_a_put_from_another_connection(rig: Rig) -> None:
+    waiter, putter = rig.client(), rig.client()
+    try:
+        take = asyncio.ensure_future(waiter.take("q", cmd.Take(1), 10.0))
+        await asyncio.sleep(0.2)
+        assert not take.done()
+        await putter.execute_many("q", [cmd.Put([cmd.NewMessage(body=b"wake")])])
+        got = await asyncio.wait_for(take, 5)
+        assert [d.body for d in got] == [b"wake"]
+    finally:
+        await waiter.close()
+        await putter.close()
+
+
+async def test_cancelling_a_waiting_take_cancels_it_in_the_shard(rig: Rig) -> None:
+    client = rig.client()
+    try:
+        take = asyncio.ensure_future(client.take("q", cmd.Take(1), 30.0))
+        await asyncio.sleep(0.2)
+        take.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await take
+        for _ in range(100):
+            if rig.takes_cancelled:
+                break
+            await asyncio.sleep(0.02)
+        assert rig.takes_cancelled == 1
+        # The message put afterwards is not swallowed by the cancelled waiter.
+        await client.execute_many("q", [cmd.Put([cmd.NewMessage(body=b"after")])])
+        [taken] = await client.execute_many("q", [cmd.Take(1)])
+        assert [d.body for d in taken] == [b"after"]
+    finally:
+        await client.close()
+
+
+async def test_a_broken_connection_fails_calls_in_flight_and_the_next_call_reconnects(
+    rig: Rig,
+) -> None:
+    client = rig.client()
+    try:
+        await client.execute_many("q", [cmd.Stats()])
+        assert rig.asked == 1
+        waiting = asyncio.ensure_future(client.take("q", cmd.Take(1), 30.0))
+        await asyncio.sleep(0.2)
+        await rig.server.close()  # drops every connection
+        with pytest.raises(Unavailable):
+            await asyncio.wait_for(waiting, 5)
+        # The shard comes back on a new port; the client asks where it is now.
+        rig.server = ChannelServer(rig.shard.execute_many, rig._take, SECRET)
+        rig.address = await rig.server.start("127.0.0.1")
+        [stats] = await client.execute_many("q", [cmd.Stats()])
+        assert isinstance(stats, rp.StatsView)
+        assert rig.asked == 2
+    finally:
+        await client.close()
+
+
+async def test_an_unreachable_shard_is_unavailable(rig: Rig) -> None:
+    await rig.server.close()
+    rig.address = ("127.0.0.1", 1)  # nothing listens there
+    client = rig.client()
+    try:
+        with pytest.raises(Unavailable):
+            await client.execute_many("q", [cmd.Stats()])
+    finally:
+        await client.close()
+
+
+async def test_many_concurrent_calls_on_one_connection_get_their_own_answers(rig: Rig) -> None:
+    client = rig.client()
+    try:
+        bodies = [f"m{i}".encode() for i in range(200)]
+        results = await asyncio.gather(
+            *(client.execute_many("q", [cmd.Put([cmd.NewMessage(body=b)])]) for b in bodies)
+        )
+        ids = [r[0][0].id for r in results]
+        assert len(set(ids)) == 200
+        peeks = await asyncio.gather(*(client.execute_many("q", [cmd.Peek(i)]) for i in ids))
+        assert [p[0].body for p in peeks] == bodies
+    finally:
+        await client.close()
+
+
+def test_every_command_has_a_reply_type() -> None:
+    from typing import get_args
+
+    from actors import channel
+
+    assert set(get_args(cmd.Command)) == set(channel._REPLY_TYPES)
