@@ -103,6 +103,8 @@ _REPLY_TYPES: dict[type, Any] = {
     cmd.Purge: int,
     cmd.Stats: rp.StatsView,
     cmd.ConfirmDeadLetters: int,
+    cmd.SetKey: rp.KeyView,
+    cmd.GetKey: rp.KeyView,
 }
 _reply_decoders = {k: msgspec.msgpack.Decoder(v) for k, v in _REPLY_TYPES.items()}
 _ERROR_CLASSES: dict[str, type[QueueError]] = {

@@ -33,19 +33,25 @@ MAX_IDEMPOTENCY_WINDOW_MS = 7 * 24 * 3600 * 1000
 MAX_RECEIVES_LIMIT = 1000
 
 _QUEUE_NAME = re.compile(r"[A-Za-z0-9_-]{1,80}(\.fifo)?")
+RESERVED_PREFIX = "__evq"  # the server's own logs (e.g. watch-key partitions)
 
 
-def validate_queue_name(name: object) -> str:
+def validate_queue_name(name: object, *, internal: bool = False) -> str:
     """Return ``name`` if it is a valid queue name.
 
+    ``internal``: also accept the names the server reserves for itself (``__evq…``).
+
     Raises:
-        BadRequest: not 1-80 of ``A-Za-z0-9_-`` with an optional ``.fifo`` suffix.
+        BadRequest: not 1-80 of ``A-Za-z0-9_-`` with an optional ``.fifo`` suffix, or a
+            reserved name.
     """
     if not isinstance(name, str) or _QUEUE_NAME.fullmatch(name) is None:
         raise BadRequest(
             "queue names are 1-80 characters of A-Za-z0-9_- with an optional .fifo suffix",
             name=str(name)[:100],
         )
+    if not internal and name.startswith(RESERVED_PREFIX):
+        raise BadRequest(f"queue names starting with {RESERVED_PREFIX} are reserved", name=name)
     return name
 
 

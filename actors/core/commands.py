@@ -20,6 +20,7 @@ __all__ = [
     "ConfirmDeadLetters",
     "Create",
     "Delete",
+    "GetKey",
     "LeaseRef",
     "NewMessage",
     "Peek",
@@ -29,6 +30,7 @@ __all__ = [
     "Release",
     "ReleaseItem",
     "Reschedule",
+    "SetKey",
     "Stats",
     "Take",
     "Touch",
@@ -191,6 +193,20 @@ class ConfirmDeadLetters(msgspec.Struct, frozen=True, tag=True):
     seqs: list[int]
 
 
+class SetKey(msgspec.Struct, frozen=True, tag=True):
+    """Set an application watch key (on a key partition, see ``actors.keyspace``): its
+    version becomes one more than before."""
+
+    key: str
+    value: Any
+
+
+class GetKey(msgspec.Struct, frozen=True, tag=True):
+    """An application watch key's version and value (version 0, value None: never set)."""
+
+    key: str
+
+
 Command = (
     Create
     | ChangeSettings
@@ -209,4 +225,6 @@ Command = (
     | Purge
     | Stats
     | ConfirmDeadLetters
+    | SetKey
+    | GetKey
 )

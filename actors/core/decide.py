@@ -85,7 +85,7 @@ def decide(state: QueueState, command: object, now_ms: int, ids: IdSource) -> De
 
 
 def _create(state: QueueState, c: cmd.Create, now: int, ids: IdSource) -> Decision:
-    validate_queue_name(c.name)
+    validate_queue_name(c.name, internal=True)
     c.settings.validate(c.name)
     if state.created:
         if state.settings != c.settings:
@@ -552,6 +552,34 @@ def _delete(state: QueueState, c: cmd.Delete, now: int, ids: IdSource) -> Decisi
     return [ev.MessagesDeleted(now, [m.id])], None
 
 
+# ------------------------------------------------------------------ watch keys
+
+MAX_KEY_LEN = 256
+
+
+def validate_key(key: object) -> str:
+    """A watch key: 1-256 printable characters.
+
+    Raises:
+        BadRequest: not such a string.
+    """
+    if not isinstance(key, str) or not 0 < len(key) <= MAX_KEY_LEN or not key.isprintable():
+        raise BadRequest("keys are 1-256 printable characters", key=str(key)[:100])
+    return key
+
+
+def _set_key(state: QueueState, c: cmd.SetKey, now: int, ids: IdSource) -> Decision:
+    validate_key(c.key)
+    version = state.keys.get(c.key, (0, None))[0] + 1
+    return [ev.KeySet(now, c.key, version, c.value)], rp.KeyView(c.key, version, c.value)
+
+
+def _get_key(state: QueueState, c: cmd.GetKey, now: int, ids: IdSource) -> Decision:
+    validate_key(c.key)
+    version, value = state.keys.get(c.key, (0, None))
+    return [], rp.KeyView(c.key, version, value)
+
+
 _DECIDE: dict[type, Callable[[QueueState, Any, int, IdSource], Decision]] = {
     cmd.Create: _create,
     cmd.ChangeSettings: _change_settings,
@@ -570,4 +598,6 @@ _DECIDE: dict[type, Callable[[QueueState, Any, int, IdSource], Decision]] = {
     cmd.Purge: _purge,
     cmd.Stats: _stats,
     cmd.ConfirmDeadLetters: _confirm_dead_letters,
+    cmd.SetKey: _set_key,
+    cmd.GetKey: _get_key,
 }

@@ -147,6 +147,14 @@ class DeadLettersRouted(_Base, tag="dlq"):
     seqs: list[int]
 
 
+class KeySet(_Base, tag="key"):
+    """An application watch key took a new version and value (key partitions only)."""
+
+    key: str
+    version: int
+    value: Any
+
+
 Event = (
     QueueCreated
     | SettingsChanged
@@ -160,6 +168,7 @@ Event = (
     | QueuePurged
     | DeadLettersRouted
     | WriterStarted
+    | KeySet
 )
 
 _encoder = msgspec.msgpack.Encoder()

@@ -83,3 +83,11 @@ class Description(msgspec.Struct, frozen=True):
     name: str
     settings: QueueSettings
     stats: StatsView
+
+
+class KeyView(msgspec.Struct, array_like=True, frozen=True):
+    """A watch key's state (version 0 and value None: never set)."""
+
+    key: str
+    version: int
+    value: Any

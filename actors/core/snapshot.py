@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from typing import Any
 
 import msgspec
 
@@ -42,6 +43,7 @@ class Snapshot(msgspec.Struct, array_like=True, gc=False):
     messages: list[Message]
     outbox: list[Message]
     idem: list[tuple[str, ev.MessageId, int]]
+    keys: list[tuple[str, int, Any]] = []  # watch keys of a key partition (appended field)
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -67,6 +69,7 @@ def snapshot(state: QueueState) -> Snapshot:
         list(state.messages.values()),
         list(state.outbox.values()),
         [(key, mid, at) for key, (mid, at) in state.idem.items()],
+        [(key, version, value) for key, (version, value) in state.keys.items()],
     )
 
 
@@ -110,6 +113,7 @@ def restore(snap: Snapshot) -> QueueState:
     for key, mid, at in sorted(snap.idem, key=lambda e: e[2]):
         s.idem[key] = (mid, at)
         s.idem_order.append((at, key))
+    s.keys = {key: (version, value) for key, version, value in snap.keys}
     return s
 
 

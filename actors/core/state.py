@@ -107,6 +107,7 @@ class QueueState:
         "groups",
         "idem",
         "idem_order",
+        "keys",
         "last_id",
         "messages",
         "n_delayed",
@@ -140,6 +141,7 @@ class QueueState:
         self.n_ready = self.n_delayed = self.n_reserved = 0
         self.dead_lettered = self.expired_total = self.acked_total = 0
         self.enqueued_total = self.purged_total = 0
+        self.keys: dict[str, tuple[int, Any]] = {}  # watch keys of a key partition
         self.transitions = 0  # time-driven transitions made by advance (not part of snapshots)
 
     @property
@@ -280,6 +282,9 @@ class QueueState:
     def _apply_dlq(self, e: ev.DeadLettersRouted) -> None:
         for seq in e.seqs:
             self.outbox.pop(seq, None)
+
+    def _apply_key(self, e: ev.KeySet) -> None:
+        self.keys[e.key] = (e.version, e.value)
 
     def _apply_writer(self, e: ev.WriterStarted) -> None:
         pass  # fencing marker: only its timestamp (applied by advance) matters
@@ -504,4 +509,5 @@ _APPLY: dict[type, Callable[[QueueState, Any], None]] = {
     ev.QueuePurged: QueueState._apply_purged,
     ev.DeadLettersRouted: QueueState._apply_dlq,
     ev.WriterStarted: QueueState._apply_writer,
+    ev.KeySet: QueueState._apply_key,
 }

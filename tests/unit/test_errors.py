@@ -299,9 +299,14 @@ def test_validate_queue_name_accepts_and_returns_a_good_name(name: str) -> None:
         pytest.param(None, id="none"),
         pytest.param(5, id="int"),
         pytest.param(b"orders", id="bytes"),
+        pytest.param("__evq-keys-00", id="reserved"),
     ],
 )
 def test_validate_queue_name_rejects_a_bad_name(name: object) -> None:
     with pytest.raises(BadRequest) as info:
         validate_queue_name(name)
     assert info.value.fields == {"name": str(name)[:100]}
+
+
+def test_reserved_names_are_valid_only_internally() -> None:
+    assert validate_queue_name("__evq-keys-00", internal=True) == "__evq-keys-00"

@@ -287,6 +287,8 @@ NOT_CREATED_COMMANDS = [
     c.Purge(),
     c.Stats(),
     c.ConfirmDeadLetters([1]),
+    c.SetKey("k", 1),
+    c.GetKey("k"),
 ]
 
 
@@ -2079,3 +2081,34 @@ def test_describe_gives_name_settings_and_stats() -> None:
     assert d.name == "q"
     assert d.settings == q.settings
     assert (d.stats.ready, d.stats.total, d.stats.oldest_ready_age_ms) == (2, 2, T2 - T1)
+
+
+# ------------------------------------------------------------------ watch keys (key partitions)
+
+
+def test_set_key_versions_grow_and_survive_a_snapshot_round_trip() -> None:
+    from actors.core import replies as rp
+    from actors.core.snapshot import decode_snapshot, encode_snapshot, restore, snapshot
+
+    state = QueueState()
+    ids = SequentialIds()
+    execute(state, c.Create("__evq-keys-00", QueueSettings()), 1, ids)
+    assert execute(state, c.GetKey("k"), 2, ids)[1] == rp.KeyView("k", 0, None)
+    events, reply = execute(state, c.SetKey("k", {"a": [1, 2]}), 3, ids)
+    assert reply == rp.KeyView("k", 1, {"a": [1, 2]})
+    assert [type(e).__name__ for e in events] == ["KeySet"]
+    _, reply = execute(state, c.SetKey("k", "two"), 4, ids)
+    assert reply.version == 2
+    restored = restore(decode_snapshot(encode_snapshot(snapshot(state))))
+    assert execute(restored, c.GetKey("k"), 5, ids)[1] == rp.KeyView("k", 2, "two")
+    _, reply = execute(restored, c.SetKey("k", None), 6, ids)
+    assert reply.version == 3  # versions keep growing after a restore
+
+
+@pytest.mark.parametrize("key", ["", "x" * 257, "bad\nkey", 7])
+def test_invalid_keys_are_bad_requests(key: object) -> None:
+    state = QueueState()
+    ids = SequentialIds()
+    execute(state, c.Create("__evq-keys-00", QueueSettings()), 1, ids)
+    with pytest.raises(BadRequest):
+        execute(state, c.SetKey(key, 1), 2, ids)  # type: ignore[arg-type]

@@ -92,6 +92,7 @@ def samples() -> list[ev.Event]:
         ev.DeadLettersRouted(T + 11, [4, 5, 6]),
         ev.WriterStarted(T + 12, 7),
         ev.MessagesAcked(T + 13, []),
+        ev.KeySet(T + 14, "price:eur", 3, {"bid": 1.5, "tags": ["a", None]}),
     ]
 
 
