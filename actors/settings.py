@@ -31,6 +31,9 @@ MAX_VISIBILITY_TIMEOUT_MS = 12 * 3600 * 1000
 MAX_RETENTION_MS = 365 * 24 * 3600 * 1000
 MAX_IDEMPOTENCY_WINDOW_MS = 7 * 24 * 3600 * 1000
 MAX_RECEIVES_LIMIT = 1000
+MAX_META_ENTRIES = 256
+MAX_META_KEY_CHARS = 512
+MAX_META_VALUE_CHARS = 65_536
 
 _QUEUE_NAME = re.compile(r"[A-Za-z0-9_-]{1,80}(\.fifo)?")
 RESERVED_PREFIX = "__evq"  # the server's own logs (e.g. watch-key partitions)
@@ -68,6 +71,9 @@ class QueueSettings(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     delay_ms: int = 0
     idempotency_window_ms: int = 900_000
     content_based_dedup: bool = False
+    # What other APIs keep about the queue (the SQS API: tags, creation time, attributes
+    # without an engine equivalent). Stored and replayed as given; the engine ignores it.
+    meta: dict[str, str] | None = None
 
     def validate(self, name: str) -> QueueSettings:
         """Check every field against its range and the queue name; return self.
@@ -94,6 +100,8 @@ class QueueSettings(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
             raise BadRequest("FIFO queues, and only they, have names ending in .fifo")
         if self.content_based_dedup and not self.fifo:
             raise BadRequest("content_based_dedup is for FIFO queues")
+        if self.meta is not None:
+            _check_meta(self.meta)
         return self
 
 
@@ -101,6 +109,19 @@ def _check_range(field: str, value: object, low: int, high: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         unit = "" if field in ("max_message_bytes", "max_receives") else " ms"
         raise BadRequest(f"{field} must be between {low} and {high}{unit}", field=field)
+
+
+def _check_meta(meta: object) -> None:
+    if not isinstance(meta, dict) or len(meta) > MAX_META_ENTRIES:
+        raise BadRequest(f"meta must be a map of at most {MAX_META_ENTRIES} entries", field="meta")
+    for key, value in meta.items():
+        if not isinstance(key, str) or not 0 < len(key) <= MAX_META_KEY_CHARS:
+            raise BadRequest(f"meta keys are 1-{MAX_META_KEY_CHARS} characters", field="meta")
+        if not isinstance(value, str) or len(value) > MAX_META_VALUE_CHARS:
+            raise BadRequest(
+                f"meta values are strings of at most {MAX_META_VALUE_CHARS} characters",
+                field="meta",
+            )
 
 
 class LogSettings(msgspec.Struct, frozen=True, kw_only=True):
