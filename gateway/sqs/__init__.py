@@ -1,0 +1,30 @@
+"""The AWS SQS-compatible API (README.md beside this file): both wire protocols on the
+gateway's port, translated onto the engine's commands through the native API's batchers."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from aiohttp import web
+
+from actors.clock import Clock, SystemClock
+from gateway.sqs.context import CLOCK, KEYS, SETTINGS_CACHE, SettingsCache
+from gateway.sqs.handler import handle
+from gateway.sqs.queue_attrs import ACCOUNT
+
+__all__ = ["ACCOUNT", "handle", "setup"]
+
+
+def setup(
+    app: web.Application, *, keys: Mapping[str, str] | None = None, clock: Clock | None = None
+) -> None:
+    """Serve SQS on ``POST /`` and on queue URLs (``POST /{account}/{queue}``).
+
+    ``keys`` (access key → secret key): when given, every request must carry a valid AWS
+    Signature V4 by one of them; when empty, any credentials are accepted.
+    """
+    app[KEYS] = dict(keys or {})
+    app[CLOCK] = clock or SystemClock()
+    app[SETTINGS_CACHE] = SettingsCache()
+    app.router.add_post("/", handle)
+    app.router.add_post(r"/{account:\d{12}}/{queue}", handle)
