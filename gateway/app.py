@@ -10,7 +10,7 @@ import msgspec
 from aiohttp import web
 
 from actors.errors import Overloaded
-from gateway import native
+from gateway import native, sqs
 from gateway.batcher import Batchers
 from gateway.directory import Directory
 from gateway.errors import MAX_BODY, error_middleware, error_response, wants_msgpack
@@ -34,6 +34,7 @@ class AppOptions(msgspec.Struct, frozen=True, kw_only=True):
     batch_in_flight: int = 2
     batch_split_at: int = 128
     max_waiting_per_queue: int = 20_000
+    sqs_keys: dict[str, str] = {}  # SQS access key → secret; empty: no signature check
 
 
 def make_app(directory: Directory, options: AppOptions | None = None) -> web.Application:
@@ -60,6 +61,7 @@ def make_app(directory: Directory, options: AppOptions | None = None) -> web.App
     app[READY] = [False]
     app[IN_FLIGHT] = [0]
     app.add_routes(native.routes)
+    sqs.setup(app, keys=options.sqs_keys)  # POST / and queue URLs (gateway/sqs/README.md)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.cleanup_ctx.append(_lifecycle)
