@@ -23,6 +23,8 @@ import msgspec
 from actors.errors import QueueError
 from gateway.client import DEFAULT_URL, Client
 from gateway.client_wire import ItemResult, KeyValue, Message, PutResult, QueueInfo, message_doc
+from pipeline import args as pipeline_args  # light: Spark loads only when a job runs
+from pipeline import main as pipeline_main
 
 __all__ = ["build_parser", "main"]
 
@@ -170,6 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("name")
     s = sub.add_parser("purge", help="delete every message of a queue")
     s.add_argument("name")
+
+    s = sub.add_parser("pipeline", help="Spark jobs over the event log: stats, audit, archive")
+    pipeline_args.add_arguments(s)
     return p
 
 
@@ -523,6 +528,8 @@ def main(
         return e.code if isinstance(e.code, int) else 2
     if args.command == "serve":
         return _serve(args, err)
+    if args.command == "pipeline":  # runs Spark locally; no server involved
+        return pipeline_main.run(args, err)
     out = Output(out_stream, err, args.json)
     own = client is None
     if client is None:

@@ -44,7 +44,5 @@ def spark_session(master: str | None = None, *, app: str = "evq-pipeline") -> Sp
 
 
 def _submitted() -> bool:
-    """Whether spark-submit (or a cluster launcher) chose the master already."""
-    return "SPARK_SUBMIT" in os.environ or "spark.master" in os.environ.get(
-        "PYSPARK_SUBMIT_ARGS", ""
-    )
+    """Whether spark-submit started this driver (its JVM runs and chose the master)."""
+    return "PYSPARK_GATEWAY_PORT" in os.environ

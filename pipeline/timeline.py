@@ -23,8 +23,8 @@ Rows (``TIMELINE_SCHEMA``), by ``type``:
   state), ``vanished`` / ``appeared`` (a snapshot lacks a message the history has, or has
   one it does not), ``counters`` (a snapshot's counters differ from the history's);
 - per queue: ``sample`` (depth by state and the oldest ready message's age at the end of
-  every minute in which something happened), ``final`` (the engine's own stats at the end,
-  as JSON in ``detail``), ``damage`` (what the reader discarded).
+  every minute in which something happened), ``final`` (the engine's own stats at the end
+  and the queue's settings, as JSON in ``detail``), ``damage`` (what the reader discarded).
 """
 
 from __future__ import annotations
@@ -454,16 +454,17 @@ def _counters(state: QueueState) -> list[int]:
 
 
 def _stats_json(state: QueueState, at_ms: int) -> str:
-    """The engine's own stats reply for ``state`` at ``at_ms``, as JSON."""
+    """The engine's own stats reply for ``state`` at ``at_ms`` and the queue's settings, as
+    one JSON object (the settings under ``"settings"``)."""
+    settings = msgspec.structs.asdict(state.settings)
     if state.created:
         _, view = decide(state, cmd.Stats(), at_ms, SequentialIds())
-        return _json.encode(view).decode()
+        return _json.encode({**msgspec.structs.asdict(view), "settings": settings}).decode()
     # A history that starts without the queue's creation (and no snapshot): counts only.
-    return _json.encode(
-        {
-            "ready": state.n_ready,
-            "delayed": state.n_delayed,
-            "reserved": state.n_reserved,
-            "total": len(state.messages),
-        }
-    ).decode()
+    counts = {
+        "ready": state.n_ready,
+        "delayed": state.n_delayed,
+        "reserved": state.n_reserved,
+        "total": len(state.messages),
+    }
+    return _json.encode({**counts, "settings": settings}).decode()

@@ -1,0 +1,226 @@
+"""The audit job: every message the log accepted is accounted for, or listed.
+
+Message by message (a message is ``(queue, arrival number)``; client ids may be reused), the
+history folded by the engine (:mod:`pipeline.timeline`) must end in one fate:
+
+- ``acked``, ``deleted``, ``purged``, ``expired`` (retention), ``dead_lettered`` — and a dead
+  letter of a queue with a dead-letter queue must arrive there (a put in that queue whose
+  idempotency key is ``dlq:<queue>:<arrival>``, as the server routes them) or still wait for
+  it;
+- or be ``present`` at the end.
+
+Everything else is an exception: a message with no fate (``lost``), a snapshot that lacks
+a message the history has (``vanished``) or has one it does not (``appeared``), snapshot
+counters that differ, an event naming a message that is not there (``orphan``), a routed
+dead letter that never reached its dead-letter queue (``dead_letter_lost``). Also listed:
+messages delivered more than ``max_deliveries`` times, and cascades that lost or duplicated
+a message. A cascade step is recognised by idempotency keys ``<source queue>:<message id>``
+(as ``examples/cascade.py`` moves messages): each message acked in a source queue must
+have been put into the next queue exactly once (``cascade_lost``, ``cascade_duplicated``),
+and each moved message must come from a message the source had (``cascade_unknown_source``).
+
+Records discarded as damage are listed too (``damage``): recovery dropped them as well.
+Output: ``audit.json`` in ``--out DIR`` (counts, fates, exceptions, up to ``limit`` each).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from pipeline.frames import check_store, load_timeline, progress
+
+__all__ = ["AuditResult", "run_audit"]
+
+log = logging.getLogger(__name__)
+
+_ORIGINS = ("put", "baseline", "joined")
+_FATES = [  # in order of precedence: the first that applies is the message's fate
+    ("acked", "acked"),
+    ("deleted", "deleted"),
+    ("purged", "purged"),
+    ("retention_expired", "expired"),
+    ("dead_lettered", "dead_lettered"),
+    ("present", "present"),
+    ("left", "unverifiable"),  # gone while records were pruned under the reader
+]
+_SNAPSHOT_KINDS = ("vanished", "appeared", "counters", "orphan", "damage")
+
+
+@dataclass
+class AuditResult:
+    """What the audit found."""
+
+    out: str
+    messages: int
+    fates: dict[str, int]
+    exceptions: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)  # exceptions by kind, all of them
+
+    @property
+    def clean(self) -> bool:
+        """No exception of any kind."""
+        return not any(self.counts.values())
+
+
+def _has(kind: str) -> Column:
+    return F.max(F.when(F.col("type") == kind, 1).otherwise(0)) == 1
+
+
+def _per_message(timeline: DataFrame) -> DataFrame:
+    """One row per message: where it came from, its fate, its deliveries, its key."""
+    msgs = timeline.where(F.col("arrival").isNotNull() & F.col("message_id").isNotNull())
+    msgs = msgs.where(~F.col("type").isin("orphan", "vanished", "appeared"))
+    fate: Column = F.lit(None)
+    for kind, name in reversed(_FATES):
+        fate = F.when(F.col(f"has_{kind}"), F.lit(name)).otherwise(fate)
+    grouped = msgs.groupBy("queue", "arrival").agg(
+        F.first("message_id").alias("message_id"),
+        F.max(F.when(F.col("type").isin(*_ORIGINS), 1).otherwise(0)).alias("known"),
+        *[_has(kind).alias(f"has_{kind}") for kind, _ in _FATES],
+        _has("dead_letter_routed").alias("routed"),
+        F.max("receive_count").alias("deliveries"),
+        F.max(F.when(F.col("type") == "put", F.col("idempotency_key"))).alias("key"),
+        F.max(F.when(F.col("type") == "put", F.col("seq"))).alias("put_seq"),
+    )
+    return grouped.withColumn("fate", fate)
+
+
+def _rows(df: DataFrame, limit: int, *cols: str) -> tuple[int, list[dict[str, Any]]]:
+    """How many rows, and the first ``limit`` of them as dicts."""
+    count = df.count()
+    picked = df.select(*cols).orderBy(*cols[:2]).limit(limit).collect() if count else []
+    return count, [r.asDict() for r in picked]
+
+
+def _dlq_settings(timeline: DataFrame) -> dict[str, str]:
+    """Queue → its dead-letter queue, from the settings at the end of the history."""
+    found = {}
+    for r in timeline.where(F.col("type") == "final").select("queue", "detail").collect():
+        settings = json.loads(r.detail).get("settings") or {}
+        if settings.get("dead_letter_queue"):
+            found[r.queue] = settings["dead_letter_queue"]
+    return found
+
+
+def _dead_letters_lost(spark: SparkSession, per: DataFrame, dlqs: dict[str, str]) -> DataFrame:
+    """Routed dead letters of queues with a dead-letter queue that never arrived there."""
+    if not dlqs:
+        return per.limit(0)
+    targets = spark.createDataFrame(list(dlqs.items()), "queue string, dlq string")
+    routed = per.where(F.col("routed")).join(targets, "queue")
+    expected = routed.withColumn(
+        "dlq_key", F.concat(F.lit("dlq:"), F.col("queue"), F.lit(":"), F.col("arrival"))
+    )
+    arrived = per.where(F.col("key").startswith("dlq:")).select(
+        F.col("queue").alias("dlq"), F.col("key").alias("dlq_key")
+    )
+    return expected.join(arrived, ["dlq", "dlq_key"], "left_anti")
+
+
+def _cascades(per: DataFrame, queues: list[str]) -> tuple[DataFrame, DataFrame, DataFrame]:
+    """Lost, duplicated and unknown-source moves of cascades (see the module docstring)."""
+    known = F.array(*[F.lit(q) for q in queues]) if queues else F.array().cast("array<string>")
+    moved = (
+        per.where(F.col("key").isNotNull() & ~F.col("key").startswith("dlq:"))
+        .withColumn("src_queue", F.substring_index(F.col("key"), ":", 1))
+        .withColumn("src_id", F.expr("substring(key, length(src_queue) + 2)"))
+        .where(F.array_contains(known, F.col("src_queue")) & (F.col("src_queue") != F.col("queue")))
+        .select(
+            "src_queue",
+            "src_id",
+            F.col("queue").alias("to_queue"),
+            F.col("message_id").alias("to_id"),
+        )
+    )
+    sources = moved.select("src_queue").distinct()
+    stage = per.join(sources, per.queue == sources.src_queue, "left_semi")
+    acked = stage.where(F.col("fate") == "acked").select(
+        F.col("queue").alias("src_queue"), F.col("message_id").alias("src_id"), "arrival"
+    )
+    # Several messages of one source id (client ids are reused) count as one source.
+    per_source = moved.groupBy("src_queue", "src_id").agg(
+        F.count("*").alias("copies"), F.collect_list("to_queue").alias("to_queues")
+    )
+    lost = acked.join(per_source, ["src_queue", "src_id"], "left_anti")
+    duplicated = per_source.where(F.col("copies") > 1)
+    had = per.select(F.col("queue").alias("src_queue"), F.col("message_id").alias("src_id"))
+    unknown = moved.join(had, ["src_queue", "src_id"], "left_anti")
+    return lost, duplicated, unknown
+
+
+def run_audit(
+    spark: SparkSession,
+    url: str,
+    out: str,
+    *,
+    as_of_ms: int,
+    max_deliveries: int = 5,
+    opts: dict[str, str] | None = None,
+    limit: int = 1000,
+) -> AuditResult:
+    """Audit the log at ``url``; write ``audit.json`` into ``out``.
+
+    Raises:
+        PipelineError: a wrong store or an empty log.
+    """
+    names = check_store(url, opts)
+    os.makedirs(out, exist_ok=True)
+    found: dict[str, tuple[int, list[dict[str, Any]]]] = {}
+    with progress(spark, "audit"):
+        timeline = load_timeline(spark, url, as_of_ms, opts=opts)
+        try:
+            per = _per_message(timeline).persist()
+            msg_cols = ("queue", "arrival", "message_id", "deliveries", "put_seq")
+            fates = {r.fate or "lost": r["count"] for r in per.groupBy("fate").count().collect()}
+            total = sum(fates.values())
+            found["lost"] = _rows(per.where(F.col("fate").isNull()), limit, *msg_cols)
+            found["no_origin"] = _rows(per.where(F.col("known") == 0), limit, *msg_cols)
+            found["over_delivered"] = _rows(
+                per.where(F.col("deliveries") > max_deliveries), limit, *msg_cols
+            )
+            for kind in _SNAPSHOT_KINDS:
+                rows = timeline.where(F.col("type") == kind)
+                found[kind] = _rows(
+                    rows, limit, "queue", "seq", "message_id", "arrival", "detail", "object"
+                )
+            lost_dl = _dead_letters_lost(spark, per, _dlq_settings(timeline))
+            found["dead_letter_lost"] = _rows(lost_dl, limit, "queue", "arrival", "message_id")
+            lost, duplicated, unknown = _cascades(per, names)
+            found["cascade_lost"] = _rows(lost, limit, "src_queue", "src_id", "arrival")
+            found["cascade_duplicated"] = _rows(
+                duplicated, limit, "src_queue", "src_id", "copies", "to_queues"
+            )
+            found["cascade_unknown_source"] = _rows(
+                unknown, limit, "src_queue", "src_id", "to_queue", "to_id"
+            )
+            per.unpersist()
+        finally:
+            timeline.unpersist()
+    result = AuditResult(
+        out,
+        total,
+        fates,
+        {kind: rows for kind, (_, rows) in found.items()},
+        {kind: n for kind, (n, _) in found.items()},
+    )
+    doc = {
+        "store": url,
+        "as_of_ms": as_of_ms,
+        "max_deliveries": max_deliveries,
+        "messages": total,
+        "fates": fates,
+        "clean": result.clean,
+        "exception_counts": result.counts,
+        "exceptions": result.exceptions,
+    }
+    with open(os.path.join(out, "audit.json"), "w") as f:
+        json.dump(doc, f, indent=2, sort_keys=True, default=str)
+    log.info("audit: %d messages, fates %s, exceptions %s", total, fates, result.counts)
+    return result

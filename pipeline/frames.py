@@ -1,0 +1,173 @@
+"""Loading a log into DataFrames for the jobs, with the checks a person needs first."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from actors.errors import QueueError
+from actors.log.replay import Discarded
+from pipeline.chain import SegmentMeta, cut
+from pipeline.logread import SyncStore, queue_names
+from pipeline.rows import SEGMENT
+
+__all__ = [
+    "LoadedEvents",
+    "PipelineError",
+    "check_store",
+    "load_events",
+    "load_timeline",
+    "progress",
+]
+
+log = logging.getLogger(__name__)
+
+
+class PipelineError(Exception):
+    """A job cannot run: a wrong store, an empty log, bad arguments. The message says why."""
+
+
+def check_store(url: str, opts: dict[str, str] | None = None) -> list[str]:
+    """The queues of the log at ``url``.
+
+    Raises:
+        PipelineError: the store cannot be opened or read, or holds no queue log.
+    """
+    if "://" not in url and not os.path.isdir(url):
+        raise PipelineError(
+            f"no such directory: {url} (give the directory `evq serve --data` wrote)"
+        )
+    try:
+        with SyncStore(url, opts) as store:
+            names = queue_names(store)
+    except QueueError as exc:
+        raise PipelineError(f"cannot read the store {url}: {exc.message}") from None
+    if not names:
+        raise PipelineError(
+            f"no event log in {url}: nothing under queues/ "
+            "(is it the directory or bucket prefix `evq serve` writes to?)"
+        )
+    return names
+
+
+def _reader(spark: SparkSession, url: str, opts: dict[str, str] | None, queues: list[str] | None):  # type: ignore[no-untyped-def]
+    reader = spark.read.format("evq")
+    for key, value in (opts or {}).items():
+        reader = reader.option(key, value)
+    if queues:
+        reader = reader.option("queues", ",".join(queues))
+    return reader
+
+
+def load_timeline(
+    spark: SparkSession,
+    url: str,
+    as_of_ms: int,
+    *,
+    opts: dict[str, str] | None = None,
+    queues: list[str] | None = None,
+) -> DataFrame:
+    """The timeline view, read once and kept (jobs aggregate it several ways)."""
+    df = (
+        _reader(spark, url, opts, queues)
+        .option("view", "timeline")
+        .option("as_of_ms", str(as_of_ms))
+        .load(url)
+    )
+    return df.persist(StorageLevel.MEMORY_AND_DISK)
+
+
+@dataclass
+class LoadedEvents:
+    """Event rows that count (recovery's rule applied) and what was left out."""
+
+    events: DataFrame
+    raw: DataFrame  # the persisted read behind ``events``: unpersist it when done
+    discarded: dict[str, list[Discarded]]
+    pruned: dict[str, list[str]]
+    last_seq: dict[str, int | None]
+
+
+def load_events(
+    spark: SparkSession,
+    url: str,
+    *,
+    opts: dict[str, str] | None = None,
+    queues: list[str] | None = None,
+    bodies: bool = True,
+) -> LoadedEvents:
+    """The events view, cut where recovery would stop reading each queue's log."""
+    raw = _reader(spark, url, opts, queues).option("bodies", str(bodies).lower()).load(url)
+    raw = raw.persist(StorageLevel.MEMORY_AND_DISK)
+    metas: dict[str, list[SegmentMeta]] = {}
+    cols = ["queue", "object", "seq", "epoch", "items", "records", "offset", "detail"]
+    for r in raw.where(F.col("type") == SEGMENT).select(*cols).collect():
+        meta = SegmentMeta(r.object, r.seq, r.epoch, r["items"], r.records, r.offset, r.detail)
+        metas.setdefault(r.queue, []).append(meta)
+    cuts = {queue: cut(segs) for queue, segs in metas.items()}
+    kept = [(q, obj, lo, hi) for q, c in cuts.items() for obj, lo, hi in c.kept]
+    ranges = spark.createDataFrame(
+        kept or [("", "", 0, -1)], "k_queue string, k_object string, lo long, hi long"
+    )
+    events = (
+        raw.where(F.col("type") != SEGMENT)
+        .join(
+            F.broadcast(ranges),
+            (F.col("queue") == F.col("k_queue"))
+            & (F.col("object") == F.col("k_object"))
+            & F.col("seq").between(F.col("lo"), F.col("hi")),
+        )
+        .drop("k_queue", "k_object", "lo", "hi")
+    )
+    return LoadedEvents(
+        events,
+        raw,
+        {q: c.discarded for q, c in cuts.items() if c.discarded},
+        {q: c.pruned for q, c in cuts.items() if c.pruned},
+        {q: c.last_seq for q, c in cuts.items()},
+    )
+
+
+@contextmanager
+def progress(spark: SparkSession, job: str, every_s: float = 2.0) -> Iterator[None]:
+    """Log how many partitions of each running stage are done, as they complete."""
+    tracker = spark.sparkContext.statusTracker()
+    stop = threading.Event()
+    seen: dict[int, tuple[int, int]] = {}
+
+    def watch() -> None:
+        while not stop.wait(every_s):
+            _report(tracker, job, seen)
+
+    thread = threading.Thread(target=watch, name=f"evq-{job}-progress", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+        _report(tracker, job, seen)
+
+
+def _report(tracker: Any, job: str, seen: dict[int, tuple[int, int]]) -> None:
+    """Log stages whose count of finished partitions changed since the last look."""
+    active = set(tracker.getActiveStageIds())
+    for stage_id in sorted(active | {s for s, (d, n) in seen.items() if d < n}):
+        info = tracker.getStageInfo(stage_id)
+        if info is None:
+            continue
+        done = (info.numCompletedTasks, info.numTasks)
+        if stage_id not in active and done[0] < done[1]:
+            done = (done[1], done[1])  # finished since (skipped tasks count as done)
+        if seen.get(stage_id) != done:
+            seen[stage_id] = done
+            log.info("%s: stage %d: %d/%d partitions done", job, stage_id, *done)
