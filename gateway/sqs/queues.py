@@ -62,7 +62,8 @@ async def create_queue(ctx: Context) -> dict[str, Any]:
     changes = qa.changes_for(attributes, fifo=fifo, creating=True)
     if changes.dead_letter_queue is not None:
         await _check_dead_letter_target(ctx, changes.dead_letter_queue, fifo)
-    settings, given = qa.new_settings(name, changes, p.string_map("Tags"), ctx.now_ms() // 1000)
+    tags = p.string_map("tags") or p.string_map("Tags")  # JSON: "tags"; query: Tag.N.Key
+    settings, given = qa.new_settings(name, changes, tags, ctx.now_ms() // 1000)
     created, actual = await native_directory(ctx).create(name, settings, given)
     if not created:
         meta = actual.meta or {}

@@ -7,6 +7,7 @@ plain functions that talk to it over real HTTP, exactly as an SQS client talks t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import threading
 import time
@@ -16,7 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import boto3
-import pytest
 from aiohttp import web
 from botocore.config import Config
 
@@ -123,21 +123,49 @@ def unique(label: str = "q", *, fifo: bool = False) -> str:
     return name + ".fifo" if fifo else name
 
 
-@pytest.fixture(scope="module")
-def sqs_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SqsServer]:
-    """One gateway (two in-process shards) shared by a module's tests."""
-    server = SqsServer(tmp_path_factory.mktemp("sqs")).start()
+@contextlib.contextmanager
+def running(data: Path, **options: Any) -> Iterator[SqsServer]:
+    """A started server that stops at the end of the block (the modules' fixtures use it)."""
+    server = SqsServer(data, **options).start()
     try:
         yield server
     finally:
         server.stop()
 
 
-@pytest.fixture
-def sqs(sqs_server: SqsServer) -> Iterator[Any]:
-    """A boto3 SQS client of the shared gateway."""
-    client = sqs_server.client()
+@contextlib.contextmanager
+def client_of(server: SqsServer, **options: Any) -> Iterator[Any]:
+    """A boto3 SQS client, closed at the end of the block."""
+    client = server.client(**options)
     try:
         yield client
     finally:
         client.close()
+
+
+def expected_md5(message_attributes: Mapping[str, Any]) -> str:
+    """The MD5 of message attributes (as boto3 shows them) by moto's SQS model, an
+    implementation of AWS's algorithm independent of ours."""
+    from moto.sqs.models import Message
+
+    message = Message("id", "body")
+    message.message_attributes = dict(message_attributes)
+    return message.attribute_md5  # type: ignore[no-any-return]
+
+
+def native(server: SqsServer, method: str, path: str, doc: Any = None) -> Any:
+    """A call to the native API of the same gateway (JSON in, JSON out)."""
+    import json
+
+    data = None if doc is None else json.dumps(doc).encode()
+    request = urllib.request.Request(
+        server.url + path, data=data, method=method, headers={"Content-Type": "application/json"}
+    )
+    with urllib.request.urlopen(request, timeout=30) as resp:
+        body = resp.read()
+    return json.loads(body) if body else None
+
+
+def error_code(exc: Any) -> tuple[str, str]:
+    """(exception class name, Error.Code) of a botocore ClientError."""
+    return type(exc).__name__, exc.response["Error"]["Code"]
