@@ -149,9 +149,22 @@ class ShardActor:
         return await handle.execute_many.remote(target, commands)  # type: ignore[no-any-return]
 
 
-def spawn_shards(spec: ShardSpec) -> list[Any]:
-    """Create (or find) the ``spec.count`` shard actors; return their handles in order."""
+def spawn_shards(
+    spec: ShardSpec, *, spread: bool = False, resource: str | None = None
+) -> list[Any]:
+    """Create (or find) the ``spec.count`` shard actors; return their handles in order.
+
+    ``spread`` places them on as many nodes as possible (Ray's SPREAD strategy) instead of
+    packing them on the driver's node; ``resource`` makes each shard need one unit of that
+    custom resource, so that only the nodes offering it host shards (and how many). A shard
+    whose node dies is restarted on another node that qualifies.
+    """
     remote = ray.remote(ShardActor)
+    placement_options: dict[str, Any] = {}
+    if spread:
+        placement_options["scheduling_strategy"] = "SPREAD"
+    if resource:
+        placement_options["resources"] = {resource: 1}
     handles = []
     for index in range(spec.count):
         handle = remote.options(  # type: ignore[attr-defined]
@@ -162,6 +175,7 @@ def spawn_shards(spec: ShardSpec) -> list[Any]:
             max_task_retries=0,
             max_concurrency=10_000,
             num_cpus=0,
+            **placement_options,
         ).remote(index, spec)
         handles.append(handle)
     return handles

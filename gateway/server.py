@@ -104,9 +104,16 @@ def _ray_directory(settings: ServerSettings, log_settings: LogSettings) -> RayDi
 
     from actors.spawn import NAMESPACE, ShardSpec, spawn_shards
 
+    local = not settings.ray_address
     ray.init(
         address=settings.ray_address,
-        num_cpus=None if settings.ray_address else (settings.ray_cpus or os.cpu_count()),
+        num_cpus=(settings.ray_cpus or os.cpu_count()) if local else None,
+        # A local runtime offers the shards' resource itself; a cluster's nodes declare it.
+        resources=(
+            {settings.shard_resource: settings.shard_count()}
+            if local and settings.shard_resource
+            else None
+        ),
         include_dashboard=False,
         namespace=NAMESPACE,
         logging_level=logging.WARNING,
@@ -123,7 +130,8 @@ def _ray_directory(settings: ServerSettings, log_settings: LogSettings) -> RayDi
         store_options=settings.store_options(),
         log_settings=log_settings,
     )
-    return RayDirectory(spawn_shards(spec), secret)
+    handles = spawn_shards(spec, spread=settings.shard_spread, resource=settings.shard_resource)
+    return RayDirectory(handles, secret)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -44,6 +44,8 @@ class ServerSettings(msgspec.Struct, kw_only=True):
     snapshot_every_s: float = 300.0
     ray_address: str | None = None  # join an existing Ray cluster instead of starting one
     ray_cpus: int | None = None
+    shard_spread: bool = False  # spread the shards over the Ray cluster's nodes
+    shard_resource: str | None = None  # custom Ray resource a node must offer to host shards
     no_ray: bool = False  # queues in the gateway process (debugging)
     shutdown_timeout_s: float = 30.0
     log_level: str = "INFO"
@@ -98,6 +100,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--snapshot-every-s", type=float)
     add("--ray-address", help="join this Ray cluster instead of starting a local one")
     add("--ray-cpus", type=int)
+    add(
+        "--shard-spread",
+        action="store_true",
+        default=None,
+        help="spread the shards over the Ray cluster's nodes (SPREAD scheduling)",
+    )
+    add(
+        "--shard-resource",
+        metavar="NAME",
+        help="custom Ray resource each shard needs one unit of (nodes offering it host shards)",
+    )
     add("--no-ray", action="store_true", default=None, help="run the queues in this process")
     add("--shutdown-timeout-s", type=float)
     add("--log-level")
