@@ -20,10 +20,11 @@ import boto3
 from aiohttp import web
 from botocore.config import Config
 
+from actors.clock import Clock
 from actors.log.store import LocalDirStore
 from gateway.app import AppOptions, make_app
 from gateway.directory import LocalDirectory
-from gateway.sqs.context import KEYS
+from gateway.sqs.context import CLOCK, KEYS
 
 REGION = "us-east-1"
 ACCOUNT = "000000000000"
@@ -39,9 +40,11 @@ class SqsServer:
         *,
         keys: Mapping[str, str] | None = None,
         options: AppOptions | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self.data = data
         self.keys = dict(keys or {})
+        self.clock = clock
         self.options = options or AppOptions()
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self._run, name="sqs-test-server", daemon=True)
@@ -69,6 +72,8 @@ class SqsServer:
         directory = LocalDirectory(LocalDirStore(self.data), count=2)
         app = make_app(directory, self.options)
         app[KEYS] = self.keys
+        if self.clock is not None:
+            app[CLOCK] = self.clock
         self.runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
         await self.runner.setup()
         site = web.TCPSite(self.runner, "127.0.0.1", 0)
