@@ -129,6 +129,8 @@ def _event_rows(e: ev.Event) -> list[dict[str, Any]]:
                 for it in e.items
             ]
         case ev.MessagesTaken():
+            if not e.ids:  # still one row: it carries the deadline
+                return [{"deadline_ms": e.deadline_ms}]
             return [
                 {**_id_columns(mid), "lease": lease, "deadline_ms": e.deadline_ms}
                 for mid, lease in zip(e.ids, e.leases, strict=True)
@@ -167,7 +169,9 @@ def event_rows(
     for e in read.events:
         if seq >= min_seq:
             rows = _event_rows(e)
-            n = len(rows) if isinstance(e, _MESSAGE_EVENTS) else 0
+            n = len(e.ids) if isinstance(e, ev.MessagesTaken) else len(rows)
+            if not isinstance(e, _MESSAGE_EVENTS):
+                n = 0
             if not rows:  # an event that names no message (an empty list) still has a row
                 rows = [{}]
             tag = EVENT_TYPES[type(e)]
@@ -243,7 +247,7 @@ def _rebuild(tag: str, at: int, rows: list[dict[str, Any]]) -> ev.Event:
             ],
         )
     if cls is ev.MessagesTaken:
-        deadline = items[0]["deadline_ms"] if items else 0
+        deadline = rows[0]["deadline_ms"]
         return ev.MessagesTaken(at, [_mid(r) for r in items], [r["lease"] for r in items], deadline)
     if cls in (ev.MessagesAcked, ev.MessagesDeleted):
         return cls(at, [_mid(r) for r in items])  # type: ignore[no-any-return]
