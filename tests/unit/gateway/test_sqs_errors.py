@@ -67,7 +67,8 @@ def send(
         with urllib.request.urlopen(request, timeout=30) as resp:
             return resp.status, dict(resp.headers), resp.read()
     except urllib.error.HTTPError as exc:
-        return exc.code, dict(exc.headers), exc.read()
+        with exc:
+            return exc.code, dict(exc.headers), exc.read()
 
 
 def url(server: SqsServer, name: str = QUEUE) -> str:
@@ -234,12 +235,14 @@ def test_a_body_that_is_no_request_is_refused(server: SqsServer) -> None:
         request = urllib.request.Request(server.url + "/", data=data, headers=headers)
         with pytest.raises(urllib.error.HTTPError) as info:
             urllib.request.urlopen(request, timeout=30)
-        assert info.value.code == 400
-        assert json.loads(info.value.read())["__type"].endswith("#SerializationException")
+        with info.value as error:
+            assert error.code == 400
+            assert json.loads(error.read())["__type"].endswith("#SerializationException")
     request = urllib.request.Request(server.url + "/", data=b"QueueName=q")
     with pytest.raises(urllib.error.HTTPError) as info:
         urllib.request.urlopen(request, timeout=30)
-    code = ET.fromstring(info.value.read()).findtext("q:Error/q:Code", namespaces=NS)
+    with info.value as error:
+        code = ET.fromstring(error.read()).findtext("q:Error/q:Code", namespaces=NS)
     assert code == "MissingAction"
 
 
@@ -247,4 +250,5 @@ def test_the_native_api_is_untouched_by_the_sqs_routes(server: SqsServer) -> Non
     request = urllib.request.Request(server.url + "/v1/queues", data=b"{}", method="POST")
     with pytest.raises(urllib.error.HTTPError) as info:
         urllib.request.urlopen(request, timeout=30)
-    assert info.value.code == 405  # not taken for a queue URL: accounts are 12 digits
+    with info.value as error:
+        assert error.code == 405  # not taken for a queue URL: accounts are 12 digits

@@ -39,7 +39,8 @@ def post(
         with urllib.request.urlopen(request, timeout=30) as resp:
             status, body, kind = resp.status, resp.read(), resp.headers["Content-Type"]
     except urllib.error.HTTPError as exc:
-        status, body, kind = exc.code, exc.read(), exc.headers["Content-Type"]
+        with exc:
+            status, body, kind = exc.code, exc.read(), exc.headers["Content-Type"]
     assert kind.startswith("text/xml")
     return status, ET.fromstring(body)
 
