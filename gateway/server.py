@@ -31,6 +31,7 @@ def main(args: argparse.Namespace) -> int:
     """Run the server until SIGTERM/SIGINT; return the exit code."""
     try:
         settings = load_settings(args)
+        settings.sqs_key_map()  # a malformed key list stops the start here
     except (QueueError, OSError, ValueError) as exc:
         print(f"evq serve: {exc}", file=sys.stderr)
         return 2
@@ -58,6 +59,7 @@ def run(settings: ServerSettings) -> int:
             max_requests=settings.max_requests,
             max_waiting_takes=settings.max_waiting_takes,
             auto_create=settings.auto_create,
+            sqs_keys=settings.sqs_key_map(),
             batch_in_flight=settings.batch_in_flight,
             batch_split_at=settings.batch_split_at,
         ),

@@ -50,6 +50,25 @@ class ServerSettings(msgspec.Struct, kw_only=True):
     shutdown_timeout_s: float = 30.0
     log_level: str = "INFO"
     log_format: str = "text"
+    # SQS API credentials, "ACCESS_KEY:SECRET[,ACCESS_KEY:SECRET…]" (environment or TOML:
+    # keep secrets off the command line). Set: every SQS request needs a valid SigV4.
+    sqs_keys: str | None = None
+
+    def sqs_key_map(self) -> dict[str, str]:
+        """The SQS access keys and their secrets.
+
+        Raises:
+            BadRequest: an entry is not ``KEY:SECRET``.
+        """
+        keys: dict[str, str] = {}
+        for entry in (self.sqs_keys or "").split(","):
+            if not entry.strip():
+                continue
+            key, sep, secret = entry.strip().partition(":")
+            if not sep or not key or not secret:
+                raise BadRequest("sqs_keys must be KEY:SECRET pairs separated by commas")
+            keys[key] = secret
+        return keys
 
     def store_target(self) -> str:
         """The store to open: the URL, or the data directory as an absolute path."""
