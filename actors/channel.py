@@ -27,7 +27,7 @@ import itertools
 import logging
 import struct
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
@@ -36,6 +36,7 @@ from actors.core import commands as cmd
 from actors.core import replies as rp
 from actors.errors import QueueError, Unavailable
 from actors.settings import QueueSettings
+from actors.shard import ShardStatus
 
 __all__ = ["ChannelClient", "ChannelServer"]
 
@@ -66,6 +67,34 @@ class Cancel(msgspec.Struct, array_like=True, tag=True):
     rid: int
 
 
+class CreateQueue(msgspec.Struct, array_like=True, tag=True):
+    rid: int
+    name: str
+    settings: QueueSettings
+    given: list[str]
+
+
+class DeleteQueue(msgspec.Struct, array_like=True, tag=True):
+    rid: int
+    name: str
+
+
+class Names(msgspec.Struct, array_like=True, tag=True):
+    rid: int
+
+
+class Status(msgspec.Struct, array_like=True, tag=True):
+    rid: int
+
+
+class WatchKey(msgspec.Struct, array_like=True, tag=True):
+    """One-shot: answered when ``key`` is past ``version`` (or cancelled)."""
+
+    rid: int
+    key: str
+    version: int
+
+
 class Reply(msgspec.Struct, array_like=True):
     rid: int
     items: list[tuple[int, msgspec.Raw]]
@@ -77,7 +106,7 @@ class ErrorWire(msgspec.Struct, array_like=True):
     fields: dict[str, Any]
 
 
-Request = Hello | Many | TakeWait | Cancel
+Request = Hello | Many | TakeWait | Cancel | CreateQueue | DeleteQueue | Names | Status | WatchKey
 
 _encoder = msgspec.msgpack.Encoder()
 _request_decoder = msgspec.msgpack.Decoder(Request)  # type: ignore[var-annotated]
@@ -106,6 +135,15 @@ _REPLY_TYPES: dict[type, Any] = {
     cmd.SetKey: rp.KeyView,
     cmd.GetKey: rp.KeyView,
 }
+_REPLY_TYPES.update(
+    {
+        CreateQueue: tuple[bool, QueueSettings],
+        DeleteQueue: None,
+        Names: list[str],
+        Status: ShardStatus,
+        WatchKey: rp.KeyView,
+    }
+)
 _reply_decoders = {k: msgspec.msgpack.Decoder(v) for k, v in _REPLY_TYPES.items()}
 _ERROR_CLASSES: dict[str, type[QueueError]] = {
     cls.code: cls
@@ -151,17 +189,25 @@ def _decode_result(item: tuple[int, msgspec.Raw], command_type: type) -> Any:
 # ------------------------------------------------------------------ shard side
 
 
-class ChannelServer:
-    """Serves one shard's queues to gateways over TCP."""
+class Service(Protocol):
+    """What a shard offers gateways (errors may be raised or returned as values)."""
 
-    def __init__(
-        self,
-        execute_many: Callable[[str, list[object]], Awaitable[list[Any]]],
-        take: Callable[[str, cmd.Take, float], Awaitable[Any]],
-        secret: str,
-    ) -> None:
-        self._execute_many = execute_many
-        self._take = take
+    async def execute_many(self, queue: str, commands: list[object]) -> list[Any]: ...
+    async def take(self, queue: str, command: cmd.Take, wait_s: float) -> Any: ...
+    async def create(
+        self, name: str, settings: QueueSettings, given: list[str]
+    ) -> tuple[bool, QueueSettings]: ...
+    async def delete(self, name: str) -> None: ...
+    async def names(self) -> list[str]: ...
+    def status(self) -> ShardStatus: ...
+    async def watch_key(self, key: str, version: int) -> rp.KeyView: ...
+
+
+class ChannelServer:
+    """Serves one shard to gateways over TCP."""
+
+    def __init__(self, service: Service, secret: str) -> None:
+        self._service = service
         self._secret = secret
         self._server: asyncio.Server | None = None
         self._connections: set[asyncio.Task[None]] = set()
@@ -207,23 +253,37 @@ class ChannelServer:
             writer.close()
             self._connections.discard(task)
 
-    async def _answer(self, request: Request, writer: asyncio.StreamWriter) -> None:
+    async def _answer(self, request: Any, writer: asyncio.StreamWriter) -> None:
+        n = len(request.commands) if isinstance(request, Many) else 1
         try:
-            if isinstance(request, Many):
-                results = await self._execute_many(request.queue, request.commands)
-            elif isinstance(request, TakeWait):
-                results = [await self._take(request.queue, request.take, request.wait_s)]
-            else:
-                return
+            results = await self._dispatch(request)
         except Exception as exc:  # an answer always goes back, or the gateway would wait forever
             if not isinstance(exc, QueueError):
                 log.exception("channel: a call failed in the shard")
                 exc = _errors.InternalError(f"shard call failed: {type(exc).__name__}")
-            n = len(request.commands) if isinstance(request, Many) else 1
             results = [exc] * n
         reply = Reply(request.rid, [_encode_result(r) for r in results])
         if not writer.is_closing():
             writer.write(_frame(_encoder.encode(reply)))
+
+    async def _dispatch(self, request: Any) -> list[Any]:
+        service = self._service
+        if isinstance(request, Many):
+            return await service.execute_many(request.queue, request.commands)
+        if isinstance(request, TakeWait):
+            return [await service.take(request.queue, request.take, request.wait_s)]
+        if isinstance(request, WatchKey):
+            return [await service.watch_key(request.key, request.version)]
+        if isinstance(request, CreateQueue):
+            return [await service.create(request.name, request.settings, request.given)]
+        if isinstance(request, DeleteQueue):
+            await service.delete(request.name)
+            return [None]
+        if isinstance(request, Names):
+            return [await service.names()]
+        if isinstance(request, Status):
+            return [service.status()]
+        raise _errors.BadRequest(f"unknown request {type(request).__name__}")
 
 
 # ------------------------------------------------------------------ gateway side
@@ -258,8 +318,50 @@ class ChannelClient:
             Unavailable: the shard could not be reached, or the connection broke.
         """
         rid = next(self._rids)
+        return await self._one(rid, TakeWait(rid, queue, take, wait_s), cmd.Take)
+
+    async def watch_key(self, key: str, version: int) -> rp.KeyView:
+        """The key's state once it is past ``version``. Cancelling it cancels it in the shard.
+
+        Raises:
+            QueueError: an invalid key; Unavailable as :meth:`take`.
+        """
+        rid = next(self._rids)
+        return await self._one_or_raise(rid, WatchKey(rid, key, version))  # type: ignore[no-any-return]
+
+    async def create(
+        self, name: str, settings: QueueSettings, given: list[str]
+    ) -> tuple[bool, QueueSettings]:
+        """See QueueShard.create. Raises: QueueError."""
+        rid = next(self._rids)
+        created, actual = await self._one_or_raise(rid, CreateQueue(rid, name, settings, given))
+        return created, actual
+
+    async def delete(self, name: str) -> None:
+        """See QueueShard.delete. Raises: QueueError."""
+        rid = next(self._rids)
+        await self._one_or_raise(rid, DeleteQueue(rid, name))
+
+    async def names(self) -> list[str]:
+        """The shard's queues. Raises: QueueError."""
+        rid = next(self._rids)
+        return await self._one_or_raise(rid, Names(rid))  # type: ignore[no-any-return]
+
+    async def status(self) -> ShardStatus:
+        """The shard's readiness. Raises: QueueError."""
+        rid = next(self._rids)
+        return await self._one_or_raise(rid, Status(rid))  # type: ignore[no-any-return]
+
+    async def _one_or_raise(self, rid: int, request: Any) -> Any:
+        result = await self._one(rid, request, type(request))
+        if isinstance(result, QueueError):
+            raise result
+        return result
+
+    async def _one(self, rid: int, request: Any, reply_type: type) -> Any:
+        """A call with one result; cancelling it cancels it in the shard."""
         try:
-            [result] = await self._call(rid, TakeWait(rid, queue, take, wait_s), [cmd.Take])
+            [result] = await self._call(rid, request, [reply_type])
         except asyncio.CancelledError:
             writer = self._writer
             if writer is not None and not writer.is_closing():

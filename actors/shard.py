@@ -22,10 +22,12 @@ import msgspec
 
 from actors.clock import Clock, SystemClock
 from actors.core import commands as cmd
+from actors.core import replies as rp
 from actors.core.ids import IdSource
 from actors.core.state import Message
 from actors.errors import NotReady, QueueError, QueueExists, QueueNotFound
 from actors.ids import RandomIds
+from actors.keyspace import ShardKeys, is_partition, partition_of
 from actors.log import keys
 from actors.log.replay import RecoveryReport
 from actors.log.store import KeyNotFound, ObjectStore
@@ -90,6 +92,8 @@ class QueueShard:
         self._failed: dict[str, str] = {}
         self._closed = False
         self._created_here: frozenset[str] = frozenset()
+        self.keys = ShardKeys(self.clock, self._get_app_key, self._get_stats)
+        self.listeners.append(self._queue_changed)
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -126,6 +130,7 @@ class QueueShard:
     async def close(self) -> None:
         """Close every queue: finish writes, snapshot, stop timers."""
         self._closed = True
+        self.keys.close()
         await asyncio.gather(*(q.close() for q in self.queues.values()))
 
     async def _stored_names(self) -> list[str]:
@@ -175,6 +180,7 @@ class QueueShard:
         self.queues.pop(name, None)
         await self.store.put(_tombstone(name), b"")
         await self._erase(name)
+        self.keys.queue_gone(name)
 
     async def _erase(self, name: str) -> None:
         """Remove every object of the queue, the tombstone last."""
@@ -185,8 +191,8 @@ class QueueShard:
         await self.store.delete(tomb)
 
     async def names(self) -> list[str]:
-        """The queues this shard serves."""
-        return sorted(self.queues)
+        """The queues this shard serves (not the server's own key partitions)."""
+        return sorted(n for n in self.queues if not is_partition(n))
 
     async def get(self, name: str) -> QueueActor:
         """The queue actor for ``name``, opened from the store if needed.
@@ -200,7 +206,9 @@ class QueueShard:
         self._check_open()
         if not self._ready:
             raise NotReady(f"shard {self.index} is still recovering", queue=name)
-        validate_queue_name(name)
+        validate_queue_name(name, internal=True)
+        if is_partition(name):  # key partitions come into being when first used
+            return await self._open(name, cmd.Create(name, QueueSettings()), lenient=True)
         return await self._open(name)
 
     async def _open(
@@ -272,7 +280,12 @@ class QueueShard:
             queue = await self.get(name)
         except QueueError as exc:
             return [exc] * len(commands)
-        return await queue.execute_many(commands)
+        results = await queue.execute_many(commands)
+        if is_partition(name):
+            for command, result in zip(commands, results, strict=True):
+                if type(command) is cmd.SetKey and isinstance(result, rp.KeyView):
+                    self.keys.key_set(result)
+        return results
 
     async def take(self, name: str, command: cmd.Take, wait_s: float) -> list[Any]:
         """A take that waits up to ``wait_s`` for messages.
@@ -282,6 +295,33 @@ class QueueShard:
         """
         queue = await self.get(name)
         return await queue.take(command, wait_s)
+
+    # ---------------------------------------------------------------- watch keys
+
+    async def watch_key(self, key: str, version: int) -> rp.KeyView:
+        """The key's state once its version is past ``version`` (see actors.keyspace).
+
+        Raises:
+            BadRequest: an invalid key.
+        """
+        return await self.keys.watch(key, version)
+
+    def _queue_changed(self, queue: QueueActor) -> None:
+        if not is_partition(queue.name):
+            self.keys.queue_changed(queue.name)
+
+    async def _get_app_key(self, key: str) -> rp.KeyView:
+        [result] = await self.execute_many(partition_of(key), [cmd.GetKey(key)])
+        if isinstance(result, QueueError):
+            raise result
+        return result  # type: ignore[no-any-return]
+
+    async def _get_stats(self, name: str) -> rp.StatsView | None:
+        try:
+            queue = await self.get(name)
+        except QueueNotFound:
+            return None
+        return await queue.execute(cmd.Stats())  # type: ignore[no-any-return]
 
     # ---------------------------------------------------------------- dead letters
 

@@ -10,7 +10,7 @@ import msgspec
 from aiohttp import web
 
 from actors.errors import Overloaded
-from gateway import native, sqs
+from gateway import native, sqs, watches
 from gateway.batcher import Batchers
 from gateway.directory import Directory
 from gateway.errors import MAX_BODY, error_middleware, error_response, wants_msgpack
@@ -35,6 +35,7 @@ class AppOptions(msgspec.Struct, frozen=True, kw_only=True):
     batch_split_at: int = 128
     max_waiting_per_queue: int = 20_000
     sqs_keys: dict[str, str] = {}  # SQS access key → secret; empty: no signature check
+    watch: watches.WatchOptions = msgspec.field(default_factory=watches.WatchOptions)
 
 
 def make_app(directory: Directory, options: AppOptions | None = None) -> web.Application:
@@ -61,6 +62,7 @@ def make_app(directory: Directory, options: AppOptions | None = None) -> web.App
     app[READY] = [False]
     app[IN_FLIGHT] = [0]
     app.add_routes(native.routes)
+    watches.install(app, options.watch)
     sqs.setup(app, keys=options.sqs_keys)  # POST / and queue URLs (gateway/sqs/README.md)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
@@ -69,11 +71,16 @@ def make_app(directory: Directory, options: AppOptions | None = None) -> web.App
     return app
 
 
+_WATCH_PATHS = ("/v1/ws", "/v1/watch/")
+
+
 @web.middleware
 async def _limit_middleware(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
     """Answer 429 past the number of requests handled at once, instead of queueing in memory."""
+    if request.path.startswith(_WATCH_PATHS):
+        return await handler(request)  # watchers have their own limit (watches.WatchOptions)
     counter = request.app[IN_FLIGHT]
     if counter[0] >= request.app[APP_OPTIONS].max_requests and request.path.startswith("/v1/"):
         exc = Overloaded("the server is handling too many requests; retry shortly")
@@ -120,5 +127,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
 
 
 async def _on_shutdown(app: web.Application) -> None:
-    """New connections are refused by now; let waiting takes answer "nothing yet"."""
+    """New connections are refused by now; let waiting takes and watches answer, tell
+    watchers of ``sys:shutdown``, close WebSockets."""
     app[native.SHUTTING_DOWN].set()
+    await watches.close_watchers(app)

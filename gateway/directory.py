@@ -14,7 +14,9 @@ from typing import Any, Protocol
 
 from actors.channel import ChannelClient
 from actors.core import commands as cmd
+from actors.core import replies as rp
 from actors.errors import InternalError, QueueError, Unavailable
+from actors.keyspace import home_of
 from actors.log.store import ObjectStore
 from actors.settings import LogSettings, QueueSettings
 from actors.shard import QueueShard, ShardStatus, placement
@@ -41,6 +43,10 @@ class Directory(Protocol):
         self, name: str, settings: QueueSettings, given: list[str]
     ) -> tuple[bool, QueueSettings]:
         """Create a queue. Raises: QueueError."""
+        ...
+
+    async def watch_key(self, key: str, version: int) -> rp.KeyView:
+        """A key's state once past ``version`` (one-shot; cancel to stop). Raises: QueueError."""
         ...
 
     async def delete(self, name: str) -> None:
@@ -105,6 +111,9 @@ class LocalDirectory:
     ) -> tuple[bool, QueueSettings]:
         return await self._shard(name).create(name, settings, given)
 
+    async def watch_key(self, key: str, version: int) -> rp.KeyView:
+        return await self._shard(home_of(key)).watch_key(key, version)
+
     async def delete(self, name: str) -> None:
         await self._shard(name).delete(name)
 
@@ -163,6 +172,9 @@ class RayDirectory:
 
     async def take(self, queue: str, command: cmd.Take, wait_s: float) -> Any:
         return await self._channel(queue).take(queue, command, wait_s)
+
+    async def watch_key(self, key: str, version: int) -> rp.KeyView:
+        return await self._channel(home_of(key)).watch_key(key, version)
 
     async def create(
         self, name: str, settings: QueueSettings, given: list[str]

@@ -20,7 +20,7 @@ from actors.core import replies as rp
 from actors.errors import (
     BadRequest,
     MessageNotFound,
-    QueueError,
+    QueueExists,
     QueueNotFound,
     StaleLease,
     Unavailable,
@@ -32,22 +32,35 @@ from actors.shard import QueueShard
 SECRET = "s3cret"
 
 
-class Rig:
+class CountingShard:
+    """The shard as a channel service, counting takes cancelled in it."""
+
     def __init__(self, shard: QueueShard) -> None:
         self.shard = shard
         self.takes_cancelled = 0
-        self.server = ChannelServer(shard.execute_many, self._take, SECRET)
-        self.address: tuple[str, int] | None = None
-        self.asked = 0
 
-    async def _take(self, name: str, command: cmd.Take, wait_s: float) -> Any:
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.shard, name)
+
+    async def take(self, name: str, command: cmd.Take, wait_s: float) -> Any:
         try:
             return await self.shard.take(name, command, wait_s)
-        except QueueError as exc:
-            return exc
         except asyncio.CancelledError:
             self.takes_cancelled += 1
             raise
+
+
+class Rig:
+    def __init__(self, shard: QueueShard) -> None:
+        self.shard = shard
+        self.service = CountingShard(shard)
+        self.server = ChannelServer(self.service, SECRET)
+        self.address: tuple[str, int] | None = None
+        self.asked = 0
+
+    @property
+    def takes_cancelled(self) -> int:
+        return self.service.takes_cancelled
 
     async def where(self) -> tuple[str, int]:
         self.asked += 1
@@ -188,7 +201,7 @@ async def test_a_broken_connection_fails_calls_in_flight_and_the_next_call_recon
         with pytest.raises(Unavailable):
             await asyncio.wait_for(waiting, 5)
         # The shard comes back on a new port; the client asks where it is now.
-        rig.server = ChannelServer(rig.shard.execute_many, rig._take, SECRET)
+        rig.server = ChannelServer(rig.service, SECRET)
         rig.address = await rig.server.start("127.0.0.1")
         [stats] = await client.execute_many("q", [cmd.Stats()])
         assert isinstance(stats, rp.StatsView)
@@ -228,4 +241,42 @@ def test_every_command_has_a_reply_type() -> None:
 
     from actors import channel
 
-    assert set(get_args(cmd.Command)) == set(channel._REPLY_TYPES)
+    assert set(get_args(cmd.Command)) <= set(channel._REPLY_TYPES)
+
+
+async def test_admin_calls_and_key_watches_over_the_channel(rig: Rig) -> None:
+    client = rig.client()
+    try:
+        created, settings = await client.create("other", QueueSettings(max_receives=3), [])
+        assert created is True
+        assert settings.max_receives == 3
+        with pytest.raises(QueueExists):
+            await client.create("other", QueueSettings(max_receives=4), ["max_receives"])
+        assert await client.names() == ["other", "q"]
+        status = await client.status()
+        assert status.ready is True
+        assert status.queues == 2
+        await client.delete("other")
+        with pytest.raises(QueueNotFound):
+            await client.delete("other")
+        assert await client.names() == ["q"]
+        # A key watch is one-shot: answered at once when behind, else on the next change.
+        now = await client.watch_key("app:x", -1)
+        assert (now.version, now.value) == (0, None)
+        waiting = asyncio.ensure_future(client.watch_key("app:x", 0))
+        await asyncio.sleep(0.1)
+        assert not waiting.done()
+        [set_view] = await client.execute_many(*set_key_command("app:x", {"n": 1}))
+        got = await asyncio.wait_for(waiting, 5)
+        assert (got.version, got.value) == (set_view.version, {"n": 1})
+        with pytest.raises(BadRequest):
+            await client.watch_key("sys:shutdown", 0)  # sys: keys live in the gateways
+    finally:
+        await client.close()
+
+
+def set_key_command(key: str, value: Any) -> tuple[str, list[object]]:
+    from actors.keyspace import set_key_command as make
+
+    queue, command = make(key, value)
+    return queue, [command]
