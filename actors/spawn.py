@@ -62,7 +62,7 @@ class ShardActor:
         )
         self._started: asyncio.Task[ShardStatus] | None = None
         self._handles: dict[int, Any] = {}
-        self._channel = ChannelServer(self.shard.execute_many, self._take, spec.secret)
+        self._channel = ChannelServer(self.shard, spec.secret)
         self._address: asyncio.Future[tuple[str, int]] | None = None
 
     def _ensure_started(self) -> None:
@@ -83,12 +83,6 @@ class ShardActor:
             host = ray.util.get_node_ip_address()
             self._address = asyncio.ensure_future(self._channel.start(host))
         return await asyncio.shield(self._address)
-
-    async def _take(self, name: str, command: cmd.Take, wait_s: float) -> Any:
-        try:
-            return await self.shard.take(name, command, wait_s)
-        except QueueError as exc:
-            return exc
 
     async def status(self) -> ShardStatus:
         """Readiness without waiting for it."""
