@@ -105,7 +105,8 @@ def _queue_plots(rows: pd.DataFrame) -> str:
             if series.notna().any():
                 waits.plot(rows["minute"], series, style, color=color, label=f"{col} {p}")
     waits.set_title("Time in queue (s): put→first take (—), put→ack (--)")
-    waits.legend(fontsize="x-small", ncol=2)
+    if waits.get_legend_handles_labels()[0]:
+        waits.legend(fontsize="x-small", ncol=2)
     buckets = ["received_1", "received_2", "received_3_5", "received_6_plus"]
     totals = [int(rows[b].sum()) for b in buckets]
     receives.bar(["1st", "2nd", "3rd-5th", "6th+"], totals, color="#1f77b4")
