@@ -1,0 +1,312 @@
+"""More than one machine, simulated: a two-node Ray cluster on this machine, queues on both
+nodes, the second node killed, its queues recovered on the first from the shared store.
+
+Two ``ray start`` processes make the cluster: the head on 127.0.0.2 and a second node on
+127.0.0.3 (loopback addresses both; Ray rewrites 127.0.0.1 itself to the machine's address
+when nodes join, so the test avoids it). Both offer ``evq_shard``, and ``evq serve
+--shard-spread --shard-resource evq_shard`` joins the cluster and spreads four shards over
+them. The data directory is the store both nodes see, as S3 would be.
+
+Killing the second node is SIGKILL to every process of its session — raylet, workers and
+the shards on it — as if the machine lost power. Ray's health checks are tightened on the
+head (a node is declared dead after 3 failed checks 0.5 s apart) so the test stays short;
+the time from the kill until every queue of the dead node answers again is printed (and
+kept as the test's ``failover_s`` property) for loadtest/RESULTS.md.
+
+Cleanup never uses ``ray stop`` (it kills every Ray process of the user): each node runs in
+a session of its own and is stopped by killing that session's processes, whatever happens.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from actors.shard import placement
+from tests.integration.server import (
+    Server,
+    _alive,
+    cmdline,
+    eventually,
+    free_port,
+    request,
+    server_env,
+    session_pids,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+RAY = str(Path(sys.executable).with_name("ray"))
+HEAD_IP, SECOND_IP = "127.0.0.2", "127.0.0.3"
+SHARDS = 4
+MESSAGES = 20  # per queue
+TAKEN = 5  # of them reserved before the failure
+# GCS side: how fast a node that stopped answering is declared dead.
+HEALTH_CHECKS = {
+    "RAY_health_check_initial_delay_ms": "0",
+    "RAY_health_check_period_ms": "500",
+    "RAY_health_check_timeout_ms": "500",
+    "RAY_health_check_failure_threshold": "3",
+}
+_SHARD_LINE = re.compile(r"actors\.shard: shard (\d+)/\d+: recovering")
+
+
+def cluster_env() -> dict[str, str]:
+    """Ray without token auth, usage stats or the single-node restriction."""
+    return server_env(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="1", **HEALTH_CHECKS)
+
+
+class RayNode:
+    """One ``ray start --block`` in a session of its own."""
+
+    def __init__(self, name: str, args: list[str], log: Path) -> None:
+        self.name = name
+        self.args = args
+        self.log_path = log
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> RayNode:
+        """Start the node (returns at once; Ray joins it to the cluster in the background)."""
+        ports = [
+            *("--node-manager-port", str(free_port())),
+            *("--object-manager-port", str(free_port())),
+            *("--dashboard-agent-listen-port", str(free_port())),
+            *("--dashboard-agent-grpc-port", str(free_port())),
+            *("--runtime-env-agent-port", str(free_port())),
+            *("--metrics-export-port", str(free_port())),
+            *("--min-worker-port", "0", "--max-worker-port", "0"),  # any free port
+        ]
+        with self.log_path.open("ab") as log:
+            self.proc = subprocess.Popen(
+                [RAY, "start", "--block", "--disable-usage-stats", *self.args, *ports],
+                env=cluster_env(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        return self
+
+    def pids(self) -> list[int]:
+        """Live processes of the node (its session: raylet, agents, workers)."""
+        if self.proc is None:
+            return []
+        return [p for p in session_pids(self.proc.pid) if _alive(p)]
+
+    def shards(self) -> dict[int, int]:
+        """Shard actors running on this node: index → pid."""
+        found = {}
+        for pid in self.pids():
+            if not cmdline(pid).startswith("ray::ShardActor"):
+                continue
+            with contextlib.suppress(OSError), open(os.readlink(f"/proc/{pid}/fd/2")) as f:
+                for m in _SHARD_LINE.finditer(f.read()):
+                    found[int(m.group(1))] = pid
+        return found
+
+    def kill(self) -> None:
+        """SIGKILL every process of the node until none is left."""
+        if self.proc is None:
+            return
+        for _ in range(100):
+            pids = self.pids()
+            if not pids:
+                break
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.1)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(10)
+
+    def log(self) -> str:
+        """What ``ray start`` printed."""
+        return self.log_path.read_text(errors="replace")[-3000:]
+
+
+class Cluster:
+    """A head and a second node on loopback addresses, in a temp dir of their own."""
+
+    def __init__(self) -> None:
+        # Short: Ray puts Unix sockets under it (a socket path holds at most 107 bytes).
+        self.root = Path(tempfile.mkdtemp(prefix="evq2n-", dir="/tmp"))
+        self.gcs_port = free_port()
+        self.address = f"{HEAD_IP}:{self.gcs_port}"
+        shard_slots = json.dumps({"evq_shard": 2 * SHARDS})
+        self.head = RayNode(
+            "head",
+            [
+                "--head",
+                *("--port", str(self.gcs_port), "--node-ip-address", HEAD_IP),
+                *("--num-cpus", "1", "--resources", shard_slots),
+                *("--include-dashboard", "false", "--temp-dir", str(self.root)),
+            ],
+            self.root / "head.log",
+        )
+        self.second = RayNode(
+            "second",
+            [
+                *("--address", self.address, "--node-ip-address", SECOND_IP),
+                *("--num-cpus", "1", "--resources", shard_slots),
+            ],
+            self.root / "second.log",
+        )
+
+    def start(self) -> None:
+        """Start both nodes; wait until the cluster has two nodes.
+
+        Raises:
+            AssertionError: the nodes did not join in time (their output in the message).
+        """
+        self.head.start()
+        self.second.start()  # it waits for the head's GCS by itself
+        eventually(self._two_nodes, timeout=60, interval=1.0, what=self._logs())
+
+    def _two_nodes(self) -> bool:
+        for node in (self.head, self.second):
+            if node.proc is None or node.proc.poll() is not None:  # fail now, not at timeout
+                raise RuntimeError(f"ray start of the {node.name} node exited:\n{self._logs()}")
+        status = subprocess.run(
+            [RAY, "status", "--address", self.address],
+            env=cluster_env(),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        return status.stdout.count(" node_") == 2 and "0.0/16.0 evq_shard" in status.stdout
+
+    def _logs(self) -> str:
+        return f"head:\n{self.head.log()}\nsecond:\n{self.second.log()}"
+
+    def stop(self) -> None:
+        """Kill both nodes and remove the temp dir."""
+        self.second.kill()
+        self.head.kill()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+@pytest.fixture
+def cluster() -> Iterator[Cluster]:
+    """A running two-node cluster, always stopped at the end."""
+    c = Cluster()
+    try:
+        c.start()
+        yield c
+    finally:
+        c.stop()
+
+
+@pytest.fixture
+def gateway(cluster: Cluster) -> Iterator[Server]:
+    """``evq serve`` joined to the cluster, spreading its shards over both nodes."""
+    server = Server(
+        cluster.root / "data",
+        *("--ray-address", cluster.address, "--shards", str(SHARDS)),
+        *("--shard-spread", "--shard-resource", "evq_shard"),
+        env=cluster_env(),
+        log=cluster.root / "serve.log",
+    )
+    try:
+        yield server.start(ready_timeout=90)
+    finally:
+        if server.proc is not None:
+            try:
+                if server.running():
+                    server.stop(timeout=45)
+                else:
+                    server._reap_session(0)
+            except Exception:
+                server.kill()
+
+
+def queue_per_shard() -> dict[int, str]:
+    """A queue name placed on each shard."""
+    names: dict[int, str] = {}
+    for i in range(10_000):
+        names.setdefault(placement(f"two-node-{i}", SHARDS), f"two-node-{i}")
+        if len(names) == SHARDS:
+            return names
+    raise AssertionError("no name for some shard")
+
+
+def stats(server: Server, queue: str) -> dict[str, int] | None:
+    """The queue's counters, or None while it does not answer."""
+    status, doc = request("GET", f"{server.url}/v1/queues/{queue}", timeout=5)
+    return doc["stats"] if status == 200 else None
+
+
+def wait_all(check: Callable[[str], bool], queues: list[str], timeout: float) -> float:
+    """Poll until ``check`` holds for every queue; answer the seconds it took."""
+    start = time.monotonic()
+    pending = set(queues)
+    while pending:
+        pending = {q for q in pending if not check(q)}
+        if pending and time.monotonic() - start > timeout:
+            raise AssertionError(f"queues {sorted(pending)} did not answer within {timeout}s")
+        time.sleep(0.05)
+    return time.monotonic() - start
+
+
+def test_queues_of_a_dead_node_recover_on_the_surviving_one(
+    cluster: Cluster, gateway: Server, record_property: Callable[[str, object], None]
+) -> None:
+    queues = queue_per_shard()
+    for shard, queue in queues.items():
+        assert request("PUT", f"{gateway.url}/v1/queues/{queue}", {})[0] == 201
+        bodies = [{"body": f"{queue}-{k}"} for k in range(MESSAGES)]
+        status, _ = request(
+            "POST", f"{gateway.url}/v1/queues/{queue}/messages", {"messages": bodies}
+        )
+        assert status == 200, shard
+        status, doc = request(
+            "POST",
+            f"{gateway.url}/v1/queues/{queue}/take",
+            {"max": TAKEN, "visibility_timeout": 600},
+        )
+        assert status == 200
+        assert len(doc["messages"]) == TAKEN
+
+    # Spread placement put shards (so queues) on both nodes.
+    on_head, on_second = cluster.head.shards(), cluster.second.shards()
+    assert sorted([*on_head, *on_second]) == list(range(SHARDS)), (on_head, on_second)
+    assert on_head, "no shard on the head"
+    assert on_second, "no shard on the second node"
+    lost = [queues[s] for s in on_second]
+    kept = [queues[s] for s in on_head]
+
+    died = time.monotonic()
+    cluster.second.kill()
+    killed_s = time.monotonic() - died
+    # The head's queues never stop answering.
+    for queue in kept:
+        assert stats(gateway, queue) is not None, queue
+    answered_s = wait_all(lambda q: stats(gateway, q) is not None, lost, timeout=60)
+    failover_s = killed_s + answered_s
+    record_property("failover_s", round(failover_s, 2))
+    print(f"\ntwo-node failover: {len(lost)} queue(s) answered {failover_s:.2f} s after node death")
+
+    # Ray restarted the lost shards on the head, which recovered their queues from the store.
+    assert sorted(cluster.head.shards()) == list(range(SHARDS))
+    for queue in queues.values():
+        counts = stats(gateway, queue) or {}
+        assert (counts.get("ready"), counts.get("reserved")) == (MESSAGES - TAKEN, TAKEN), queue
+        status, doc = request(
+            "POST",
+            f"{gateway.url}/v1/queues/{queue}/take",
+            {"max": MESSAGES, "visibility_timeout": 600},
+        )
+        assert status == 200
+        got = sorted(m["body"] for m in doc["messages"])
+        assert got == sorted(f"{queue}-{k}" for k in range(TAKEN, MESSAGES)), queue
+    assert "did not recover" not in gateway.log()
