@@ -33,6 +33,16 @@ log = logging.getLogger(__name__)
 Action = Callable[[Context], Awaitable[dict[str, Any]]]
 ACTIONS: dict[str, Action] = {**QUEUE_ACTIONS, **MESSAGE_ACTIONS}
 DEFAULT_REGION = "us-east-1"
+# SQS actions evq does not offer (README.md, "Differences from SQS").
+UNSUPPORTED = frozenset(
+    {
+        "AddPermission",
+        "RemovePermission",
+        "StartMessageMoveTask",
+        "CancelMessageMoveTask",
+        "ListMessageMoveTasks",
+    }
+)
 _FORM = "application/x-www-form-urlencoded"
 
 
@@ -118,6 +128,8 @@ def _parse(request: web.Request, body: bytes) -> Call:
 
 
 def _unknown_action(call: Call) -> SqsError:
+    if call.action in UNSUPPORTED:
+        return SqsError("UnsupportedOperation", f"evq does not support {call.action}.")
     if call.protocol == "json":
         return SqsError("UnknownOperationException", f"Unknown operation AmazonSQS.{call.action}.")
     return SqsError("InvalidAction", f"The action {call.action} is not valid for this endpoint.")

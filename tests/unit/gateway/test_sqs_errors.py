@@ -227,6 +227,10 @@ def test_unknown_actions_in_each_protocol(server: SqsServer) -> None:
     status, _, body = send(server, "query", "ReticulateSplines", {})
     assert status == 400
     assert ET.fromstring(body).findtext("q:Error/q:Code", namespaces=NS) == "InvalidAction"
+    status, headers, body = send(server, "json", "AddPermission", {})
+    assert status == 400
+    assert json.loads(body)["__type"].endswith("#UnsupportedOperation")
+    assert headers["x-amzn-query-error"] == "AWS.SimpleQueueService.UnsupportedOperation;Sender"
 
 
 def test_a_body_that_is_no_request_is_refused(server: SqsServer) -> None:
