@@ -20,6 +20,7 @@ from actors.errors import QueueError
 from gateway.sqs import render
 from gateway.sqs.context import CLOCK, KEYS, Context
 from gateway.sqs.errors import SqsError, from_queue_error
+from gateway.sqs.leases import ACTIONS as LEASE_ACTIONS
 from gateway.sqs.messages import ACTIONS as MESSAGE_ACTIONS
 from gateway.sqs.queue_attrs import name_of_url
 from gateway.sqs.queues import ACTIONS as QUEUE_ACTIONS
@@ -31,7 +32,7 @@ __all__ = ["ACTIONS", "handle"]
 log = logging.getLogger(__name__)
 
 Action = Callable[[Context], Awaitable[dict[str, Any]]]
-ACTIONS: dict[str, Action] = {**QUEUE_ACTIONS, **MESSAGE_ACTIONS}
+ACTIONS: dict[str, Action] = {**QUEUE_ACTIONS, **MESSAGE_ACTIONS, **LEASE_ACTIONS}
 DEFAULT_REGION = "us-east-1"
 # SQS actions evq does not offer (README.md, "Differences from SQS").
 UNSUPPORTED = frozenset(
