@@ -28,6 +28,7 @@ from gateway.sqs.errors import SqsError, invalid, invalid_attribute_name, no_que
 
 __all__ = [
     "ACCOUNT",
+    "RESERVED_PREFIX",
     "Changes",
     "arn",
     "attributes_view",
@@ -43,6 +44,7 @@ ACCOUNT = "000000000000"  # the one (fake) account every queue belongs to
 SQS_MAX_MESSAGE_BYTES = 1_048_576
 SQS_DEDUP_WINDOW_MS = 300_000
 MAX_TAGS = 50
+RESERVED_PREFIX = "__evq"  # the server's own queues (watch-key partitions): not SQS queues
 
 CREATED, MODIFIED, TAG, ATTR = "sqs.created", "sqs.modified", "sqs.tag:", "sqs.attr:"
 
@@ -120,7 +122,7 @@ def name_of_url(url: str) -> str:
     if len(segments) != 2 or (not parts.scheme and not url.startswith("/")):
         raise SqsError("InvalidAddress", f"The address {url[:200]} is not valid for this endpoint.")
     account, name = segments
-    if account != ACCOUNT:
+    if account != ACCOUNT or name.startswith(RESERVED_PREFIX):
         raise no_queue()
     try:
         return validate_queue_name(name)

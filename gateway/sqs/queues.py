@@ -19,10 +19,10 @@ from gateway.sqs.errors import SqsError, invalid, missing, no_queue
 
 __all__ = ["ACTIONS"]
 
-_HIDDEN_PREFIX = "__evq"  # the server's own queues (watch-key partitions) are not SQS queues
-
 
 def _queue_name(name: str) -> str:
+    if name.startswith(qa.RESERVED_PREFIX):
+        raise invalid(f"Queue names starting with {qa.RESERVED_PREFIX} are the server's own.")
     try:
         return validate_queue_name(name)
     except QueueError:
@@ -87,7 +87,7 @@ async def get_queue_url(ctx: Context) -> dict[str, Any]:
     p = ctx.params
     name = p.required("QueueName")
     owner = p.string("QueueOwnerAWSAccountId")
-    if owner is not None and owner != qa.ACCOUNT:
+    if (owner is not None and owner != qa.ACCOUNT) or name.startswith(qa.RESERVED_PREFIX):
         raise no_queue()
     try:
         validate_queue_name(name)
@@ -122,7 +122,7 @@ def _page(names: list[str], ctx: Context) -> tuple[list[str], str | None]:
 
 async def _visible_names(ctx: Context) -> list[str]:
     names = await native_directory(ctx).names()
-    return sorted(n for n in names if not n.startswith(_HIDDEN_PREFIX))
+    return sorted(n for n in names if not n.startswith(qa.RESERVED_PREFIX))
 
 
 async def list_queues(ctx: Context) -> dict[str, Any]:

@@ -64,6 +64,7 @@ def test_create_queue_answers_its_url_and_creates_it_once(sqs: Any, server: SqsS
 def test_create_queue_refuses_bad_names_and_fifo_mismatches(sqs: Any) -> None:
     assert fails(sqs.create_queue, QueueName="bad name")[1] == "InvalidParameterValue"
     assert fails(sqs.create_queue, QueueName="x" * 81)[1] == "InvalidParameterValue"
+    assert fails(sqs.create_queue, QueueName="__evq-mine")[1] == "InvalidParameterValue"
     assert fails(sqs.create_queue, QueueName=unique(fifo=True))[1] == "InvalidParameterValue"
     attrs = {"FifoQueue": "true"}
     assert fails(sqs.create_queue, QueueName=unique(), Attributes=attrs)[1] == (

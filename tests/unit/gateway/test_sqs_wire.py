@@ -239,6 +239,7 @@ def test_queue_urls_and_arns_name_queues() -> None:
         ("http://h/000000000000", "InvalidAddress"),
         ("http://h/123456789012/q", "QueueDoesNotExist"),
         ("http://h/000000000000/bad name", "QueueDoesNotExist"),
+        ("http://h/000000000000/__evq-keys-00", "QueueDoesNotExist"),  # the server's own
     ]:
         with pytest.raises(SqsError) as info:
             name_of_url(url)
