@@ -40,3 +40,10 @@ bench: $(STAMP)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info
+
+# A short headless Locust run of the mixed fleet (1000 producers + 1000 consumers, 60 s)
+# against a fresh evq serve on 127.0.0.1; CSV and HTML reports in loadtest/reports/.
+# Options of loadtest/smoke.py go in LOADTEST_ARGS (e.g. LOADTEST_ARGS="--time 30s").
+.PHONY: loadtest
+loadtest: $(STAMP)
+	$(PY) loadtest/smoke.py $(LOADTEST_ARGS)

@@ -1,0 +1,224 @@
+"""``make loadtest``: a short headless Locust run of the mixed fleet against a fresh server.
+
+Starts ``evq serve`` on a new temporary data directory on 127.0.0.1, waits for ``/readyz``,
+runs Locust (several processes: 2000 users do not fit in one on two cores), then reads the
+queues' counters, stops the server (SIGTERM, then SIGKILL of whatever of its session is
+left) and prints the figures. Reports go to ``--reports`` (default loadtest/reports/,
+ignored by git): ``<name>_stats.csv``, ``<name>_stats_history.csv``,
+``<name>_failures.csv``, ``<name>.html``, ``<name>-summary.json`` and the server's log.
+
+Exits 1 when the run did not work: no message made it through, or more than
+``--max-failure-ratio`` of the requests failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def get_json(url: str, timeout: float = 5) -> Any:
+    """GET a JSON document; None when it does not answer 200."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return json.loads(r.read() or b"null") if r.status == 200 else None
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+
+
+class LocalServer:
+    """``evq serve`` in a session of its own, so that stopping it stops its Ray too."""
+
+    def __init__(self, data: Path, log: Path, shards: int | None) -> None:
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        command = [sys.executable, "-m", "gateway.cli", "serve", "--data", str(data)]
+        command += ["--host", "127.0.0.1", "--port", str(self.port)]
+        if shards:
+            command += ["--shards", str(shards)]
+        env = dict(
+            os.environ,
+            RAY_AUTH_MODE="disabled",
+            RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",  # keep Ray on loopback
+            RAY_USAGE_STATS_ENABLED="0",
+        )
+        self._log = log.open("wb")
+        self.proc = subprocess.Popen(
+            command,
+            cwd=ROOT,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    def wait_ready(self, timeout: float) -> None:
+        """Wait for /readyz. Raises: RuntimeError (exited or too slow)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"evq serve exited with {self.proc.returncode}")
+            if get_json(f"{self.url}/readyz", timeout=2) is not None:
+                return
+            time.sleep(0.3)
+        raise RuntimeError(f"evq serve was not ready within {timeout} s")
+
+    def _session(self) -> list[int]:
+        pids = []
+        for entry in os.listdir("/proc"):
+            with contextlib.suppress(OSError, ValueError):
+                if entry.isdigit() and os.getsid(int(entry)) == self.proc.pid:
+                    pids.append(int(entry))
+        return pids
+
+    def stop(self) -> int | None:
+        """SIGTERM and wait (60 s), then SIGKILL what is left of the session."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.proc.wait(60)
+        code = self.proc.poll()
+        for _ in range(100):
+            pids = [p for p in self._session() if p != self.proc.pid or self.proc.poll() is None]
+            if not pids:
+                break
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.2)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(10)
+        self._log.close()
+        return code
+
+
+def queue_counts(url: str) -> dict[str, int]:
+    """Messages left in every queue after the run, by state."""
+    totals: dict[str, int] = {}
+    for name in (get_json(f"{url}/v1/queues") or {}).get("queues", []):
+        stats = (get_json(f"{url}/v1/queues/{name}") or {}).get("stats", {})
+        for key in ("ready", "delayed", "reserved"):
+            totals[key] = totals.get(key, 0) + int(stats.get(key, 0))
+    return totals
+
+
+def run_locust(args: argparse.Namespace, url: str, prefix: Path, summary: Path) -> int:
+    """The headless Locust run; answers its exit code."""
+    command = [sys.executable, "-m", "locust", "-f", str(args.locustfile), "--headless"]
+    command += ["-u", str(args.users), "-r", str(args.spawn_rate), "-t", args.time]
+    command += [
+        "--host",
+        url,
+        "--csv",
+        str(prefix),
+        "--csv-full-history",
+        "--html",
+        f"{prefix}.html",
+    ]
+    command += ["--stop-timeout", "5", "--only-summary", "--loglevel", "WARNING"]
+    if args.processes > 1:
+        command += ["--processes", str(args.processes)]
+    env = dict(os.environ, EVQ_LOADTEST_SUMMARY=str(summary))
+    print("$", " ".join(command), flush=True)
+    try:
+        return subprocess.run(command, cwd=ROOT, env=env, timeout=args.deadline).returncode
+    except subprocess.TimeoutExpired:
+        print(f"locust did not finish within {args.deadline} s", file=sys.stderr)
+        return 124
+
+
+def aggregated(stats_csv: Path) -> dict[str, str]:
+    """The "Aggregated" row of Locust's statistics."""
+    with stats_csv.open() as f:
+        for row in csv.DictReader(f):
+            if row["Name"] == "Aggregated":
+                return row
+    return {}
+
+
+def report(prefix: Path, summary: Path, left: dict[str, int]) -> tuple[int, int, dict[str, Any]]:
+    """Print the figures; answer (requests, failures, message counters)."""
+    counters = json.loads(summary.read_text()) if summary.exists() else {}
+    counters["left_in_queues"] = left
+    summary.write_text(json.dumps(counters, indent=2) + "\n")
+    with Path(f"{prefix}_stats.csv").open() as f:
+        rows = list(csv.DictReader(f))
+    print(
+        f"\n{'request':<30}{'count':>9}{'fail':>7}{'rps':>8}{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}"
+    )
+    for row in rows:
+        print(
+            f"{row['Name'][:29]:<30}{row['Request Count']:>9}{row['Failure Count']:>7}"
+            f"{float(row['Requests/s']):>8.1f}{row['50%']:>9}{row['95%']:>9}{row['99%']:>9}"
+        )
+    print("\nmessages:", json.dumps(counters))
+    total = aggregated(Path(f"{prefix}_stats.csv"))
+    return int(total.get("Request Count", 0)), int(total.get("Failure Count", 0)), counters
+
+
+def main() -> int:
+    """Run the smoke test; answer the exit code."""
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--locustfile", type=Path, default=ROOT / "loadtest/locustfiles/mixed.py")
+    parser.add_argument("--users", type=int, default=2000)
+    parser.add_argument("--spawn-rate", type=float, default=200)
+    parser.add_argument("--time", default="60s", help="Locust's run time (e.g. 60s)")
+    parser.add_argument("--processes", type=int, default=4, help="Locust worker processes")
+    parser.add_argument("--shards", type=int, help="the server's shards (default: its own)")
+    parser.add_argument("--reports", type=Path, default=ROOT / "loadtest/reports")
+    parser.add_argument("--name", default="mixed", help="file name prefix of the reports")
+    parser.add_argument("--deadline", type=float, default=300, help="kill Locust after (s)")
+    parser.add_argument("--max-failure-ratio", type=float, default=0.01)
+    args = parser.parse_args()
+
+    args.reports.mkdir(parents=True, exist_ok=True)
+    prefix, summary = args.reports / args.name, args.reports / f"{args.name}-summary.json"
+    summary.unlink(missing_ok=True)
+    data = Path(tempfile.mkdtemp(prefix="evq-loadtest-"))
+    server = LocalServer(data, args.reports / f"{args.name}-serve.log", args.shards)
+    try:
+        server.wait_ready(120)
+        print(f"evq serve ready on {server.url} (data {data})", flush=True)
+        code = run_locust(args, server.url, prefix, summary)
+        left = queue_counts(server.url)
+    finally:
+        stopped = server.stop()
+        shutil.rmtree(data, ignore_errors=True)
+    requests, failures, counters = report(prefix, summary, left)
+    print(f"locust exit {code}; evq serve exit {stopped}; reports in {args.reports}/")
+    if not counters.get("acked"):
+        print("FAILED: no message was acknowledged", file=sys.stderr)
+        return 1
+    if failures > args.max_failure_ratio * max(requests, 1):
+        print(f"FAILED: {failures} of {requests} requests failed", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
