@@ -86,14 +86,6 @@ class LocalServer:
             time.sleep(0.3)
         raise RuntimeError(f"evq serve was not ready within {timeout} s")
 
-    def _session(self) -> list[int]:
-        pids = []
-        for entry in os.listdir("/proc"):
-            with contextlib.suppress(OSError, ValueError):
-                if entry.isdigit() and os.getsid(int(entry)) == self.proc.pid:
-                    pids.append(int(entry))
-        return pids
-
     def stop(self) -> int | None:
         """SIGTERM and wait (60 s), then SIGKILL what is left of the session."""
         if self.proc.poll() is None:
@@ -102,7 +94,11 @@ class LocalServer:
                 self.proc.wait(60)
         code = self.proc.poll()
         for _ in range(100):
-            pids = [p for p in self._session() if p != self.proc.pid or self.proc.poll() is None]
+            pids = [
+                p
+                for p in session_pids(self.proc.pid)
+                if p != self.proc.pid or self.proc.poll() is None
+            ]
             if not pids:
                 break
             for pid in pids:
@@ -143,11 +139,37 @@ def run_locust(args: argparse.Namespace, url: str, prefix: Path, summary: Path) 
         command += ["--processes", str(args.processes)]
     env = dict(os.environ, EVQ_LOADTEST_SUMMARY=str(summary))
     print("$", " ".join(command), flush=True)
+    # Its own session: the worker processes can outlive the master by a moment, and must
+    # be gone before the server stops (or their last requests fail against a closed port).
+    proc = subprocess.Popen(command, cwd=ROOT, env=env, start_new_session=True)
     try:
-        return subprocess.run(command, cwd=ROOT, env=env, timeout=args.deadline).returncode
+        return proc.wait(args.deadline)
     except subprocess.TimeoutExpired:
         print(f"locust did not finish within {args.deadline} s", file=sys.stderr)
         return 124
+    finally:
+        stop_session(proc.pid, grace=10)
+
+
+def session_pids(sid: int) -> list[int]:
+    """Processes of session ``sid``."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        with contextlib.suppress(OSError, ValueError):
+            if entry.isdigit() and os.getsid(int(entry)) == sid:
+                pids.append(int(entry))
+    return pids
+
+
+def stop_session(sid: int, grace: float) -> None:
+    """SIGTERM the processes of session ``sid``, SIGKILL what is left after ``grace`` s."""
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 10.0)):
+        for pid in session_pids(sid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, sig)
+        deadline = time.monotonic() + wait
+        while session_pids(sid) and time.monotonic() < deadline:
+            time.sleep(0.1)
 
 
 def aggregated(stats_csv: Path) -> dict[str, str]:

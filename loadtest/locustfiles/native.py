@@ -42,7 +42,7 @@ def _create(client: Any, queue: str) -> None:
             _created.add(queue)
             r.success()
         else:
-            r.failure(f"create {queue}: {r.status_code} {r.text[:200]}")
+            r.failure(f"create {queue}: {r.status_code} {(r.text or '')[:200]}")
 
 
 class ProducerBase(FastHttpUser):
@@ -69,7 +69,7 @@ class ProducerBase(FastHttpUser):
             url, json={"messages": messages}, name=name, catch_response=True
         ) as r:
             if r.status_code != 200:
-                r.failure(f"{r.status_code} {r.text[:200]}")
+                r.failure(f"{r.status_code} {(r.text or '')[:200]}")
                 return
             mix.count(put=len(messages), bytes_put=sum(len(m["body"]) for m in messages))
             r.success()
@@ -101,7 +101,7 @@ class ConsumerBase(FastHttpUser):
             f"/v1/queues/{queue}/take", json=doc, name=f"take [wait {wait}]", catch_response=True
         ) as r:
             if r.status_code != 200:
-                r.failure(f"{r.status_code} {r.text[:200]}")
+                r.failure(f"{r.status_code} {(r.text or '')[:200]}")
                 return
             messages = r.json()["messages"]
             r.success()
@@ -127,7 +127,7 @@ class ConsumerBase(FastHttpUser):
             url = f"/v1/queues/{queue}/{verb}"
             with self.client.post(url, json={"items": items}, name=verb, catch_response=True) as r:
                 if r.status_code != 200:
-                    r.failure(f"{r.status_code} {r.text[:200]}")
+                    r.failure(f"{r.status_code} {(r.text or '')[:200]}")
                     continue
                 ok = sum(1 for x in r.json()["results"] if x["status"] == "ok")
                 mix.count(**{"acked" if verb == "ack" else "released": ok})

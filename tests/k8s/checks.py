@@ -1,45 +1,28 @@
-"""Offline validation of rendered manifests: schemas first, then what a schema cannot say.
+"""What a schema cannot say about the manifests, and :func:`problems`, which checks it all.
 
 :func:`problems` answers a list of messages (empty when everything holds), each starting
-with the object it is about (``Kind/name``). Schemas: built-in kinds with
-``kubernetes-validate`` in strict mode (unknown fields are errors); the custom resources
-(RayCluster, RayService, RayJob, SparkApplication) with ``jsonschema`` against the CRDs'
-schemas in ``../shared/k8s-crds`` (upstream data, read from there, never copied here). An
-object of a kind neither knows is a problem too: kubernetes-validate alone would let it pass.
-
-Rules beyond the schemas: replica bounds, resource quantities (and requests ≤ limits),
-probes of the gateway on /readyz and /healthz, probe and Service ports that name a real
-container port, selectors of Services and PodDisruptionBudgets that select something,
-references to ConfigMaps, Secrets, volumes and service accounts that exist, a termination
-grace period that covers the gateway's graceful stop, and Ray nodes that can host every
-shard.
+with the object it is about (``Kind/name``): first the object's schema
+(:mod:`tests.k8s.schemas`), then these rules: replica bounds, resource quantities (and
+requests ≤ limits), probes of the gateway on /readyz and /healthz, probe and Service ports
+that name a real container port, selectors of Services and PodDisruptionBudgets that select
+something, references to ConfigMaps, Secrets, volumes and service accounts that exist, a
+termination grace period that covers the gateway's graceful stop, and Ray nodes that can
+host every shard.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import re
-from collections.abc import Iterator
-from dataclasses import dataclass
-from decimal import Decimal, InvalidOperation
-from pathlib import Path
+from decimal import Decimal
 from typing import Any
 
-import jsonschema
-import kubernetes_validate
-from kubernetes_validate.utils import SchemaNotFoundError
+from tests.k8s.objects import Obj, Pod, World, data_of, name, parse_quantity, pods_of, target_name
+from tests.k8s.schemas import schema_problems
 
-__all__ = ["CRD_DIR", "K8S_VERSION", "parse_quantity", "problems"]
+__all__ = ["problems"]
 
-ROOT = Path(__file__).resolve().parents[2]
-CRD_DIR = ROOT.parent / "shared" / "k8s-crds"
-K8S_VERSION = "1.33"  # the oldest Kubernetes the manifests are meant for
-# Groups whose kinds are custom resources: their schemas come from CRD_DIR.
-CRD_GROUPS = ("ray.io", "sparkoperator.k8s.io")
 DEFAULT_SHUTDOWN_TIMEOUT_S = 30.0  # gateway/settings.py: ServerSettings.shutdown_timeout_s
-
-Obj = dict[str, Any]
 
 
 def problems(objects: list[Obj], context: list[Obj] | None = None) -> list[str]:
@@ -54,191 +37,10 @@ def problems(objects: list[Obj], context: list[Obj] | None = None) -> list[str]:
     return found
 
 
-def target_name(obj: Obj) -> str:
-    """An object's name, quoted."""
-    return repr((obj.get("metadata") or {}).get("name"))
-
-
-def name(obj: Obj) -> str:
-    """``Kind/name`` of an object, for messages."""
-    return f"{obj.get('kind')}/{(obj.get('metadata') or {}).get('name')}"
-
-
-# ---------------------------------------------------------------- schemas
-
-
-@functools.cache
-def _crd_schemas() -> dict[str, Any]:
-    with (CRD_DIR / "_jsonschema.json").open() as f:
-        return json.load(f)  # type: ignore[no-any-return]
-
-
-@functools.cache
-def _crd_validator(key: str) -> jsonschema.Draft202012Validator:
-    return jsonschema.Draft202012Validator(_crd_schemas()[key])
-
-
-def schema_problems(obj: Obj) -> list[str]:
-    """The object against its schema (CRD or built-in, strict)."""
-    # Validation is pure and the broken-manifest tests revalidate the same objects often.
-    return list(_schema_problems(json.dumps(obj, sort_keys=True)))
-
-
-@functools.lru_cache(maxsize=512)
-def _schema_problems(text: str) -> tuple[str, ...]:
-    obj = json.loads(text)
-    api_version, kind = str(obj.get("apiVersion", "")), str(obj.get("kind", ""))
-    key = f"{api_version}|{kind}"
-    if key in _crd_schemas():
-        errors = sorted(_crd_validator(key).iter_errors(obj), key=lambda e: list(e.path))
-        return tuple(f"{name(obj)}: schema: {_where(e.path)}: {e.message[:300]}" for e in errors)
-    if api_version.split("/")[0] in CRD_GROUPS:
-        return (f"{name(obj)}: no CRD schema for {api_version} {kind}",)
-    try:
-        kubernetes_validate.validate(obj, K8S_VERSION, strict=True)
-    except kubernetes_validate.ValidationError as e:
-        return (f"{name(obj)}: schema: {_where(e.path)}: {e.message[:300]}",)
-    except SchemaNotFoundError:
-        return (f"{name(obj)}: Kubernetes {K8S_VERSION} has no {api_version} {kind}",)
-    return ()
-
-
-def _where(path: Any) -> str:
-    return ".".join(str(p) for p in path) or "(root)"
-
-
-# ---------------------------------------------------------------- the objects' world
-
-
-@dataclass
-class Pod:
-    """A pod template somewhere in an object."""
-
-    where: str
-    labels: dict[str, str]
-    spec: Obj
-
-    def containers(self) -> list[Obj]:
-        """Containers and init containers."""
-        return [*(self.spec.get("containers") or []), *(self.spec.get("initContainers") or [])]
-
-
-class World:
-    """Every object of a deployment, looked up by kind and name."""
-
-    def __init__(self, objects: list[Obj]) -> None:
-        self.objects = objects
-
-    def get(self, kind: str, obj_name: str) -> Obj | None:
-        """The object of ``kind`` named ``obj_name``, if any."""
-        for obj in self.objects:
-            if obj.get("kind") == kind and obj.get("metadata", {}).get("name") == obj_name:
-                return obj
-        return None
-
-    def pods(self) -> Iterator[tuple[Obj, Pod]]:
-        """Every pod template of every object."""
-        for obj in self.objects:
-            for pod in pods_of(obj):
-                yield obj, pod
-
-    def env(self, container: Obj) -> dict[str, str]:
-        """A container's environment as far as the manifests fix it."""
-        env: dict[str, str] = {}
-        for source in container.get("envFrom") or []:
-            for kind, ref in (("ConfigMap", "configMapRef"), ("Secret", "secretRef")):
-                if ref in source:
-                    env.update(_data(self.get(kind, source[ref].get("name", ""))))
-        for var in container.get("env") or []:
-            if "value" in var:
-                env[var["name"]] = str(var["value"])
-            ref = (var.get("valueFrom") or {}).get("configMapKeyRef")
-            if ref:
-                data = _data(self.get("ConfigMap", ref.get("name", "")))
-                if ref.get("key") in data:
-                    env[var["name"]] = data[ref["key"]]
-        return env
-
-
-def _data(obj: Obj | None) -> dict[str, str]:
-    if obj is None:
-        return {}
-    return {**(obj.get("data") or {}), **(obj.get("stringData") or {})}
-
-
-_TEMPLATE_PATHS = {
-    "Deployment": ("spec", "template"),
-    "StatefulSet": ("spec", "template"),
-    "DaemonSet": ("spec", "template"),
-    "ReplicaSet": ("spec", "template"),
-    "Job": ("spec", "template"),
-    "CronJob": ("spec", "jobTemplate", "spec", "template"),
-}
-
-
-def pods_of(obj: Obj) -> list[Pod]:
-    """The pod templates an object declares (workloads and Ray clusters)."""
-    kind = obj.get("kind")
-    templates: list[tuple[str, Any]] = []
-    if kind in _TEMPLATE_PATHS:
-        node: Any = obj
-        for part in _TEMPLATE_PATHS[kind]:
-            node = (node or {}).get(part) if isinstance(node, dict) else None
-        templates.append(("template", node))
-    elif kind in ("RayCluster", "RayService"):
-        spec = obj.get("spec") or {}
-        if kind == "RayService":
-            spec = spec.get("rayClusterConfig") or {}
-        templates.append(("head", (spec.get("headGroupSpec") or {}).get("template")))
-        for group in spec.get("workerGroupSpecs") or []:
-            templates.append((f"worker group {group.get('groupName')}", group.get("template")))
-    return [
-        Pod(where, dict((t.get("metadata") or {}).get("labels") or {}), t.get("spec") or {})
-        for where, t in templates
-        if isinstance(t, dict)
-    ]
-
-
 # ---------------------------------------------------------------- quantities
 
-_QUANTITY = re.compile(
-    r"^(?P<num>[+-]?(?:\d+(?:\.\d*)?|\.\d+))(?P<suffix>Ki|Mi|Gi|Ti|Pi|Ei|[numkMGTPE]|[eE][+-]?\d+)?$"
-)
-_SUFFIX = {
-    "": Decimal(1),
-    "n": Decimal("1e-9"),
-    "u": Decimal("1e-6"),
-    "m": Decimal("1e-3"),
-    "k": Decimal("1e3"),
-    "M": Decimal("1e6"),
-    "G": Decimal("1e9"),
-    "T": Decimal("1e12"),
-    "P": Decimal("1e15"),
-    "E": Decimal("1e18"),
-    **{s: Decimal(1024**i) for i, s in enumerate(("Ki", "Mi", "Gi", "Ti", "Pi", "Ei"), 1)},
-}
 # Spark's own size strings (spark.driver.memory): a number and an optional unit.
 _SPARK_SIZE = re.compile(r"^\d+[kmgtp]?b?$", re.IGNORECASE)
-
-
-def parse_quantity(value: Any) -> Decimal:
-    """A Kubernetes resource quantity ("500m", "2Gi", "1e3", 4) as a number.
-
-    Raises:
-        ValueError: not a quantity.
-    """
-    if isinstance(value, bool) or not isinstance(value, (int, float, str)):
-        raise ValueError(f"not a quantity: {value!r}")
-    m = _QUANTITY.match(str(value))
-    if m is None:
-        raise ValueError(f"not a quantity: {value!r}")
-    suffix = m["suffix"] or ""
-    try:
-        if suffix[:1] in ("e", "E"):
-            return Decimal(m["num"]) * Decimal(10) ** int(suffix[1:])
-        return Decimal(m["num"]) * _SUFFIX[suffix]
-    except (InvalidOperation, KeyError):
-        raise ValueError(f"not a quantity: {value!r}") from None
 
 
 def _resources_problems(where: str, resources: Obj) -> list[str]:
@@ -446,7 +248,7 @@ def _env_references(container: Obj, need: Any) -> list[str]:
                 continue
             target = need(kind, key_ref.get("name"), f"env {var.get('name')}")
             key = key_ref.get("key")
-            if target is not None and key not in _data(target):
+            if target is not None and key not in data_of(target):
                 found.append(
                     f"env {var.get('name')}: {kind} {target_name(target)} has no key {key!r}"
                 )

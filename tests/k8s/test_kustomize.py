@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tests.k8s.checks import parse_quantity
 from tests.k8s.kustomize import KustomizeError, render
+from tests.k8s.objects import parse_quantity
 
 CONFIG = "apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: {name}\ndata: {{}}\n"
 

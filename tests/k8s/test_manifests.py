@@ -15,8 +15,9 @@ from typing import Any
 
 import pytest
 
-from tests.k8s.checks import CRD_DIR, K8S_VERSION, problems, schema_problems
+from tests.k8s.checks import problems
 from tests.k8s.kustomize import render
+from tests.k8s.schemas import CRD_DIR, K8S_VERSION, schema_problems
 
 ROOT = Path(__file__).resolve().parents[2]
 K8S = ROOT / "k8s"
