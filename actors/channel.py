@@ -247,6 +247,8 @@ class ChannelServer:
                 call.add_done_callback(lambda _, rid=request.rid: calls.pop(rid, None))  # type: ignore[union-attr,misc]
         except (asyncio.IncompleteReadError, ConnectionError, msgspec.DecodeError):
             pass  # the gateway went away (or spoke nonsense): its calls end with it
+        except asyncio.CancelledError:
+            pass  # the shard is closing: the connection ends here, quietly
         finally:
             for call in calls.values():
                 call.cancel()

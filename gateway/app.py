@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import msgspec
@@ -22,6 +23,8 @@ log = logging.getLogger(__name__)
 READY = web.AppKey("ready", list)  # [bool]: once every shard has recovered
 IN_FLIGHT = web.AppKey("in_flight", list)  # [int]: requests being handled
 APP_OPTIONS = web.AppKey("app_options", "AppOptions")
+# More conditions of readiness (e.g. the gateway worker processes listen): () -> bool
+READY_CHECKS = web.AppKey("ready_checks", list)
 
 
 class AppOptions(msgspec.Struct, frozen=True, kw_only=True):
@@ -60,6 +63,7 @@ def make_app(directory: Directory, options: AppOptions | None = None) -> web.App
     app[native.WAITING_TAKES] = [0]
     app[native.SHUTTING_DOWN] = asyncio.Event()
     app[READY] = [False]
+    app[READY_CHECKS] = []
     app[IN_FLIGHT] = [0]
     app.add_routes(native.routes)
     watches.install(app, options.watch)
@@ -93,14 +97,17 @@ async def _limit_middleware(
 
 
 async def healthz(request: web.Request) -> web.Response:
-    """The process is up."""
-    return web.json_response({"status": "ok"})
+    """The process is up (and which gateway process answered)."""
+    return web.json_response({"status": "ok", "pid": os.getpid()})
 
 
 async def readyz(request: web.Request) -> web.Response:
     """200 once every shard has recovered its queues, 503 until then."""
     if request.app[READY][0]:
         return web.json_response({"status": "ready"})
+    if not all(check() for check in request.app[READY_CHECKS]):
+        doc = {"status": "starting"}
+        return web.json_response(doc, status=503, headers={"Retry-After": "1"})
     statuses = await request.app[native.DIRECTORY].status()
     if statuses and all(s.ready for s in statuses):
         request.app[READY][0] = True

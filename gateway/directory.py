@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from actors.channel import ChannelClient
@@ -21,7 +22,7 @@ from actors.log.store import ObjectStore
 from actors.settings import LogSettings, QueueSettings
 from actors.shard import QueueShard, ShardStatus, placement
 
-__all__ = ["Directory", "LocalDirectory", "RayDirectory"]
+__all__ = ["ChannelDirectory", "Directory", "LocalDirectory", "RayDirectory"]
 
 log = logging.getLogger(__name__)
 
@@ -135,34 +136,18 @@ class LocalDirectory:
         await self.store.close()
 
 
-class RayDirectory:
-    """Shard actors on Ray (handles from :mod:`actors.spawn`): commands go over each shard's
-    data channel (:mod:`actors.channel`), everything else through Ray calls."""
+class ChannelDirectory:
+    """Shards reached over their data channels (:mod:`actors.channel`); where a shard
+    listens is asked of ``address(index)`` (again after every broken connection)."""
 
-    def __init__(self, handles: list[Any], secret: str) -> None:
-        self.handles = handles
-        self.count = len(handles)
+    def __init__(
+        self, count: int, secret: str, address: Callable[[int], Awaitable[tuple[str, int]]]
+    ) -> None:
+        self.count = count
         self.channels = [
-            ChannelClient(lambda h=h: self._call(h.address.remote()), secret) for h in handles
+            ChannelClient(lambda i=i: address(i), secret)  # type: ignore[misc]
+            for i in range(count)
         ]
-
-    def _handle(self, queue: str) -> Any:
-        return self.handles[placement(queue, self.count)]
-
-    async def _call(self, ref: Any) -> Any:
-        """Await a Ray call; a dead or restarting shard becomes Unavailable."""
-        import ray.exceptions
-
-        try:
-            return await ref
-        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
-            raise Unavailable(f"the queue's shard is restarting: {type(exc).__name__}") from None
-        except ray.exceptions.RayTaskError as exc:
-            cause = exc.cause if isinstance(getattr(exc, "cause", None), QueueError) else None
-            if cause is not None:
-                raise cause from None
-            log.error("shard call failed: %s", exc)
-            raise InternalError(f"shard call failed: {type(exc).__name__}") from None
 
     def _channel(self, queue: str) -> ChannelClient:
         return self.channels[placement(queue, self.count)]
@@ -179,30 +164,69 @@ class RayDirectory:
     async def create(
         self, name: str, settings: QueueSettings, given: list[str]
     ) -> tuple[bool, QueueSettings]:
-        result = await self._call(self._handle(name).create.remote(name, settings, given))
-        if isinstance(result, QueueError):
-            raise result
-        return result  # type: ignore[no-any-return]
+        return await self._channel(name).create(name, settings, given)
 
     async def delete(self, name: str) -> None:
-        error = await self._call(self._handle(name).delete.remote(name))
-        if error is not None:
-            raise error
+        await self._channel(name).delete(name)
 
     async def names(self) -> list[str]:
-        lists = await asyncio.gather(*(self._call(h.names.remote()) for h in self.handles))
+        lists = await asyncio.gather(*(c.names() for c in self.channels))
         return sorted(n for names in lists for n in names)
 
     async def status(self) -> list[ShardStatus]:
-        return list(await asyncio.gather(*(self._call(h.status.remote()) for h in self.handles)))
+        results = await asyncio.gather(*(c.status() for c in self.channels), return_exceptions=True)
+        statuses = []
+        for index, result in enumerate(results):
+            if isinstance(result, QueueError):
+                result = ShardStatus(index, False, 0, 0, [], {"*": str(result)})
+            elif isinstance(result, BaseException):
+                raise result
+            statuses.append(result)
+        return statuses
+
+    async def start(self) -> None:
+        """Nothing to start: the shards belong to the process that spawned them."""
+
+    async def close(self) -> None:
+        for channel in self.channels:
+            await channel.close()
+
+
+class RayDirectory(ChannelDirectory):
+    """Shard actors on Ray (handles from :mod:`actors.spawn`): Ray places, restarts and
+    locates them; every call goes over their data channels."""
+
+    def __init__(self, handles: list[Any], secret: str) -> None:
+        self.handles = handles
+        self.secret = secret
+        super().__init__(len(handles), secret, self.address)
+
+    async def address(self, index: int) -> tuple[str, int]:
+        """Where shard ``index`` listens now (it moves when Ray restarts it)."""
+        return await self._call(self.handles[index].address.remote())  # type: ignore[no-any-return]
+
+    async def _call(self, ref: Any) -> Any:
+        """Await a Ray call; a dead or restarting shard becomes Unavailable."""
+        import ray.exceptions
+
+        try:
+            return await ref
+        except (ray.exceptions.RayActorError, ray.exceptions.ActorUnavailableError) as exc:
+            raise Unavailable(f"the queue's shard is restarting: {type(exc).__name__}") from None
+        except ray.exceptions.RayTaskError as exc:
+            cause = exc.cause if isinstance(getattr(exc, "cause", None), QueueError) else None
+            if cause is not None:
+                raise cause from None
+            log.error("shard call failed: %s", exc)
+            raise InternalError(f"shard call failed: {type(exc).__name__}") from None
 
     async def start(self) -> None:
         for h in self.handles:
             h.start.remote()  # recovery runs in the shards; status() reports its progress
 
     async def close(self) -> None:
+        """Close the shards: finish writes, snapshot (graceful shutdown of the server)."""
         await asyncio.gather(
             *(self._call(h.close.remote()) for h in self.handles), return_exceptions=True
         )
-        for channel in self.channels:
-            await channel.close()
+        await super().close()

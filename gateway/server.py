@@ -21,8 +21,10 @@ from actors.settings import LogSettings
 from gateway.app import AppOptions, make_app
 from gateway.directory import Directory, LocalDirectory, RayDirectory
 from gateway.settings import ServerSettings, add_arguments, load_settings
+from gateway.watches import WatchOptions
+from gateway.workers import supervise
 
-__all__ = ["add_arguments", "main", "run"]
+__all__ = ["add_arguments", "app_options", "main", "run"]
 
 log = logging.getLogger("evq.serve")
 
@@ -48,28 +50,27 @@ def run(settings: ServerSettings) -> int:
         snapshot_every_records=settings.snapshot_every_records,
         snapshot_every_ms=int(settings.snapshot_every_s * 1000),
     )
+    workers = max(1, settings.workers)
     if settings.no_ray:
+        if workers > 1:
+            print("evq serve: --workers needs Ray (not --no-ray)", file=sys.stderr)
+            return 2
         directory: Directory = _local_directory(settings, log_settings)
     else:
         directory = _ray_directory(settings, log_settings)
-    app = make_app(
-        directory,
-        AppOptions(
-            max_body_bytes=settings.max_body_bytes,
-            max_requests=settings.max_requests,
-            max_waiting_takes=settings.max_waiting_takes,
-            auto_create=settings.auto_create,
-            sqs_keys=settings.sqs_key_map(),
-            batch_in_flight=settings.batch_in_flight,
-            batch_split_at=settings.batch_split_at,
-        ),
-    )
+    app = make_app(directory, app_options(settings))
+    if workers > 1:
+        assert isinstance(directory, RayDirectory)
+        app.cleanup_ctx.append(
+            supervise(workers, settings, directory.secret, directory.count, directory.address)
+        )
     log.info(
-        "evq serving on http://%s:%d (store %s, %d shard(s)%s)",
+        "evq serving on http://%s:%d (store %s, %d shard(s), %d gateway process(es)%s)",
         settings.host,
         settings.port,
         settings.store_target(),
         directory.count,
+        workers,
         ", queues auto-created" if settings.auto_create else "",
     )
     try:
@@ -77,9 +78,11 @@ def run(settings: ServerSettings) -> int:
             app,
             host=settings.host,
             port=settings.port,
+            reuse_port=workers > 1,
             shutdown_timeout=settings.shutdown_timeout_s,
             access_log=None,
             print=None,
+            backlog=4096,  # bursts of connecting watchers
             handle_signals=True,
             # A client that hangs up cancels its handler: a waiting take must not go on
             # waiting (and reserve a message) for a connection that is gone.
@@ -92,6 +95,23 @@ def run(settings: ServerSettings) -> int:
             ray.shutdown()
     log.info("evq stopped")
     return 0
+
+
+def app_options(settings: ServerSettings) -> AppOptions:
+    """The gateway's options from the server settings (every gateway process alike)."""
+    return AppOptions(
+        max_body_bytes=settings.max_body_bytes,
+        max_requests=settings.max_requests,
+        max_waiting_takes=settings.max_waiting_takes,
+        auto_create=settings.auto_create,
+        sqs_keys=settings.sqs_key_map(),
+        batch_in_flight=settings.batch_in_flight,
+        batch_split_at=settings.batch_split_at,
+        watch=WatchOptions(
+            max_watchers=settings.max_watchers,
+            send_buffer_limit=settings.ws_send_buffer_bytes,
+        ),
+    )
 
 
 def _local_directory(settings: ServerSettings, log_settings: LogSettings) -> LocalDirectory:

@@ -33,6 +33,7 @@ class ServerSettings(msgspec.Struct, kw_only=True):
     region: str | None = None
     host: str = "127.0.0.1"
     port: int = 8700
+    workers: int = 1  # gateway processes sharing the port (SO_REUSEPORT)
     shards: int | None = None  # default: one per CPU, bounded by memory
     auto_create: bool = False
     max_body_bytes: int = 32 * MIB
@@ -40,6 +41,8 @@ class ServerSettings(msgspec.Struct, kw_only=True):
     max_waiting_takes: int = 50_000
     batch_in_flight: int = 2  # calls per queue toward its shard at once
     batch_split_at: int = 128  # gathered commands that open another call
+    max_watchers: int = 19_000  # WebSocket + long-poll watchers per gateway process
+    ws_send_buffer_bytes: int = 256 * 1024  # a watcher that lets more pile up is closed
     snapshot_every_records: int = 200_000
     snapshot_every_s: float = 300.0
     ray_address: str | None = None  # join an existing Ray cluster instead of starting one
@@ -111,6 +114,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--region")
     add("--host", help="address to listen on (default 127.0.0.1)")
     add("--port", type=int, help="port to listen on (default 8700)")
+    add(
+        "--workers",
+        type=int,
+        help="gateway processes sharing the port (default 1; each holds up to 19k watchers)",
+    )
+    add("--max-watchers", type=int, help="watchers per gateway process (default 19000)")
     add("--shards", type=int, help="queue shard processes (default: one per CPU)")
     add("--auto-create", action="store_true", default=None, help="create queues on first put")
     add("--max-body-bytes", type=int)

@@ -53,7 +53,7 @@ def status_of(exc: pytest.ExceptionInfo[QueueError]) -> int:
 def test_health_and_readiness(server: Server, client: Client) -> None:
     assert client.health() is True
     assert client.ready() is True
-    assert request("GET", server.url + "/healthz") == (200, {"status": "ok"})
+    assert request("GET", server.url + "/healthz") == (200, {"status": "ok", "pid": server.pid})
     assert request("GET", server.url + "/readyz") == (200, {"status": "ready"})
 
 
