@@ -209,3 +209,33 @@ def test_server_from_environment(server: Server, names: Names) -> None:
     assert os.environ.get("EVQ_SERVER") != server.url
     r = evq(None, "create", name, env=env)
     assert (r.code, r.out.strip()) == (0, f"created queue {name}"), r
+
+
+def test_set_get_and_watch_keys(server: Server) -> None:
+    url = server.url
+    r = evq(url, "--json", "set", "app:cli-watch", '{"n": 1}')
+    assert (r.code, r.docs()[0]["version"]) == (0, 1), r
+    r = evq(url, "--json", "get", "app:cli-watch")
+    assert r.docs() == [{"key": "app:cli-watch", "version": 1, "value": {"n": 1}}], r
+    # `evq watch` prints the state, then each change (resubscribing one-shot watches).
+    watcher = subprocess.Popen(
+        [*EVQ, "--server", url, "--json", "watch", "app:cli-watch", "--timeout", "5"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env=server_env(),
+    )
+    try:
+        assert watcher.stdout is not None
+        first = json.loads(watcher.stdout.readline())
+        assert (first["version"], first["value"]) == (1, {"n": 1})
+        assert evq(url, "set", "app:cli-watch", "[2]").code == 0
+        second = json.loads(watcher.stdout.readline())
+        assert (second["version"], second["value"]) == (2, [2])
+        r = evq(url, "--json", "watch", "queue:no-such-queue", "--once")
+        assert r.code == 0, r
+        assert r.docs()[0]["value"] is None
+    finally:
+        watcher.terminate()
+        watcher.communicate(timeout=10)
