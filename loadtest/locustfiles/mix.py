@@ -1,14 +1,16 @@
 """What the simulated clients send: the mix of message sizes, batch sizes, delays and
-attributes, the queues they use, and message counters summed over Locust's processes.
+attributes, and the queues they use.
 
 Not a locustfile itself: the locustfiles beside it import it (Locust puts their folder on
-``sys.path``). Everything random comes from a ``random.Random`` per user, seeded from
-``EVQ_LOADTEST_SEED`` and the user's number, so a run's mix can be repeated.
+``sys.path``). Pure: it does not import Locust (whose import patches the standard library
+for gevent), so tests/loadtest checks it in an ordinary process. Everything random comes
+from a ``random.Random`` per user, seeded from ``EVQ_LOADTEST_SEED`` and the user's number,
+so a run's mix can be repeated.
 
 The mix (per message unless said):
 
 - size 1 B to 1 MiB, log-uniform within buckets: 40 % up to 64 B, 35 % up to 1 KiB, 20 % up to
-  16 KiB, 4.5 % up to 256 KiB, 0.5 % up to 1 MiB (both ends occur);
+  16 KiB, 4.5 % up to 256 KiB, 0.45 % below 1 MiB and 0.05 % exactly 1 MiB (1 B is 6.6 %);
 - per request 1 message (60 %), 2-10 (30 %), 11-100 (9 %), 101-1000 (1 %), cut so that a
   request carries at most 1 MiB of bodies (a 1 MiB message travels alone);
 - no delay (85 %), a retry-like delay of 1-60 s (10 %), a schedule 5-60 min ahead (5 %);
@@ -18,23 +20,16 @@ The mix (per message unless said):
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import os
 import random
 import string
-import time
-from collections import Counter
-from pathlib import Path
 from typing import Any
-
-from locust import events
 
 __all__ = [
     "BODY_LIMIT",
     "QUEUES",
     "batch_label",
-    "count",
     "new_messages",
     "pick_queue",
     "user_random",
@@ -49,7 +44,8 @@ SEED = int(os.environ.get("EVQ_LOADTEST_SEED", "20261122"))
 
 # (low, high) bytes and weight: log-uniform inside each bucket.
 SIZE_BUCKETS = [((1, 64), 40.0), ((65, 1024), 35.0), ((1025, 16 * 1024), 20.0)]
-SIZE_BUCKETS += [((16 * 1024 + 1, 256 * 1024), 4.5), ((256 * 1024 + 1, MIB), 0.5)]
+SIZE_BUCKETS += [((16 * 1024 + 1, 256 * 1024), 4.5), ((256 * 1024 + 1, MIB - 1), 0.45)]
+SIZE_BUCKETS += [((MIB, MIB), 0.05)]  # the largest message, exactly
 BATCH_BUCKETS = [((1, 1), 60.0), ((2, 10), 30.0), ((11, 100), 9.0), ((101, 1000), 1.0)]
 
 _users = itertools.count()
@@ -137,50 +133,3 @@ def pick_queue(rng: random.Random) -> str:
     """A queue, a few of them hotter than the rest (Zipf-like)."""
     weights = [1.0 / (i + 1) for i in range(len(QUEUES))]
     return rng.choices(QUEUES, weights)[0]
-
-
-# ---------------------------------------------------------------- message counters
-
-_local: Counter[str] = Counter()  # this process, since its last report to the master
-_totals: Counter[str] = Counter()  # the master's sum (or a lone process's)
-_clock: dict[str, float] = {}
-
-
-def count(**amounts: int) -> None:
-    """Add to the message counters (put, taken, acked, released, bytes_put, …)."""
-    _local.update(amounts)
-
-
-@events.report_to_master.add_listener
-def _report(client_id: str, data: dict[str, Any], **_: Any) -> None:
-    data["evq"] = dict(_local)
-    _local.clear()
-
-
-@events.worker_report.add_listener
-def _collect(client_id: str, data: dict[str, Any], **_: Any) -> None:
-    _totals.update(data.get("evq") or {})
-
-
-@events.test_start.add_listener
-def _started(environment: Any, **_: Any) -> None:
-    _clock.setdefault("start", time.monotonic())
-
-
-@events.test_stop.add_listener
-def _stopped(environment: Any, **_: Any) -> None:
-    _clock["stop"] = time.monotonic()
-
-
-@events.quitting.add_listener
-def _summary(environment: Any, **_: Any) -> None:
-    """On the master (or a lone process): write the counters to ``EVQ_LOADTEST_SUMMARY``."""
-    from locust.runners import WorkerRunner
-
-    path = os.environ.get("EVQ_LOADTEST_SUMMARY")
-    if not path or isinstance(environment.runner, WorkerRunner):
-        return
-    totals = _totals + _local
-    seconds = _clock.get("stop", time.monotonic()) - _clock.get("start", time.monotonic())
-    summary = {"seconds": round(seconds, 1), **dict(sorted(totals.items()))}
-    Path(path).write_text(json.dumps(summary, indent=2) + "\n")

@@ -17,6 +17,7 @@ from __future__ import annotations
 import random
 from typing import Any, ClassVar
 
+import fleet_counters
 import gevent
 import gevent.lock
 import mix
@@ -71,7 +72,7 @@ class ProducerBase(FastHttpUser):
             if r.status_code != 200:
                 r.failure(f"{r.status_code} {(r.text or '')[:200]}")
                 return
-            mix.count(put=len(messages), bytes_put=sum(len(m["body"]) for m in messages))
+            fleet_counters.count(put=len(messages), bytes_put=sum(len(m["body"]) for m in messages))
             r.success()
 
 
@@ -107,7 +108,7 @@ class ConsumerBase(FastHttpUser):
             r.success()
         if not messages:
             return
-        mix.count(taken=len(messages), bytes_taken=sum(len(m["body"]) for m in messages))
+        fleet_counters.count(taken=len(messages), bytes_taken=sum(len(m["body"]) for m in messages))
         gevent.sleep(self.rng.expovariate(1 / self.work_mean_s))
         self._settle(queue, messages)
 
@@ -130,7 +131,7 @@ class ConsumerBase(FastHttpUser):
                     r.failure(f"{r.status_code} {(r.text or '')[:200]}")
                     continue
                 ok = sum(1 for x in r.json()["results"] if x["status"] == "ok")
-                mix.count(**{"acked" if verb == "ack" else "released": ok})
+                fleet_counters.count(**{"acked" if verb == "ack" else "released": ok})
                 r.success()
 
 

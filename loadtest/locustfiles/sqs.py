@@ -25,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 import boto3
+import fleet_counters
 import gevent
 import gevent.lock
 import mix
@@ -129,7 +130,7 @@ class SqsProducerBase(SqsUser):
                 "SendMessageBatch", self.sqs.send_message_batch, QueueUrl=url, Entries=entries
             )
             sent = len((reply or {}).get("Successful", []))
-        mix.count(put=sent, bytes_put=sum(len(m["body"]) for m in messages[:sent]))
+        fleet_counters.count(put=sent, bytes_put=sum(len(m["body"]) for m in messages[:sent]))
 
 
 class SqsConsumerBase(SqsUser):
@@ -158,7 +159,7 @@ class SqsConsumerBase(SqsUser):
         messages = (reply or {}).get("Messages", [])
         if not messages:
             return
-        mix.count(taken=len(messages), bytes_taken=sum(len(m["Body"]) for m in messages))
+        fleet_counters.count(taken=len(messages), bytes_taken=sum(len(m["Body"]) for m in messages))
         gevent.sleep(self.rng.expovariate(1 / self.work_mean_s))
         done = []
         for m in messages:
@@ -172,12 +173,12 @@ class SqsConsumerBase(SqsUser):
                 ReceiptHandle=m["ReceiptHandle"],
                 VisibilityTimeout=self.rng.choice([1, 5, 30]),
             ):
-                mix.count(released=1)
+                fleet_counters.count(released=1)
         if done:
             reply = self.call(
                 "DeleteMessageBatch", self.sqs.delete_message_batch, QueueUrl=url, Entries=done
             )
-            mix.count(acked=len((reply or {}).get("Successful", [])))
+            fleet_counters.count(acked=len((reply or {}).get("Successful", [])))
 
 
 class SqsProducer(SqsProducerBase):
