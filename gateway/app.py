@@ -11,7 +11,8 @@ import msgspec
 from aiohttp import web
 
 from actors.errors import Overloaded
-from gateway import native, sqs, watches
+from gateway import dashboard, native, sqs, watches
+from gateway.auth import AUTH, Auth, Token, auth_middleware, retry_after
 from gateway.batcher import Batchers
 from gateway.directory import Directory
 from gateway.errors import MAX_BODY, error_middleware, error_response, wants_msgpack
@@ -38,6 +39,7 @@ class AppOptions(msgspec.Struct, frozen=True, kw_only=True):
     batch_split_at: int = 128
     max_waiting_per_queue: int = 20_000
     sqs_keys: dict[str, str] = {}  # SQS access key → secret; empty: no signature check
+    tokens: list[Token] = []  # bearer tokens (gateway/auth.py); empty: no auth
     watch: watches.WatchOptions = msgspec.field(default_factory=watches.WatchOptions)
 
 
@@ -46,8 +48,9 @@ def make_app(directory: Directory, options: AppOptions | None = None) -> web.App
     options = options or AppOptions()
     app = web.Application(
         client_max_size=options.max_body_bytes,
-        middlewares=[_limit_middleware, error_middleware],
+        middlewares=[auth_middleware(_auth_error), _limit_middleware, error_middleware],
     )
+    app[AUTH] = Auth(options.tokens)
     app[MAX_BODY] = options.max_body_bytes
     app[APP_OPTIONS] = options
     app[native.DIRECTORY] = directory
@@ -70,12 +73,24 @@ def make_app(directory: Directory, options: AppOptions | None = None) -> web.App
     sqs.setup(app, keys=options.sqs_keys)  # POST / and queue URLs (gateway/sqs/README.md)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+    app.add_routes(dashboard.routes)  # GET /, /dashboard/*, /v1/status
     app.cleanup_ctx.append(_lifecycle)
     app.on_shutdown.append(_on_shutdown)
     return app
 
 
 _WATCH_PATHS = ("/v1/ws", "/v1/watch/")
+
+
+def _auth_error(
+    status: int, code: str, message: str, request: web.Request, wait: float | None = None
+) -> web.Response:
+    headers = {}
+    if status == 401:
+        headers["WWW-Authenticate"] = 'Bearer realm="evq"'
+    if wait is not None:
+        headers["Retry-After"] = retry_after(wait)
+    return error_response(status, code, message, msgpack=wants_msgpack(request), headers=headers)
 
 
 @web.middleware

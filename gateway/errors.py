@@ -67,7 +67,7 @@ def error_response(
     doc = {"error": {"code": code, "message": message}}
     headers = dict(headers or {})
     if status in RETRY_AFTER_S:
-        headers["Retry-After"] = str(RETRY_AFTER_S[status])
+        headers.setdefault("Retry-After", str(RETRY_AFTER_S[status]))
     if msgpack:
         return web.Response(
             status=status, body=_msgpack.encode(doc), content_type=MSGPACK, headers=headers

@@ -80,7 +80,11 @@ async def create_queue(request: web.Request) -> web.Response:
 
 @routes.get("/v1/queues")
 async def list_queues(request: web.Request) -> web.Response:
-    return reply(request, {"queues": await request.app[DIRECTORY].names()})
+    names = await request.app[DIRECTORY].names()
+    token = request.get("evq_token")  # with auth on: only the queues this token may read
+    if token is not None:
+        names = [n for n in names if token.level(n) >= 1]
+    return reply(request, {"queues": names})
 
 
 @routes.get("/v1/queues/{name}")

@@ -19,7 +19,9 @@ from aiohttp import web
 from actors.errors import QueueError
 from actors.settings import LogSettings
 from gateway.app import AppOptions, make_app
+from gateway.auth import Token, read_tokens
 from gateway.directory import Directory, LocalDirectory, RayDirectory
+from gateway.logs import setup_logging
 from gateway.settings import ServerSettings, add_arguments, load_settings
 from gateway.watches import WatchOptions
 from gateway.workers import supervise
@@ -28,19 +30,39 @@ __all__ = ["add_arguments", "app_options", "main", "run"]
 
 log = logging.getLogger("evq.serve")
 
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+# The tokens read at start (the environment is read here only); workers get them with the
+# settings.
+settings_tokens: list[Token] = []
+
 
 def main(args: argparse.Namespace) -> int:
     """Run the server until SIGTERM/SIGINT; return the exit code."""
     try:
         settings = load_settings(args)
         settings.sqs_key_map()  # a malformed key list stops the start here
+        tokens = read_tokens(settings.tokens_file, os.environ.get("EVQ_TOKENS"))
     except (QueueError, OSError, ValueError) as exc:
         print(f"evq serve: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    if not tokens and settings.host not in LOOPBACK:
+        print(
+            f"evq serve: no tokens configured: the API would be open to anyone on "
+            f"{settings.host}; configure tokens (--tokens-file or EVQ_TOKENS) or listen on "
+            f"127.0.0.1",
+            file=sys.stderr,
+        )
+        return 2
+    settings_tokens[:] = tokens
+    try:
+        setup_logging(settings.log_level, settings.log_format, mode=settings.log_mode)
+    except ValueError as exc:
+        print(f"evq serve: {exc}", file=sys.stderr)
+        return 2
+    if tokens:
+        log.info("auth on: %d bearer token(s)", len(tokens))
+    else:
+        log.warning("no tokens configured: the API is open, listening on %s only", settings.host)
     return run(settings)
 
 
@@ -62,7 +84,14 @@ def run(settings: ServerSettings) -> int:
     if workers > 1:
         assert isinstance(directory, RayDirectory)
         app.cleanup_ctx.append(
-            supervise(workers, settings, directory.secret, directory.count, directory.address)
+            supervise(
+                workers,
+                settings,
+                directory.secret,
+                directory.count,
+                directory.address,
+                settings_tokens,
+            )
         )
     log.info(
         "evq serving on http://%s:%d (store %s, %d shard(s), %d gateway process(es)%s)",
@@ -105,6 +134,7 @@ def app_options(settings: ServerSettings) -> AppOptions:
         max_waiting_takes=settings.max_waiting_takes,
         auto_create=settings.auto_create,
         sqs_keys=settings.sqs_key_map(),
+        tokens=list(settings_tokens),
         batch_in_flight=settings.batch_in_flight,
         batch_split_at=settings.batch_split_at,
         watch=WatchOptions(

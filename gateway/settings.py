@@ -52,10 +52,12 @@ class ServerSettings(msgspec.Struct, kw_only=True):
     no_ray: bool = False  # queues in the gateway process (debugging)
     shutdown_timeout_s: float = 30.0
     log_level: str = "INFO"
-    log_format: str = "text"
+    log_format: str = "text"  # text, kv (key=value) or json
+    log_mode: str = "drop"  # a slow log sink: drop (and count) records, or block
     # SQS API credentials, "ACCESS_KEY:SECRET[,ACCESS_KEY:SECRET…]" (environment or TOML:
     # keep secrets off the command line). Set: every SQS request needs a valid SigV4.
     sqs_keys: str | None = None
+    tokens_file: str | None = None  # bearer tokens and permissions (gateway/auth.py)
 
     def sqs_key_map(self) -> dict[str, str]:
         """The SQS access keys and their secrets.
@@ -140,9 +142,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="custom Ray resource each shard needs one unit of (nodes offering it host shards)",
     )
     add("--no-ray", action="store_true", default=None, help="run the queues in this process")
+    add(
+        "--tokens-file",
+        metavar="FILE",
+        help="bearer tokens with per-queue permissions (TOML or JSON); also EVQ_TOKENS (JSON)",
+    )
     add("--shutdown-timeout-s", type=float)
     add("--log-level")
-    add("--log-format", choices=["text", "json"])
+    add("--log-format", choices=["text", "kv", "json"])
+    add(
+        "--log-mode",
+        choices=["drop", "block"],
+        help="when the log sink is slow: drop records and count them (default), or wait",
+    )
 
 
 def load_settings(

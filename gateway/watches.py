@@ -22,6 +22,7 @@ from actors.core.decide import validate_key
 from actors.errors import BadRequest, Overloaded, TooLarge
 from actors.keyspace import QUEUE_PREFIX, SYS_PREFIX, partition_of
 from gateway import native
+from gateway.auth import TOKEN, may_read_key
 from gateway.errors import MSGPACK, wants_msgpack
 from watch.core import KeyState
 from watch.frames import close_frame, text_frame
@@ -219,7 +220,7 @@ async def websocket(request: web.Request) -> web.WebSocketResponse:
         try:
             async for msg in ws:
                 if msg.type is WSMsgType.TEXT:
-                    await _on_text(conn, msg.data, options)
+                    await _on_text(conn, msg.data, options, request.get(TOKEN))
                 elif msg.type is WSMsgType.BINARY:
                     await _ws_error(ws, None, "BadRequest", "send JSON text frames")
         finally:
@@ -228,7 +229,7 @@ async def websocket(request: web.Request) -> web.WebSocketResponse:
         return ws
 
 
-async def _on_text(conn: WsConn, data: str, options: WatchOptions) -> None:
+async def _on_text(conn: WsConn, data: str, options: WatchOptions, token: Any) -> None:
     try:
         op = _op_decoder.decode(data)
     except msgspec.DecodeError as exc:
@@ -250,6 +251,9 @@ async def _on_text(conn: WsConn, data: str, options: WatchOptions) -> None:
         return
     if op.op == "unwatch":
         hub.unwatch(conn, key)
+        return
+    if not may_read_key(token, key):
+        await _ws_error(conn.ws, op.id, "Forbidden", f"this token may not read {key}", key=key)
         return
     watched = hub.table.watched_keys(conn)
     if len(watched) >= options.max_keys_per_connection and key not in watched:

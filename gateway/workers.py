@@ -32,6 +32,7 @@ from aiohttp import web
 
 from actors.errors import BadRequest, QueueError, Unavailable
 from gateway.app import READY_CHECKS
+from gateway.auth import Token
 
 __all__ = ["WorkerSpec", "supervise", "worker_main"]
 
@@ -50,6 +51,7 @@ class WorkerSpec(msgspec.Struct, frozen=True):
     control: str  # http://127.0.0.1:PORT of the main process's control endpoint
     secret: str
     shards: int
+    tokens: list[Token] = []  # bearer tokens, read once by the main process
 
 
 # ------------------------------------------------------------------ main process
@@ -61,6 +63,7 @@ def supervise(
     secret: str,
     shards: int,
     address: Callable[[int], Awaitable[tuple[str, int]]],
+    tokens: list[Token] = (),  # type: ignore[assignment]
 ) -> Callable[[web.Application], AsyncIterator[None]]:
     """A cleanup context for the main app: the control endpoint and N-1 worker processes."""
 
@@ -69,7 +72,10 @@ def supervise(
         url = f"http://127.0.0.1:{control.addresses[0][1]}"
         builtins = msgspec.to_builtins(settings)
         procs = [
-            _Worker(WorkerSpec(i, builtins, url, secret, shards), settings.shutdown_timeout_s)
+            _Worker(
+                WorkerSpec(i, builtins, url, secret, shards, list(tokens)),
+                settings.shutdown_timeout_s,
+            )
             for i in range(1, workers)
         ]
         for proc in procs:
@@ -189,6 +195,7 @@ def worker_main() -> int:
     """Entry point of a worker process (``python -m gateway.workers``)."""
     from gateway.app import make_app
     from gateway.directory import ChannelDirectory
+    from gateway.logs import setup_logging
     from gateway.server import app_options
     from gateway.settings import ServerSettings
 
@@ -198,13 +205,15 @@ def worker_main() -> int:
     except (KeyError, msgspec.DecodeError, msgspec.ValidationError) as exc:
         print(f"evq worker: bad or missing {ENV}: {exc}", file=sys.stderr)
         return 2
-    logging.basicConfig(
-        level=settings.log_level.upper(),
-        format=f"%(asctime)s %(levelname)s worker-{spec.index} %(name)s: %(message)s",
+    setup_logging(
+        settings.log_level,
+        settings.log_format,
+        mode=settings.log_mode,
+        prefix=f"worker-{spec.index} ",
     )
     directory = ChannelDirectory(spec.shards, spec.secret, _control_lookup(spec))
     try:
-        options = app_options(settings)
+        options = msgspec.structs.replace(app_options(settings), tokens=spec.tokens)
     except BadRequest as exc:
         print(f"evq worker: {exc}", file=sys.stderr)
         return 2

@@ -1,0 +1,177 @@
+"""Bearer tokens on every route: missing, wrong and under-privileged tokens are refused with
+401/403; enough privilege passes; rate limits answer 429 with Retry-After; WebSocket
+watches check each key; open routes stay open. (The SQS API's SigV4 checks are tested in
+test_sqs_auth.py.)"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import aiohttp
+import pytest
+
+from actors.errors import BadRequest
+from gateway.app import AppOptions
+from gateway.auth import _RULES, Token, load_tokens
+from tests.unit.gateway.conftest import Api, Serve
+
+ADMIN = Token(name="admin", token="admin-token-0123456789", queues={"*": "admin"})
+WRITER = Token(name="writer", token="writer-token-0123456789", queues={"orders*": "write"})
+READER = Token(name="reader", token="reader-token-0123456789", queues={"*": "read"})
+LEVEL_TOKEN = {"read": READER, "write": WRITER, "admin": ADMIN}
+BELOW = {"write": READER, "admin": WRITER}  # a token one level short on "orders"
+
+
+def auth(token: Token | str | None) -> dict[str, str]:
+    if token is None:
+        return {}
+    secret = token.token if isinstance(token, Token) else token
+    return {"Authorization": f"Bearer {secret}"}
+
+
+async def call(api: Api, method: str, path: str, token: Any, doc: Any = None) -> int:
+    data = json.dumps(doc).encode() if doc is not None else None
+    headers = {**auth(token), "Content-Type": "application/json"}
+    async with api.client.request(method, path, data=data, headers=headers) as resp:
+        await resp.read()
+        return resp.status
+
+
+@pytest.fixture
+async def secured(serve: Serve) -> Api:
+    api = await serve(AppOptions(tokens=[ADMIN, WRITER, READER]), ready=False)
+    await api.client.get("/readyz")
+    return api
+
+
+def _concrete(route: str) -> str:
+    return route.replace("{name}", "orders").replace("{id}", "1").replace("{key}", "orders-key")
+
+
+ROUTES = sorted(k for k in _RULES if k[1] != "/v1/ws")
+
+
+@pytest.mark.parametrize(("method", "route"), ROUTES, ids=[f"{m} {r}" for m, r in ROUTES])
+async def test_missing_and_wrong_tokens_are_401_on_every_route(
+    secured: Api, method: str, route: str
+) -> None:
+    path = _concrete(route)
+    async with secured.client.request(method, path) as resp:
+        assert resp.status == 401
+        assert resp.headers["WWW-Authenticate"].startswith("Bearer")
+        assert (await resp.json())["error"]["code"] == "Unauthorized"
+    assert await call(secured, method, path, "not-a-token-at-all-000") == 401
+    async with secured.client.request(method, path, headers={"Authorization": "Basic eDp5"}) as r:
+        assert r.status == 401
+
+
+@pytest.mark.parametrize(("method", "route"), ROUTES, ids=[f"{m} {r}" for m, r in ROUTES])
+async def test_under_privileged_tokens_are_403_and_enough_passes(
+    secured: Api, method: str, route: str
+) -> None:
+    perm, target = _RULES[(method, route)]
+    path = _concrete(route)
+    if target in ("queue", "key") and perm in BELOW:
+        assert await call(secured, method, path, BELOW[perm]) == 403
+    if target in ("queue", "key"):
+        nobody = Token(name="x", token="x" * 20, queues={"other-*": "admin"})
+        assert nobody.level("orders") == 0
+    status = await call(secured, method, path, LEVEL_TOKEN[perm], doc={})
+    assert status not in (401, 403), (method, path, status)
+
+
+async def test_a_token_reaches_only_its_queues(secured: Api) -> None:
+    assert await call(secured, "PUT", "/v1/queues/orders-eu", ADMIN, {}) == 201
+    assert await call(secured, "PUT", "/v1/queues/billing", ADMIN, {}) == 201
+    body = {"messages": [{"body": "x"}]}
+    assert await call(secured, "POST", "/v1/queues/orders-eu/messages", WRITER, body) == 200
+    assert await call(secured, "POST", "/v1/queues/billing/messages", WRITER, body) == 403
+    assert await call(secured, "PUT", "/v1/queues/orders-new", WRITER, {}) == 403
+    assert await call(secured, "POST", "/v1/queues/orders-eu/messages", READER, body) == 403
+    async with secured.client.get("/v1/queues", headers=auth(WRITER)) as resp:
+        assert (await resp.json())["queues"] == ["orders-eu"]
+    async with secured.client.get("/v1/queues", headers=auth(READER)) as resp:
+        assert (await resp.json())["queues"] == ["billing", "orders-eu"]
+
+
+async def test_open_routes_stay_open(secured: Api) -> None:
+    for path in ("/healthz", "/readyz"):
+        async with secured.client.get(path) as resp:
+            assert resp.status in (200, 503)
+
+
+async def test_rate_limit_per_token_answers_429_with_retry_after(serve: Serve) -> None:
+    slow = Token(
+        name="slow", token="slow-token-0123456789", queues={"*": "read"}, rate=0.01, burst=2
+    )
+    api = await serve(AppOptions(tokens=[slow, ADMIN]))
+    statuses = [await call(api, "GET", "/v1/queues", slow) for _ in range(3)]
+    assert statuses == [200, 200, 429]
+    async with api.client.get("/v1/queues", headers=auth(slow)) as resp:
+        assert resp.status == 429
+        assert int(resp.headers["Retry-After"]) >= 50
+        assert (await resp.json())["error"]["code"] == "Overloaded"
+    assert await call(api, "GET", "/v1/queues", ADMIN) == 200  # other tokens unaffected
+
+
+async def test_websocket_needs_a_token_and_checks_each_key(secured: Api) -> None:
+    async with secured.client.get("/v1/ws") as resp:
+        assert resp.status == 401
+    ws = await secured.client.ws_connect(f"/v1/ws?token={WRITER.token}")
+    await ws.send_json({"op": "watch", "key": "queue:billing"})
+    msg = json.loads((await ws.receive(timeout=5)).data)
+    assert (msg["op"], msg["code"]) == ("error", "Forbidden")
+    await ws.send_json({"op": "watch", "key": "queue:orders"})
+    msg = json.loads((await ws.receive(timeout=5)).data)
+    assert (msg["op"], msg["key"]) == ("event", "queue:orders")
+    await ws.close()
+    session = aiohttp.ClientSession(headers=auth(READER))
+    try:
+        ws = await session.ws_connect(secured.client.make_url("/v1/ws"))
+        await ws.send_json({"op": "watch", "key": "sys:shutdown"})
+        await ws.send_json({"op": "ping", "id": 1})
+        assert json.loads((await ws.receive(timeout=5)).data) == {"op": "pong", "id": 1}
+        await ws.close()
+    finally:
+        await session.close()
+
+
+def test_token_documents_are_validated() -> None:
+    good = '[[token]]\nname = "a"\ntoken = "aaaaaaaaaaaaaaaaaaaa"\n[token.queues]\n"*" = "read"\n'
+    assert load_tokens(good, toml=True)[0].level("anything") == 1
+    for bad in (
+        '[[token]]\nname = "a"\ntoken = "short"\n',
+        '[[token]]\nname = "a"\ntoken = "aaaaaaaaaaaaaaaaaaaa"\n[token.queues]\n"*" = "root"\n',
+        good + good,
+        "[[token]\n",
+    ):
+        with pytest.raises(BadRequest):
+            load_tokens(bad, toml=True)
+    assert load_tokens('{"token": [{"name": "j", "token": "jjjjjjjjjjjjjjjjjjjj"}]}', toml=False)
+
+
+def test_without_tokens_the_server_refuses_to_listen_beyond_loopback(tmp_path: Any) -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gateway.cli",
+            "serve",
+            "--no-ray",
+            "--host",
+            "0.0.0.0",
+            "--data",
+            str(tmp_path),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={"PATH": "/usr/bin:/bin"},
+    )
+    assert done.returncode == 2
+    assert "no tokens configured" in done.stderr
+    assert "127.0.0.1" in done.stderr
