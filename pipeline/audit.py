@@ -29,9 +29,10 @@ import json
 import logging
 import os
 from dataclasses import dataclass, field
+from functools import reduce
 from typing import Any
 
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from pipeline.frames import check_store, load_timeline, progress
@@ -92,11 +93,33 @@ def _per_message(timeline: DataFrame) -> DataFrame:
     return grouped.withColumn("fate", fate)
 
 
-def _rows(df: DataFrame, limit: int, *cols: str) -> tuple[int, list[dict[str, Any]]]:
-    """How many rows, and the first ``limit`` of them as dicts."""
-    count = df.count()
-    picked = df.select(*cols).orderBy(*cols[:2]).limit(limit).collect() if count else []
-    return count, [r.asDict() for r in picked]
+_EXCEPTION_COLUMNS = ["kind", "queue", "message_id", "arrival", "seq", "object", "detail"]
+
+
+def _exceptions(kind: str, df: DataFrame, **cols: Column | str | None) -> DataFrame:
+    """``df`` as exception rows of ``kind`` (columns given by name or expression)."""
+    picked = []
+    for name in _EXCEPTION_COLUMNS[1:]:
+        value = cols.get(name, name if name in df.columns else None)
+        col = F.lit(None) if value is None else (F.col(value) if isinstance(value, str) else value)
+        picked.append(col.cast("long" if name in ("arrival", "seq") else "string").alias(name))
+    return df.select(F.lit(kind).alias("kind"), *picked)
+
+
+def _collect(
+    found: DataFrame, limit: int
+) -> tuple[dict[str, int], dict[str, list[dict[str, Any]]]]:
+    """Counts by kind, and the first ``limit`` rows of each kind (two Spark jobs)."""
+    counts = {r.kind: r["count"] for r in found.groupBy("kind").count().collect()}
+    order = Window.partitionBy("kind").orderBy("queue", "seq", "arrival", "message_id")
+    first = found.withColumn("n", F.row_number().over(order)).where(F.col("n") <= limit)
+    listed: dict[str, list[dict[str, Any]]] = {}
+    for r in first.drop("n").collect():
+        row = r.asDict()
+        listed.setdefault(row.pop("kind"), []).append(row)
+    for rows in listed.values():
+        rows.sort(key=lambda x: (x["queue"] or "", x["seq"] or 0, x["arrival"] or 0))
+    return counts, listed
 
 
 def _dlq_settings(timeline: DataFrame) -> dict[str, str]:
@@ -112,7 +135,7 @@ def _dlq_settings(timeline: DataFrame) -> dict[str, str]:
 def _dead_letters_lost(spark: SparkSession, per: DataFrame, dlqs: dict[str, str]) -> DataFrame:
     """Routed dead letters of queues with a dead-letter queue that never arrived there."""
     if not dlqs:
-        return per.limit(0)
+        return per.limit(0).withColumn("dlq", F.lit(None).cast("string"))
     targets = spark.createDataFrame(list(dlqs.items()), "queue string, dlq string")
     routed = per.where(F.col("routed")).join(targets, "queue")
     expected = routed.withColumn(
@@ -172,43 +195,77 @@ def run_audit(
     """
     names = check_store(url, opts)
     os.makedirs(out, exist_ok=True)
-    found: dict[str, tuple[int, list[dict[str, Any]]]] = {}
     with progress(spark, "audit"):
         timeline = load_timeline(spark, url, as_of_ms, opts=opts)
         try:
             per = _per_message(timeline).persist()
-            msg_cols = ("queue", "arrival", "message_id", "deliveries", "put_seq")
             fates = {r.fate or "lost": r["count"] for r in per.groupBy("fate").count().collect()}
-            total = sum(fates.values())
-            found["lost"] = _rows(per.where(F.col("fate").isNull()), limit, *msg_cols)
-            found["no_origin"] = _rows(per.where(F.col("known") == 0), limit, *msg_cols)
-            found["over_delivered"] = _rows(
-                per.where(F.col("deliveries") > max_deliveries), limit, *msg_cols
-            )
-            for kind in _SNAPSHOT_KINDS:
-                rows = timeline.where(F.col("type") == kind)
-                found[kind] = _rows(
-                    rows, limit, "queue", "seq", "message_id", "arrival", "detail", "object"
-                )
-            lost_dl = _dead_letters_lost(spark, per, _dlq_settings(timeline))
-            found["dead_letter_lost"] = _rows(lost_dl, limit, "queue", "arrival", "message_id")
             lost, duplicated, unknown = _cascades(per, names)
-            found["cascade_lost"] = _rows(lost, limit, "src_queue", "src_id", "arrival")
-            found["cascade_duplicated"] = _rows(
-                duplicated, limit, "src_queue", "src_id", "copies", "to_queues"
-            )
-            found["cascade_unknown_source"] = _rows(
-                unknown, limit, "src_queue", "src_id", "to_queue", "to_id"
-            )
+            put_seq = {"seq": "put_seq"}
+            parts = [
+                _exceptions("lost", per.where(F.col("fate").isNull()), **put_seq),
+                _exceptions("no_origin", per.where(F.col("known") == 0), **put_seq),
+                _exceptions(
+                    "over_delivered",
+                    per.where(F.col("deliveries") > max_deliveries),
+                    detail=F.concat(F.lit("delivered "), F.col("deliveries"), F.lit(" times")),
+                    **put_seq,
+                ),
+                *[
+                    _exceptions(kind, timeline.where(F.col("type") == kind))
+                    for kind in _SNAPSHOT_KINDS
+                ],
+                _exceptions(
+                    "dead_letter_lost",
+                    _dead_letters_lost(spark, per, _dlq_settings(timeline)),
+                    detail=F.concat(F.lit("never arrived in "), F.col("dlq")),
+                ),
+                _exceptions(
+                    "cascade_lost",
+                    lost,
+                    queue="src_queue",
+                    message_id="src_id",
+                    detail=F.lit("acked, but never put into the next stage"),
+                ),
+                _exceptions(
+                    "cascade_duplicated",
+                    duplicated,
+                    queue="src_queue",
+                    message_id="src_id",
+                    detail=F.concat(
+                        F.lit("put "),
+                        F.col("copies"),
+                        F.lit(" times into "),
+                        F.array_join(F.array_distinct("to_queues"), ", "),
+                    ),
+                ),
+                _exceptions(
+                    "cascade_unknown_source",
+                    unknown,
+                    queue="to_queue",
+                    message_id="to_id",
+                    detail=F.concat(
+                        F.lit("its key names "), F.col("src_queue"), F.lit(":"), F.col("src_id")
+                    ),
+                ),
+            ]
+            # Exceptions are few: one task per core instead of one per part and partition.
+            cores = spark.sparkContext.defaultParallelism
+            found = reduce(DataFrame.unionByName, parts).coalesce(cores).persist()
+            counts, listed = _collect(found, limit)
+            found.unpersist()
             per.unpersist()
         finally:
             timeline.unpersist()
+    total = sum(fates.values())
+    kinds = ["lost", "no_origin", "over_delivered", *_SNAPSHOT_KINDS, "dead_letter_lost"]
+    kinds += ["cascade_lost", "cascade_duplicated", "cascade_unknown_source"]
     result = AuditResult(
         out,
         total,
         fates,
-        {kind: rows for kind, (_, rows) in found.items()},
-        {kind: n for kind, (n, _) in found.items()},
+        {kind: listed.get(kind, []) for kind in kinds},
+        {kind: counts.get(kind, 0) for kind in kinds},
     )
     doc = {
         "store": url,

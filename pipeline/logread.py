@@ -47,8 +47,8 @@ class SyncStore:
 
     def __init__(self, url: str, options: dict[str, Any] | None = None) -> None:
         self.url = url
+        self.store: ObjectStore = open_store(url, **(options or {}))  # may raise: no loop yet
         self._loop = asyncio.new_event_loop()
-        self.store: ObjectStore = open_store(url, **(options or {}))
 
     def get(self, key: str) -> bytes:
         """The object's bytes. Raises: KeyNotFound, StoreError."""

@@ -17,7 +17,7 @@ DEFAULT_MASTER = "local[2]"
 # nothing here; adaptive execution merges partitions further where it can.
 _CONFIG = {
     "spark.sql.session.timeZone": "UTC",
-    "spark.sql.shuffle.partitions": "8",
+    "spark.sql.shuffle.partitions": "4",
     "spark.sql.execution.arrow.pyspark.enabled": "true",
     "spark.ui.showConsoleProgress": "false",
 }
