@@ -35,6 +35,7 @@ from actors import errors as _errors
 from actors.core import commands as cmd
 from actors.core import replies as rp
 from actors.errors import QueueError, Unavailable
+from actors.metrics import QueueMetrics
 from actors.settings import QueueSettings
 from actors.shard import ShardStatus
 
@@ -87,6 +88,10 @@ class Status(msgspec.Struct, array_like=True, tag=True):
     rid: int
 
 
+class Metrics(msgspec.Struct, array_like=True, tag=True):
+    rid: int
+
+
 class WatchKey(msgspec.Struct, array_like=True, tag=True):
     """One-shot: answered when ``key`` is past ``version`` (or cancelled)."""
 
@@ -106,7 +111,18 @@ class ErrorWire(msgspec.Struct, array_like=True):
     fields: dict[str, Any]
 
 
-Request = Hello | Many | TakeWait | Cancel | CreateQueue | DeleteQueue | Names | Status | WatchKey
+Request = (
+    Hello
+    | Many
+    | TakeWait
+    | Cancel
+    | CreateQueue
+    | DeleteQueue
+    | Names
+    | Status
+    | WatchKey
+    | Metrics
+)
 
 _encoder = msgspec.msgpack.Encoder()
 _request_decoder = msgspec.msgpack.Decoder(Request)  # type: ignore[var-annotated]
@@ -142,6 +158,7 @@ _REPLY_TYPES.update(
         Names: list[str],
         Status: ShardStatus,
         WatchKey: rp.KeyView,
+        Metrics: list[QueueMetrics],
     }
 )
 _reply_decoders = {k: msgspec.msgpack.Decoder(v) for k, v in _REPLY_TYPES.items()}
@@ -201,6 +218,7 @@ class Service(Protocol):
     async def names(self) -> list[str]: ...
     def status(self) -> ShardStatus: ...
     async def watch_key(self, key: str, version: int) -> rp.KeyView: ...
+    async def metrics(self) -> list[QueueMetrics]: ...
 
 
 class ChannelServer:
@@ -285,6 +303,8 @@ class ChannelServer:
             return [await service.names()]
         if isinstance(request, Status):
             return [service.status()]
+        if isinstance(request, Metrics):
+            return [await service.metrics()]
         raise _errors.BadRequest(f"unknown request {type(request).__name__}")
 
 
@@ -353,6 +373,11 @@ class ChannelClient:
         """The shard's readiness. Raises: QueueError."""
         rid = next(self._rids)
         return await self._one_or_raise(rid, Status(rid))  # type: ignore[no-any-return]
+
+    async def metrics(self) -> list[QueueMetrics]:
+        """Every queue's figures. Raises: QueueError."""
+        rid = next(self._rids)
+        return await self._one_or_raise(rid, Metrics(rid))  # type: ignore[no-any-return]
 
     async def _one_or_raise(self, rid: int, request: Any) -> Any:
         result = await self._one(rid, request, type(request))

@@ -29,7 +29,7 @@ from typing import Any
 from actors.clock import Clock
 from actors.core import commands as cmd
 from actors.core.decide import execute as execute_command
-from actors.core.events import QueueCreated
+from actors.core.events import MessagesReleased, MessagesTaken, QueueCreated
 from actors.core.ids import IdSource
 from actors.core.state import Message, QueueState
 from actors.errors import Fenced, NotReady, QueueError, Unavailable
@@ -38,6 +38,7 @@ from actors.log.replay import Progress, RecoveryReport
 from actors.log.snapshots import encode_state, prune, write_snapshot
 from actors.log.store import ObjectStore
 from actors.log.writer import Batch, GroupCommitWriter
+from actors.metrics import QueueCounters, QueueMetrics
 from actors.settings import LogSettings
 
 __all__ = ["DeadLetterRouter", "QueueActor"]
@@ -74,11 +75,12 @@ def _resolve(fut: asyncio.Future[bool], value: bool) -> None:
 class _Entry:
     """A command waiting for its reply to become true (durable)."""
 
-    __slots__ = ("command", "error", "future", "has_events", "reply")
+    __slots__ = ("command", "error", "future", "has_events", "reply", "started")
 
     def __init__(self, command: object, future: asyncio.Future[Any]) -> None:
         self.command = command
         self.future = future
+        self.started = time.perf_counter()  # for the time-to-durable histogram
         self.reply: Any = None
         self.error: QueueError | None = None
         self.has_events = False
@@ -132,6 +134,7 @@ class QueueActor:
         self._snapshot_at_ms = 0
         self._routing = False
         self._takers: deque[asyncio.Future[bool]] = deque()  # long-poll takes, oldest first
+        self.counters = QueueCounters()
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -259,6 +262,7 @@ class QueueActor:
             events, entry.error = [], exc
         if events:
             entry.has_events = True
+            self._count(events, entry.reply)
             batch = writer.append(events)
             self._wake.set()
         else:
@@ -270,8 +274,49 @@ class QueueActor:
 
     # ---------------------------------------------------------------- log callbacks
 
+    def _count(self, events: list[Any], reply: Any) -> None:
+        counters = self.counters
+        for event in events:
+            kind = type(event)
+            if kind is MessagesTaken:
+                counters.taken += len(event.ids)
+                for delivery in reply:
+                    counters.receives.observe(delivery.receive_count)
+            elif kind is MessagesReleased:
+                counters.released += len(event.ids)
+
+    def metrics(self) -> QueueMetrics:
+        """This queue's figures now (for /metrics)."""
+        s, c, w = self.state, self.counters, self._writer
+        now = self.clock.now_ms()
+        oldest = s.oldest_ready_ms()
+        return QueueMetrics(
+            queue=self.name,
+            ready=s.n_ready,
+            delayed=s.n_delayed,
+            reserved=s.n_reserved,
+            oldest_ready_age_s=None if oldest is None else max(0, now - oldest) / 1000,
+            enqueued=s.enqueued_total,
+            acked=s.acked_total,
+            dead_lettered=s.dead_lettered,
+            expired=s.expired_total,
+            purged=s.purged_total,
+            taken=c.taken,
+            released=c.released,
+            receives=c.receives,
+            durable=c.durable,
+            log_bytes=w.bytes_written if w is not None else 0,
+            log_segments=w.segments_written if w is not None else 0,
+            snapshot_age_s=(now - self._snapshot_at_ms) / 1000 if self._snapshot_at_ms else None,
+            recovery_s=(self.report.duration_ms / 1000) if self.report is not None else 0.0,
+        )
+
     def _on_durable(self, batch: Batch) -> None:
+        now = time.perf_counter()
+        durable = self.counters.durable
         for entry in batch.entries:
+            if entry.has_events:
+                durable.observe(now - entry.started)
             entry.release()
         self._changed()
         self._maybe_snapshot()

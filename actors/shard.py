@@ -31,6 +31,7 @@ from actors.keyspace import ShardKeys, is_partition, partition_of
 from actors.log import keys
 from actors.log.replay import RecoveryReport
 from actors.log.store import KeyNotFound, ObjectStore
+from actors.metrics import QueueMetrics
 from actors.queue_actor import QueueActor
 from actors.settings import LogSettings, QueueSettings, validate_queue_name
 
@@ -295,6 +296,10 @@ class QueueShard:
         """
         queue = await self.get(name)
         return await queue.take(command, wait_s)
+
+    async def metrics(self) -> list[QueueMetrics]:
+        """Every queue's figures now (not the key partitions)."""
+        return [q.metrics() for n, q in sorted(self.queues.items()) if not is_partition(n)]
 
     # ---------------------------------------------------------------- watch keys
 

@@ -11,7 +11,7 @@ import msgspec
 from aiohttp import web
 
 from actors.errors import Overloaded
-from gateway import dashboard, native, sqs, watches
+from gateway import dashboard, metrics, native, sqs, watches
 from gateway.auth import AUTH, Auth, Token, auth_middleware, retry_after
 from gateway.batcher import Batchers
 from gateway.directory import Directory
@@ -48,7 +48,12 @@ def make_app(directory: Directory, options: AppOptions | None = None) -> web.App
     options = options or AppOptions()
     app = web.Application(
         client_max_size=options.max_body_bytes,
-        middlewares=[auth_middleware(_auth_error), _limit_middleware, error_middleware],
+        middlewares=[
+            metrics.metrics_middleware,
+            auth_middleware(_auth_error),
+            _limit_middleware,
+            error_middleware,
+        ],
     )
     app[AUTH] = Auth(options.tokens)
     app[MAX_BODY] = options.max_body_bytes
@@ -70,6 +75,7 @@ def make_app(directory: Directory, options: AppOptions | None = None) -> web.App
     app[IN_FLIGHT] = [0]
     app.add_routes(native.routes)
     watches.install(app, options.watch)
+    metrics.install(app)  # GET /metrics
     sqs.setup(app, keys=options.sqs_keys)  # POST / and queue URLs (gateway/sqs/README.md)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

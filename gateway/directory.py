@@ -19,6 +19,7 @@ from actors.core import replies as rp
 from actors.errors import InternalError, QueueError, Unavailable
 from actors.keyspace import home_of
 from actors.log.store import ObjectStore
+from actors.metrics import QueueMetrics
 from actors.settings import LogSettings, QueueSettings
 from actors.shard import QueueShard, ShardStatus, placement
 
@@ -48,6 +49,10 @@ class Directory(Protocol):
 
     async def watch_key(self, key: str, version: int) -> rp.KeyView:
         """A key's state once past ``version`` (one-shot; cancel to stop). Raises: QueueError."""
+        ...
+
+    async def metrics(self) -> list[QueueMetrics]:
+        """Every queue's figures (shards that cannot answer are left out)."""
         ...
 
     async def delete(self, name: str) -> None:
@@ -115,6 +120,9 @@ class LocalDirectory:
     async def watch_key(self, key: str, version: int) -> rp.KeyView:
         return await self._shard(home_of(key)).watch_key(key, version)
 
+    async def metrics(self) -> list[QueueMetrics]:
+        return [m for s in self.shards for m in await s.metrics()]
+
     async def delete(self, name: str) -> None:
         await self._shard(name).delete(name)
 
@@ -160,6 +168,18 @@ class ChannelDirectory:
 
     async def watch_key(self, key: str, version: int) -> rp.KeyView:
         return await self._channel(home_of(key)).watch_key(key, version)
+
+    async def metrics(self) -> list[QueueMetrics]:
+        results = await asyncio.gather(
+            *(c.metrics() for c in self.channels), return_exceptions=True
+        )
+        out: list[QueueMetrics] = []
+        for result in results:
+            if isinstance(result, list):
+                out.extend(result)
+            elif not isinstance(result, QueueError):
+                raise result
+        return out
 
     async def create(
         self, name: str, settings: QueueSettings, given: list[str]

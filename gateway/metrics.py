@@ -1,0 +1,216 @@
+"""``GET /metrics`` in Prometheus text format (prometheus-client).
+
+Gateway figures are kept here as requests pass (requests by route and status, latency
+histograms, watchers, batch sizes toward the shards, dropped log records). Queue figures live
+in the shards: a scrape asks every shard for its queues' figures (one call per shard) and
+renders them — messages by state, puts, takes, acks, releases, dead letters, oldest ready
+age, receive counts, time to durable, log bytes and segments, snapshot age, recovery time.
+With several gateway processes, each answers for its own requests and watchers and for every
+queue (the queue figures are the same from any process).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from actors.metrics import Histogram as PlainHistogram
+from actors.metrics import QueueMetrics
+from gateway import logs, native
+
+__all__ = ["METRICS", "GatewayMetrics", "install"]
+
+_LONG_LIVED = ("/v1/ws", "/v1/watch/{key}")
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+
+class GatewayMetrics:
+    """The registry of one gateway process."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.requests = Counter(
+            "evq_http_requests",
+            "HTTP requests answered, by route, method and status",
+            ["route", "method", "status"],
+            registry=self.registry,
+        )
+        self.latency = Histogram(
+            "evq_http_request_duration_seconds",
+            "Time to answer a request (not WebSockets and long polls), by route",
+            ["route", "method"],
+            buckets=_LATENCY_BUCKETS,
+            registry=self.registry,
+        )
+        self._queues: list[QueueMetrics] = []
+        self._app: web.Application | None = None
+        self.registry.register(_Live(self))
+
+    def render(self, app: web.Application, queues: list[QueueMetrics]) -> bytes:
+        self._app, self._queues = app, queues
+        return generate_latest(self.registry)
+
+
+class _Live:
+    """Figures read at scrape time."""
+
+    def __init__(self, owner: GatewayMetrics) -> None:
+        self.owner = owner
+
+    def collect(self) -> Iterator[Metric]:
+        app = self.owner._app
+        if app is None:
+            return
+        yield from _gateway_families(app)
+        yield from _queue_families(self.owner._queues)
+
+
+def _gateway_families(app: web.Application) -> Iterator[Metric]:
+    from gateway.watches import HUB, WATCHERS
+
+    watchers = app[WATCHERS]
+    ws = len(watchers["ws"])
+    g = GaugeMetricFamily("evq_watchers", "Watchers held by this process", labels=["kind"])
+    g.add_metric(["websocket"], ws)
+    g.add_metric(["long_poll"], max(0, watchers["n"] - ws))
+    yield g
+    yield GaugeMetricFamily(
+        "evq_watch_upstream_keys",
+        "Keys this process follows upstream (one watch each)",
+        value=len(app[HUB].following()),
+    )
+    stats = app[native.BATCHERS].stats
+    yield CounterMetricFamily(
+        "evq_shard_calls", "Calls from this gateway toward the shards", value=stats.calls
+    )
+    h = HistogramMetricFamily(
+        "evq_shard_call_commands", "Commands per call toward the shards (batch sizes)"
+    )
+    buckets, running = [], 0
+    for bound, n in zip(stats.BUCKETS, stats.sizes, strict=True):
+        running += n
+        buckets.append((str(bound), running))
+    buckets.append(("+Inf", stats.calls))
+    h.add_metric([], buckets, sum_value=stats.commands)
+    yield h
+    yield CounterMetricFamily(
+        "evq_log_records_dropped",
+        "Log records dropped because the sink was slow",
+        value=logs.dropped(),
+    )
+
+
+_STATES = ("ready", "delayed", "reserved")
+_TOTALS = {
+    "enqueued": "evq_queue_puts",
+    "taken": "evq_queue_takes",
+    "acked": "evq_queue_acks",
+    "released": "evq_queue_releases",
+    "dead_lettered": "evq_queue_dead_letters",
+    "expired": "evq_queue_expired",
+    "purged": "evq_queue_purged",
+}
+
+
+def _queue_families(queues: list[QueueMetrics]) -> Iterator[Metric]:
+    by_state = GaugeMetricFamily(
+        "evq_queue_messages", "Messages in a queue by state", labels=["queue", "state"]
+    )
+    for q in queues:
+        for state in _STATES:
+            by_state.add_metric([q.queue, state], getattr(q, state))
+    yield by_state
+    for field, name in _TOTALS.items():
+        c = CounterMetricFamily(name, f"Messages {field.replace('_', ' ')}", labels=["queue"])
+        for q in queues:
+            c.add_metric([q.queue], getattr(q, field))
+        yield c
+    simple = {
+        "evq_queue_oldest_ready_age_seconds": ("oldest_ready_age_s", "Age of the oldest ready"),
+        "evq_queue_log_bytes": ("log_bytes", "Log bytes written by this incarnation"),
+        "evq_queue_log_segments": ("log_segments", "Log segments written by this incarnation"),
+        "evq_queue_snapshot_age_seconds": ("snapshot_age_s", "Time since the last snapshot"),
+        "evq_queue_recovery_seconds": ("recovery_s", "How long the last recovery took"),
+    }
+    for name, (field, text) in simple.items():
+        g = GaugeMetricFamily(name, text, labels=["queue"])
+        for q in queues:
+            value = getattr(q, field)
+            if value is not None:
+                g.add_metric([q.queue], value)
+        yield g
+    yield _histogram(
+        "evq_queue_receive_count", "Receive count of each delivery", queues, "receives"
+    )
+    yield _histogram(
+        "evq_queue_time_to_durable_seconds",
+        "From a command to its events being durable",
+        queues,
+        "durable",
+    )
+
+
+def _histogram(name: str, text: str, queues: list[QueueMetrics], field: str) -> Metric:
+    h = HistogramMetricFamily(name, text, labels=["queue"])
+    for q in queues:
+        plain: PlainHistogram = getattr(q, field)
+        buckets, running = [], 0
+        for bound, n in zip(plain.bounds, plain.counts, strict=False):
+            running += n
+            buckets.append((_bound(bound), running))
+        buckets.append(("+Inf", plain.count))
+        h.add_metric([q.queue], buckets, sum_value=plain.sum)
+    return h
+
+
+def _bound(value: float) -> str:
+    return str(int(value)) if float(value).is_integer() else repr(float(value))
+
+
+METRICS = web.AppKey("metrics", GatewayMetrics)
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+@web.middleware
+async def metrics_middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Count every answer by route and status; time the short-lived ones."""
+    started = time.perf_counter()
+    status = 500
+    try:
+        response = await handler(request)
+        status = response.status
+        return response
+    except web.HTTPException as exc:
+        status = exc.status
+        raise
+    finally:
+        resource = request.match_info.route.resource
+        route = resource.canonical if resource is not None else "unmatched"
+        m = request.app[METRICS]
+        m.requests.labels(route, request.method, str(status)).inc()
+        if route not in _LONG_LIVED:
+            m.latency.labels(route, request.method).observe(time.perf_counter() - started)
+
+
+async def metrics_page(request: web.Request) -> web.Response:
+    queues = await request.app[native.DIRECTORY].metrics()
+    body = request.app[METRICS].render(request.app, queues)
+    return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+
+def install(app: web.Application) -> Any:
+    """Add ``/metrics`` to ``app``; return the middleware to put first."""
+    app[METRICS] = GatewayMetrics()
+    app.router.add_get("/metrics", metrics_page)
+    return metrics_middleware
