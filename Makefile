@@ -29,10 +29,10 @@ fmt: $(STAMP)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-test: $(STAMP) lint
+test: $(STAMP) lint chromium
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-test-all: $(STAMP)
+test-all: $(STAMP) chromium
 	$(PY) -m pytest -m '' $(PYTEST_ARGS)
 
 bench: $(STAMP)
@@ -47,3 +47,9 @@ clean:
 .PHONY: loadtest
 loadtest: $(STAMP)
 	$(PY) loadtest/smoke.py $(LOADTEST_ARGS)
+
+# Headless Chromium (Debian's package) for the browser tests (the dashboard, the pipeline's
+# report); installed only when missing.
+.PHONY: chromium
+chromium:
+	@command -v chromium >/dev/null 2>&1 || (apt-get update && apt-get install -y chromium)

@@ -1,6 +1,6 @@
 """The dashboard's routes over real HTTP (no browser): the page and its files, and
 ``GET /v1/status`` (shards, readiness, recovery reports). The page itself runs in headless
-Chromium in test_dashboard_browser.py."""
+Chromium in tests/integration/test_dashboard_browser.py."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The dashboard in headless Chromium against the real app (LocalDirectory, real HTTP on
 127.0.0.1): the page lists the queues, follows their counts through the server's watches
 over WebSocket, draws their charts, and shows the recovery report. The DOM is read over the
-DevTools protocol (tests/unit/gateway/devtools.py).
+DevTools protocol (tests/integration/devtools.py).
 
 ``EVQ_DASHBOARD_SCREENSHOT=docs/dashboard.png`` keeps the first test's screenshot there
 (how docs/dashboard.png is made).
@@ -24,8 +24,8 @@ from actors.log.store import LocalDirStore
 from gateway import watches
 from gateway.app import AppOptions, make_app
 from gateway.directory import LocalDirectory
+from tests.integration.devtools import Chromium, Page
 from tests.unit.gateway.conftest import Api
-from tests.unit.gateway.devtools import Chromium, Page
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(60)]
 
@@ -40,6 +40,12 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chromium]:
         yield chromium
     finally:
         chromium.stop()
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path) -> Path:
+    """Where the test's queues live (a restarted server finds them there)."""
+    return tmp_path / "data"
 
 
 @pytest.fixture
