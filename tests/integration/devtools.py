@@ -198,9 +198,11 @@ class Page:
         raise AssertionError(f"not true within {within}s: {expression} (last: {value!r})")
 
     async def screenshot(self) -> bytes:
-        """A PNG of the whole page."""
-        metrics = await self.call("Page.getLayoutMetrics")
-        size = metrics["cssContentSize"]
+        """A PNG of the page, as wide as the window and as tall as the content."""
+        size = await self.evaluate(
+            "({width: document.documentElement.clientWidth,"
+            " height: Math.ceil(document.body.getBoundingClientRect().bottom)})"
+        )
         result = await self.call(
             "Page.captureScreenshot",
             format="png",
