@@ -129,12 +129,20 @@ def _stats_table(summaries: dict[str, Any]) -> str:
 
 
 def _damage(summaries: dict[str, Any]) -> str:
-    items = [
-        f"<li>{html.escape(q)}: {html.escape(d['object'])} at byte {d['offset']}: "
-        f"{html.escape(str(d['reason']))} ({_fmt(d['records'])} records)</li>"
-        for q, entry in sorted(summaries.items())
-        for d in entry.get("damage", [])
-    ]
+    items = []
+    for queue, entry in sorted(summaries.items()):
+        damage = entry.get("damage", [])
+        first = [d for d in damage if not str(d["reason"]).startswith("after damage")]
+        for d in first:
+            items.append(
+                f"<li>{html.escape(queue)}: {html.escape(d['object'])} at byte {d['offset']}: "
+                f"{html.escape(str(d['reason']))} ({_fmt(d['records'])} records)</li>"
+            )
+        later = len(damage) - len(first)
+        if later:
+            items.append(
+                f"<li>{html.escape(queue)}: {later} later segment(s) discarded after it</li>"
+            )
     if not items:
         return '<p class="ok">No damaged records: every segment read checked.</p>'
     return (
