@@ -84,6 +84,13 @@ class ShardActor:
             self._address = asyncio.ensure_future(self._channel.start(host))
         return await asyncio.shield(self._address)
 
+    async def channel_access(self) -> tuple[int, str]:
+        """The shard count and the data channels' secret, for in-cluster clients that take
+        straight from the shards (handler runtimes, ``actors.handlers``). Whoever can call
+        this can already call every method of this actor through Ray, so the secret gives
+        no reach beyond the cluster's own."""
+        return self.spec.count, self.spec.secret
+
     async def status(self) -> ShardStatus:
         """Readiness without waiting for it."""
         self._ensure_started()
