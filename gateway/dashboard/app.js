@@ -78,9 +78,11 @@
       // not an API error body
     }
     if (resp.status === 401 || resp.status === 403) {
-      detail += " (open the page as /#token=YOUR_TOKEN)";
+      detail += token ? " (the token in the URL is not accepted)" : " (open the page as /#token=YOUR_TOKEN)";
     }
-    throw new Error(`${path}: ${detail}`);
+    const error = new Error(`${path}: ${detail}`);
+    error.status = resp.status;
+    throw error;
   }
 
   // ------------------------------------------------------------------ queues
@@ -285,7 +287,8 @@
     } catch (e) {
       state.statusProblem = e.message;
       const server = document.getElementById("server");
-      server.textContent = "unreachable";
+      const denied = e.status === 401 || e.status === 403;
+      server.textContent = denied ? "no access" : e.status ? `error ${e.status}` : "unreachable";
       server.className = "badge bad";
     }
     showProblem();
