@@ -1,0 +1,67 @@
+"""Handlers: a Python function, pointed at a queue, run as Ray tasks.
+
+    from actors.handlers import Message, Put, handler, run
+
+    @handler("send", batch_size=100, max_concurrency=16, num_cpus=0.25)
+    def send(message: Message) -> Put | None:
+        mail(message.json())
+        return Put("report", message.body)
+
+    run(send, server="http://127.0.0.1:8700")  # or: evq handle mymodule:send
+
+The runtime (one Ray actor per handler) takes batches from the queue, runs the function as
+Ray tasks, acks what succeeds, releases what fails with backoff, extends the leases of long
+tasks, puts cascaded messages exactly once, and sizes its concurrency from the queue's depth
+(watched) and the cluster's free resources. See :mod:`actors.handlers.api` for what a
+function may return and :mod:`actors.handlers.cluster` for how it runs.
+
+``start`` / ``run`` import Ray on first use; the rest of this package does not need it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from actors.handlers.api import (
+    Backoff,
+    Handler,
+    HandlerOptions,
+    Message,
+    Put,
+    Reschedule,
+    Retry,
+    handler,
+    load_handler,
+)
+from actors.handlers.runtime import HandlerStats
+
+__all__ = [
+    "Backoff",
+    "Handler",
+    "HandlerOptions",
+    "HandlerStats",
+    "Message",
+    "Put",
+    "Reschedule",
+    "Retry",
+    "handler",
+    "load_handler",
+    "run",
+    "start",
+]
+
+
+def start(handler: Handler, **options: Any) -> Any:
+    """Start ``handler`` in the Ray cluster; a :class:`~actors.handlers.cluster.HandlerRun`.
+    Options as :func:`actors.handlers.cluster.start`."""
+    from actors.handlers import cluster
+
+    return cluster.start(handler, **options)
+
+
+def run(handler: Handler, **options: Any) -> HandlerStats:
+    """Run ``handler`` until SIGTERM/SIGINT, then drain it. Options as
+    :func:`actors.handlers.cluster.run`."""
+    from actors.handlers import cluster
+
+    return cluster.run(handler, **options)

@@ -1,0 +1,571 @@
+"""The handler runtime: takes batches from one queue, runs the user's function on them as
+tasks, and settles each message by what the task answered.
+
+Three loops share one asyncio event loop (inside a Ray actor, see :mod:`actors.handlers.cluster`,
+or a test's):
+
+- **watch**: one-shot watches of the queue's ``queue:`` key keep the ready count current (a
+  change answers the watch; nothing is polled);
+- **dispatch**: starts as many tasks as the ready messages, ``max_concurrency`` and the free
+  cluster resources allow (:func:`~actors.handlers.plan.more_tasks`), each with one take;
+  with nothing ready and nothing running it waits in one long-poll take, so a handler is
+  idle at zero tasks and still starts within milliseconds of a put;
+- **leases**: extends the leases of tasks that run long (every third of the visibility
+  timeout).
+
+When a task answers, each message is settled by its :class:`~actors.handlers.plan.Plan`: its
+puts are made durable first (idempotency keys derived from the source message), then it is
+acked, rescheduled or released with a backoff delay. When the worker running a task dies,
+its messages are left to their leases and the queue hands them out again.
+
+:meth:`HandlerRuntime.drain` stops taking, waits up to ``drain_timeout`` for the running
+tasks and releases the messages of those still running.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import random
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import msgspec
+
+from actors.clock import Clock, SystemClock
+from actors.errors import QueueError
+from actors.handlers.api import MAX_BATCH, Handler, Message, Put
+from actors.handlers.plan import (
+    Abandon,
+    Ack,
+    Again,
+    Failure,
+    Plan,
+    Release,
+    backoff_delay,
+    more_tasks,
+    plan_outcome,
+    take_size,
+)
+from actors.handlers.source import Item, Source, Taken
+from actors.handlers.task import run_task
+
+__all__ = [
+    "Executor",
+    "HandlerRuntime",
+    "HandlerStats",
+    "LocalExecutor",
+    "Running",
+    "TaskFailed",
+    "WorkerLost",
+]
+
+log = logging.getLogger(__name__)
+
+LONG_POLL_S = 20.0  # an idle runtime's waiting take
+WATCH_WAIT_S = 30.0  # one watch long-poll
+MAX_PAUSE_S = 5.0  # longest pause after errors reaching the queue
+
+
+class WorkerLost(Exception):
+    """The process running a task is gone (or the task was cancelled): its outcome is
+    unknown, so its messages are left to their leases."""
+
+
+class TaskFailed(Exception):
+    """The task ran but could not call the function (e.g. the handler's module did not
+    import there): its messages are released with backoff."""
+
+
+class Running(Protocol):
+    """A submitted task."""
+
+    async def result(self) -> list[Any]:
+        """One outcome per message. Raises: WorkerLost, TaskFailed."""
+        ...
+
+    def cancel(self) -> None:
+        """Ask the task to stop (its answer is no longer wanted)."""
+        ...
+
+
+class Executor(Protocol):
+    """Where tasks run."""
+
+    def submit(self, messages: list[Message]) -> Running:
+        """Start a task over ``messages``."""
+        ...
+
+    async def limit(self, in_flight: int) -> int | None:
+        """How many tasks of this handler the free resources hold (None: unbounded)."""
+        ...
+
+
+class HandlerStats(msgspec.Struct, kw_only=True):
+    """What a runtime has done so far, and what it is doing."""
+
+    name: str
+    queue: str
+    transport: str
+    state: str = "starting"  # running, draining, stopped
+    ready: int = 0  # the queue's ready count, as last watched
+    in_flight: int = 0  # tasks running
+    in_flight_messages: int = 0
+    peak_in_flight: int = 0
+    tasks: int = 0
+    takes: int = 0
+    taken: int = 0
+    acked: int = 0
+    released: int = 0  # failures and retries, released with a delay
+    rescheduled: int = 0
+    abandoned: int = 0  # left to their leases (a worker died)
+    drained: int = 0  # released by a drain
+    stale: int = 0  # leases found stale when settling or extending
+    touched: int = 0  # lease extensions
+    put_created: int = 0
+    put_duplicate: int = 0
+    watch_updates: int = 0
+    errors: int = 0
+    last_error: str | None = None
+
+
+@dataclass(eq=False)
+class _Batch:
+    """One task's messages while it runs."""
+
+    id: int
+    taken: list[Taken]
+    touched_ms: int
+    running: Running | None = None
+    task: asyncio.Task[None] | None = None
+    settled: bool = False
+    lost: set[str] = field(default_factory=set)  # ids whose lease went stale
+
+    def items(self) -> list[Item]:
+        return [(t.message.id, t.lease) for t in self.taken if t.message.id not in self.lost]
+
+
+def _chunks(items: Sequence[Any], size: int = MAX_BATCH) -> list[Sequence[Any]]:
+    return [items[i : i + size] for i in range(0, len(items), size)]
+
+
+class HandlerRuntime:
+    """Runs one handler against one queue until drained."""
+
+    def __init__(
+        self,
+        handler: Handler,
+        source: Source,
+        executor: Executor,
+        *,
+        clock: Clock | None = None,
+        rng: random.Random | None = None,
+        long_poll_s: float = LONG_POLL_S,
+    ) -> None:
+        self.handler = handler
+        self.options = handler.options
+        self.source = source
+        self.executor = executor
+        self.clock = clock or SystemClock()
+        self.rng = rng or random.Random()
+        self.long_poll_s = long_poll_s
+        self.stats = HandlerStats(
+            name=handler.name, queue=self.options.queue, transport=source.transport
+        )
+        self._vt = self.options.visibility_timeout or 0.0
+        self._running: dict[int, _Batch] = {}
+        self._ids = itertools.count(1)
+        self._wake = asyncio.Event()
+        self._draining = asyncio.Event()
+        self._stopped = asyncio.Event()
+        self._idle: asyncio.Future[list[Taken]] | None = None
+        self._loops: list[asyncio.Task[None]] = []
+        self._drain_task: asyncio.Task[HandlerStats] | None = None
+
+    # ---------------------------------------------------------------- lifecycle
+
+    async def run(self) -> HandlerStats:
+        """Handle messages until :meth:`drain` has finished; the final stats."""
+        if not self._vt:
+            self._vt = await self._until_answered(self.source.visibility_timeout) or 30.0
+        if self._draining.is_set():
+            await self._stopped.wait()
+            return self.snapshot()
+        self.stats.state = "running"
+        self._loops = [
+            asyncio.ensure_future(self._watch_loop()),
+            asyncio.ensure_future(self._lease_loop()),
+        ]
+        log.info(
+            "handler %s: handling %s (%s, visibility timeout %.1fs)",
+            self.handler.name,
+            self.options.queue,
+            self.source.transport,
+            self._vt,
+        )
+        await self._dispatch_loop()
+        await self._stopped.wait()
+        return self.snapshot()
+
+    async def drain(self, grace_s: float | None = None) -> HandlerStats:
+        """Stop taking; let running tasks finish for up to ``grace_s`` (default the
+        handler's ``drain_timeout``), then release what still runs. Idempotent."""
+        if self._drain_task is None:
+            self._drain_task = asyncio.ensure_future(self._drain(grace_s))
+        return await asyncio.shield(self._drain_task)
+
+    async def _drain(self, grace_s: float | None) -> HandlerStats:
+        self.stats.state = "draining"
+        self._draining.set()
+        self._wake.set()
+        if self._idle is not None:
+            self._idle.cancel()
+        wait_s = self.options.drain_timeout if grace_s is None else grace_s
+        tasks = [b.task for b in self._running.values() if b.task is not None]
+        if tasks:
+            await asyncio.wait(tasks, timeout=wait_s)
+        leftover = [b for b in self._running.values() if not b.settled]
+        for batch in leftover:
+            batch.settled = True
+            if batch.running is not None:
+                batch.running.cancel()
+        if leftover:
+            items = [i for b in leftover for i in b.items()]
+            log.info("handler %s: releasing %d running message(s)", self.handler.name, len(items))
+            await self._release(items, 0.0, drained=True)
+        for loop in self._loops:
+            loop.cancel()
+        for loop in self._loops:
+            with contextlib.suppress(asyncio.CancelledError):
+                await loop
+        with contextlib.suppress(Exception):
+            await self.source.close()
+        self.stats.state = "stopped"
+        self._stopped.set()
+        return self.snapshot()
+
+    def snapshot(self) -> HandlerStats:
+        """The stats now (a copy)."""
+        self.stats.in_flight = len(self._running)
+        self.stats.in_flight_messages = sum(len(b.taken) for b in self._running.values())
+        return msgspec.structs.replace(self.stats)
+
+    # ---------------------------------------------------------------- helpers
+
+    def _error(self, what: str, exc: BaseException) -> None:
+        self.stats.errors += 1
+        self.stats.last_error = f"{what}: {type(exc).__name__}: {exc}"
+        log.warning("handler %s: %s", self.handler.name, self.stats.last_error)
+
+    async def _pause(self, seconds: float) -> None:
+        """Sleep, but wake up for a drain."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(seconds):
+                await self._draining.wait()
+
+    async def _until_answered(self, call: Callable[[], Awaitable[Any]]) -> Any:
+        """Retry ``call`` on queue errors, with growing pauses; None when a drain began."""
+        attempt = 0
+        while not self._draining.is_set():
+            try:
+                return await call()
+            except QueueError as exc:
+                self._error("reaching the queue", exc)
+                attempt += 1
+                await self._pause(min(MAX_PAUSE_S, 0.1 * 2**attempt))
+        return None
+
+    # ---------------------------------------------------------------- watch
+
+    async def _watch_loop(self) -> None:
+        version = 0
+        failures = 0
+        while True:
+            try:
+                state = await self.source.watch(version, WATCH_WAIT_S)
+            except QueueError as exc:
+                self._error("watching the queue", exc)
+                failures += 1
+                await self._pause(min(MAX_PAUSE_S, 0.1 * 2**failures))
+                continue
+            failures = 0
+            if state is None:
+                continue
+            version = state.version
+            self.stats.ready = state.ready
+            self.stats.watch_updates += 1
+            self._wake.set()
+
+    # ---------------------------------------------------------------- dispatch
+
+    async def _dispatch_loop(self) -> None:
+        failures = 0
+        while not self._draining.is_set():
+            self._wake.clear()
+            try:
+                started = await self._start_task()
+                if not started and not self._running and self.stats.ready <= 0:
+                    started = await self._idle_take()
+                failures = 0
+            except QueueError as exc:
+                self._error("taking messages", exc)
+                failures += 1
+                await self._pause(min(MAX_PAUSE_S, 0.1 * 2**failures))
+                continue
+            if not started and not self._draining.is_set():
+                await self._wake.wait()
+
+    async def _start_task(self) -> bool:
+        """Start one more task if the ready messages and the resources call for it."""
+        ready = self.stats.ready
+        if ready <= 0:
+            return False
+        in_flight = len(self._running)
+        if more_tasks(ready, in_flight, None, self.options) <= 0:
+            return False
+        limit = await self.executor.limit(in_flight)
+        more = more_tasks(ready, in_flight, limit, self.options)
+        if more <= 0:
+            return False
+        taken = await self.source.take(take_size(ready, more, self.options), 0.0, self._vt)
+        self.stats.takes += 1
+        if not taken:
+            self.stats.ready = 0  # until the watch says otherwise
+            return False
+        self.stats.ready = max(0, ready - len(taken))
+        self._submit(taken)
+        return True
+
+    async def _idle_take(self) -> bool:
+        """Nothing ready, nothing running: wait in one long-poll take."""
+        size = self.options.batch_size if self.options.batch else 1
+        self._idle = asyncio.ensure_future(self.source.take(size, self.long_poll_s, self._vt))
+        try:
+            taken = await self._idle
+        except asyncio.CancelledError:
+            if not self._draining.is_set():
+                raise
+            return False
+        finally:
+            self._idle = None
+        self.stats.takes += 1
+        if taken:
+            self._submit(taken)
+        return bool(taken)
+
+    def _submit(self, taken: list[Taken]) -> None:
+        batch = _Batch(next(self._ids), taken, self.clock.now_ms())
+        self._running[batch.id] = batch
+        self.stats.tasks += 1
+        self.stats.taken += len(taken)
+        self.stats.peak_in_flight = max(self.stats.peak_in_flight, len(self._running))
+        if self._draining.is_set():  # a take that answered while the drain began
+            batch.task = asyncio.ensure_future(self._give_back(batch))
+            return
+        batch.running = self.executor.submit([t.message for t in taken])
+        batch.task = asyncio.ensure_future(self._finish(batch))
+
+    async def _give_back(self, batch: _Batch) -> None:
+        batch.settled = True
+        try:
+            await self._release(batch.items(), 0.0, drained=True)
+        finally:
+            self._running.pop(batch.id, None)
+
+    # ---------------------------------------------------------------- settle
+
+    async def _finish(self, batch: _Batch) -> None:
+        assert batch.running is not None
+        n = len(batch.taken)
+        try:
+            try:
+                outcomes: list[Any] = await batch.running.result()
+            except WorkerLost as exc:
+                outcomes = [Abandon(str(exc) or type(exc).__name__)] * n
+            except TaskFailed as exc:
+                outcomes = [Failure(f"the task failed: {exc}")] * n
+            if not batch.settled:
+                await self._settle(batch, outcomes)
+        except Exception as exc:  # a settle that failed leaves the messages to their leases
+            self._error("settling a batch", exc)
+        finally:
+            batch.settled = True
+            self._running.pop(batch.id, None)
+            self._wake.set()
+
+    def _plans(self, batch: _Batch, outcomes: list[Any]) -> list[Plan]:
+        draw = self.rng.random()  # one jitter per task: its failures come back together
+        backoff = self.options.backoff
+        plans = []
+        for t, outcome in zip(batch.taken, outcomes, strict=True):
+            if isinstance(outcome, Abandon):
+                plans.append(Plan(outcome))
+            else:
+                plans.append(plan_outcome(t.message, outcome, backoff, draw))
+        return plans
+
+    async def _settle(self, batch: _Batch, outcomes: list[Any]) -> None:
+        plans = self._plans(batch, outcomes)
+        failed = await self._cascade(batch, plans)
+        batch.settled = True  # no more lease extensions: the final calls follow
+        acks: list[Item] = []
+        releases: dict[float, list[Item]] = {}
+        agains: list[tuple[Item, Again]] = []
+        for t, plan in zip(batch.taken, plans, strict=True):
+            final, error = plan.final, plan.error
+            if t.message.id in failed:
+                error = failed[t.message.id]
+                final = Release(self._backoff(t.message))
+            if error is not None:
+                self._failed(t.message, error, final)
+            item = (t.message.id, t.lease)
+            if t.message.id in batch.lost:
+                continue
+            if isinstance(final, Ack):
+                acks.append(item)
+            elif isinstance(final, Release):
+                releases.setdefault(round(final.delay, 3), []).append(item)
+            elif isinstance(final, Again):
+                agains.append((item, final))
+            else:
+                self.stats.abandoned += 1
+        calls = [self._ack(acks), *(self._release(i, d) for d, i in releases.items())]
+        calls += [self._again(item, again) for item, again in agains]
+        await asyncio.gather(*calls)
+
+    def _backoff(self, message: Message) -> float:
+        return backoff_delay(self.options.backoff, message.receive_count, self.rng.random())
+
+    def _failed(self, message: Message, error: str, final: object) -> None:
+        delay = f"; again in {final.delay:.2f}s" if isinstance(final, Release) else ""
+        log.warning(
+            "handler %s: message %s (receive %d) failed: %s%s",
+            self.handler.name,
+            message.id,
+            message.receive_count,
+            error,
+            delay,
+        )
+
+    async def _cascade(self, batch: _Batch, plans: list[Plan]) -> dict[str, str]:
+        """Make every put durable; the ids of source messages whose puts failed, and why."""
+        by_queue: dict[str, list[tuple[str, str, Put]]] = {}
+        for t, plan in zip(batch.taken, plans, strict=True):
+            for key, put in plan.puts:
+                by_queue.setdefault(put.queue, []).append((t.message.id, key, put))
+        failed: dict[str, str] = {}
+        if not by_queue:
+            return failed
+
+        async def put_all(queue: str, entries: list[tuple[str, str, Put]]) -> None:
+            for chunk in _chunks(entries):
+                try:
+                    statuses = await self.source.put(queue, [(k, p) for _, k, p in chunk])
+                except QueueError as exc:
+                    self._error(f"putting into {queue}", exc)
+                    for mid, _, _ in chunk:
+                        failed[mid] = f"put into {queue} failed: {exc.code}: {exc.message}"
+                    continue
+                for status in statuses:
+                    if status == "duplicate":
+                        self.stats.put_duplicate += 1
+                    else:
+                        self.stats.put_created += 1
+
+        await asyncio.gather(*(put_all(q, e) for q, e in by_queue.items()))
+        return failed
+
+    async def _ack(self, items: list[Item]) -> None:
+        for chunk in _chunks(items):
+            try:
+                statuses = await self.source.ack(chunk)
+            except QueueError as exc:
+                self._error("acking", exc)
+                continue
+            self._count(statuses, "acked")
+
+    async def _release(self, items: list[Item], delay: float, *, drained: bool = False) -> None:
+        for chunk in _chunks(items):
+            try:
+                statuses = await self.source.release(chunk, delay)
+            except QueueError as exc:
+                self._error("releasing", exc)
+                continue
+            self._count(statuses, "drained" if drained else "released")
+
+    async def _again(self, item: Item, again: Again) -> None:
+        try:
+            status = await self.source.reschedule(item, again.delay, again.at)
+        except QueueError as exc:
+            self._error("rescheduling", exc)
+            return
+        self._count([status], "rescheduled")
+
+    def _count(self, statuses: list[str], what: str) -> None:
+        ok = sum(1 for s in statuses if s == "ok")
+        setattr(self.stats, what, getattr(self.stats, what) + ok)
+        self.stats.stale += len(statuses) - ok
+
+    # ---------------------------------------------------------------- leases
+
+    async def _lease_loop(self) -> None:
+        """Extend the leases of tasks running longer than a third of the visibility timeout."""
+        period_ms = max(200, int(self._vt * 1000 / 3))
+        while True:
+            await asyncio.sleep(period_ms / 2000)
+            now = self.clock.now_ms()
+            for batch in list(self._running.values()):
+                if batch.settled or now - batch.touched_ms < period_ms:
+                    continue
+                await self._touch(batch, now)
+
+    async def _touch(self, batch: _Batch, now_ms: int) -> None:
+        items = batch.items()
+        for chunk in _chunks(items):
+            try:
+                statuses = await self.source.touch(chunk, self._vt)
+            except QueueError as exc:
+                self._error("extending leases", exc)
+                return
+            for (mid, _), status in zip(chunk, statuses, strict=True):
+                if status == "ok":
+                    self.stats.touched += 1
+                else:
+                    batch.lost.add(mid)
+                    self.stats.stale += 1
+        batch.touched_ms = now_ms
+
+
+# ---------------------------------------------------------------- local executor
+
+
+class _ThreadRun:
+    def __init__(self, future: asyncio.Future[list[Any]]) -> None:
+        self._future = future
+
+    async def result(self) -> list[Any]:
+        try:
+            return await asyncio.shield(self._future)
+        except asyncio.CancelledError:
+            raise WorkerLost("cancelled") from None
+
+    def cancel(self) -> None:
+        self._future.cancel()
+
+
+class LocalExecutor:
+    """Runs tasks in threads of this process (tests, debugging); no resource limit."""
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+
+    def submit(self, messages: list[Message]) -> Running:
+        return _ThreadRun(
+            asyncio.ensure_future(asyncio.to_thread(run_task, self.handler, messages))
+        )
+
+    async def limit(self, in_flight: int) -> int | None:
+        return None

@@ -1,0 +1,66 @@
+"""What runs inside one Ray task: the user's function over a batch of messages.
+
+Each message gets its own outcome: what the function returned, or a :class:`Failure` when
+it raised (one failing message does not fail the others). An ``async`` function runs its
+messages concurrently within the task; a plain one runs them one after another. In batch
+mode the function is called once with the whole list.
+
+This module is plain Python: the runtime wraps :func:`run_task` with ``ray.remote`` (or runs
+it in a thread, in tests), and the tests call it directly.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import traceback
+from collections.abc import Sequence
+from typing import Any
+
+from actors.handlers.api import Handler, Message
+from actors.handlers.plan import Failure, batch_outcomes
+
+__all__ = ["run_task"]
+
+MAX_TRACE = 4000  # characters of a traceback kept for the runtime's log
+
+
+def _failure(exc: BaseException) -> Failure:
+    text = f"{type(exc).__name__}: {exc}"
+    trace = "".join(traceback.format_exception(exc))
+    return Failure(text[:500], trace[-MAX_TRACE:])
+
+
+def run_task(handler: Handler, messages: Sequence[Message]) -> list[Any]:
+    """Call ``handler`` on ``messages``; one outcome (or Failure) per message, in order."""
+    if handler.options.batch:
+        return _run_batch(handler, messages)
+    if handler.is_async:
+        return asyncio.run(_run_async(handler, messages))
+    outcomes: list[Any] = []
+    for message in messages:
+        try:
+            outcomes.append(handler.fn(message))
+        except Exception as exc:
+            outcomes.append(_failure(exc))
+    return outcomes
+
+
+def _run_batch(handler: Handler, messages: Sequence[Message]) -> list[Any]:
+    try:
+        if handler.is_async:
+            result = asyncio.run(handler.fn(list(messages)))
+        else:
+            result = handler.fn(list(messages))
+    except Exception as exc:
+        return [_failure(exc)] * len(messages)
+    return batch_outcomes(messages, result)
+
+
+async def _run_async(handler: Handler, messages: Sequence[Message]) -> list[Any]:
+    async def one(message: Message) -> Any:
+        try:
+            return await handler.fn(message)
+        except Exception as exc:
+            return _failure(exc)
+
+    return list(await asyncio.gather(*(one(m) for m in messages)))
