@@ -31,6 +31,7 @@ MAX_VISIBILITY_TIMEOUT_MS = 12 * 3600 * 1000
 MAX_RETENTION_MS = 365 * 24 * 3600 * 1000
 MAX_IDEMPOTENCY_WINDOW_MS = 7 * 24 * 3600 * 1000
 MAX_RECEIVES_LIMIT = 1000
+MAX_MESSAGES_LIMIT = 1_000_000_000
 MAX_META_ENTRIES = 256
 MAX_META_KEY_CHARS = 512
 MAX_META_VALUE_CHARS = 65_536
@@ -74,6 +75,7 @@ class QueueSettings(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     # What other APIs keep about the queue (the SQS API: tags, creation time, attributes
     # without an engine equivalent). Stored and replayed as given; the engine ignores it.
     meta: dict[str, str] | None = None
+    max_messages: int | None = None  # puts beyond it are refused (Overloaded) until it drains
 
     def validate(self, name: str) -> QueueSettings:
         """Check every field against its range and the queue name; return self.
@@ -102,6 +104,8 @@ class QueueSettings(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
             raise BadRequest("content_based_dedup is for FIFO queues")
         if self.meta is not None:
             _check_meta(self.meta)
+        if self.max_messages is not None:
+            _check_range("max_messages", self.max_messages, 1, MAX_MESSAGES_LIMIT)
         return self
 
 

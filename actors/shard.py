@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import time
 import zlib
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -25,7 +27,7 @@ from actors.core import commands as cmd
 from actors.core import replies as rp
 from actors.core.ids import IdSource
 from actors.core.state import Message
-from actors.errors import NotReady, QueueError, QueueExists, QueueNotFound
+from actors.errors import NotReady, Overloaded, QueueError, QueueExists, QueueNotFound
 from actors.ids import RandomIds
 from actors.keyspace import ShardKeys, is_partition, partition_of
 from actors.log import keys
@@ -76,8 +78,12 @@ class QueueShard:
         clock: Clock | None = None,
         ids: IdSource | None = None,
         forward: Forward | None = None,
+        memory_budget_bytes: int | None = None,
     ) -> None:
         self.index = index
+        # Past this resident size, puts are refused (Overloaded) until takes and acks free
+        # memory: a full shard answers 429 instead of dying of out-of-memory.
+        self.memory = MemoryBudget(memory_budget_bytes)
         self.count = count
         self.store = store
         self.log_settings = log_settings or LogSettings()
@@ -281,6 +287,8 @@ class QueueShard:
             queue = await self.get(name)
         except QueueError as exc:
             return [exc] * len(commands)
+        if self.memory.over() and any(type(c) is cmd.Put for c in commands):
+            return await self._without_puts(queue, commands)
         results = await queue.execute_many(commands)
         if is_partition(name):
             for command, result in zip(commands, results, strict=True):
@@ -296,6 +304,16 @@ class QueueShard:
         """
         queue = await self.get(name)
         return await queue.take(command, wait_s)
+
+    async def _without_puts(self, queue: QueueActor, commands: list[object]) -> list[Any]:
+        """Over the memory budget: refuse the puts, run the rest."""
+        refused = Overloaded(
+            f"shard {self.index} is over its memory budget; take and ack messages, or retry later",
+            queue=queue.name,
+        )
+        others = [c for c in commands if type(c) is not cmd.Put]
+        done = iter(await queue.execute_many(others) if others else [])
+        return [refused if type(c) is cmd.Put else next(done) for c in commands]
 
     async def metrics(self) -> list[QueueMetrics]:
         """Every queue's figures now (not the key partitions)."""
@@ -339,6 +357,30 @@ class QueueShard:
             [result] = await self.forward(target, [put])
         if isinstance(result, QueueError):
             raise result
+
+
+class MemoryBudget:
+    """This process's resident memory against a budget, read at most every 200 ms."""
+
+    def __init__(self, budget_bytes: int | None) -> None:
+        self.budget = budget_bytes
+        self._checked = 0.0
+        self._over = False
+
+    def over(self) -> bool:
+        if self.budget is None:
+            return False
+        now = time.perf_counter()  # a rate limit on /proc reads, not state time
+        if now - self._checked >= 0.2:
+            self._checked = now
+            self._over = resident_bytes() > self.budget
+        return self._over
+
+
+def resident_bytes() -> int:
+    """This process's resident set size."""
+    with open("/proc/self/statm", "rb") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
 def _redelivery(source: str, m: Message) -> cmd.NewMessage:

@@ -44,6 +44,7 @@ class ShardSpec(msgspec.Struct, frozen=True):
     secret: str
     store_options: dict[str, Any] = msgspec.field(default_factory=dict)
     log_settings: LogSettings = msgspec.field(default_factory=LogSettings)
+    memory_budget_bytes: int | None = None  # puts refused past it (QueueShard)
 
 
 class ShardActor:
@@ -58,7 +59,12 @@ class ShardActor:
         self.spec = spec
         store = open_store(spec.store, **spec.store_options)
         self.shard = QueueShard(
-            index, spec.count, store, log_settings=spec.log_settings, forward=self._forward
+            index,
+            spec.count,
+            store,
+            log_settings=spec.log_settings,
+            forward=self._forward,
+            memory_budget_bytes=spec.memory_budget_bytes,
         )
         self._started: asyncio.Task[ShardStatus] | None = None
         self._handles: dict[int, Any] = {}

@@ -33,6 +33,7 @@ class AppOptions(msgspec.Struct, frozen=True, kw_only=True):
 
     max_body_bytes: int = 32 * 1024 * 1024
     max_requests: int = 10_000
+    max_connections: int = 15_000  # HTTP connections (watchers apart); a process has 20k fds
     max_waiting_takes: int = 50_000
     auto_create: bool = False
     batch_in_flight: int = 2
@@ -86,6 +87,7 @@ def make_app(directory: Directory, options: AppOptions | None = None) -> web.App
 
 
 _WATCH_PATHS = ("/v1/ws", "/v1/watch/")
+_ALWAYS = {"/healthz", "/readyz", "/metrics"}
 
 
 def _auth_error(
@@ -103,11 +105,22 @@ def _auth_error(
 async def _limit_middleware(
     request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
 ) -> web.StreamResponse:
-    """Answer 429 past the number of requests handled at once, instead of queueing in memory."""
-    if request.path.startswith(_WATCH_PATHS):
+    """Answer 429 past the connections held or the requests handled at once, instead of
+    queueing in memory (health, readiness and metrics always answer)."""
+    path = request.path
+    if path.startswith(_WATCH_PATHS):
         return await handler(request)  # watchers have their own limit (watches.WatchOptions)
+    if path in _ALWAYS:
+        return await handler(request)
+    options = request.app[APP_OPTIONS]
+    manager = getattr(request.protocol, "_manager", None)  # aiohttp's connection registry
+    if manager is not None and len(manager.connections) > options.max_connections:
+        exc = Overloaded("the server holds too many connections; retry shortly")
+        response = error_response(429, exc.code, exc.message, msgpack=wants_msgpack(request))
+        response.force_close()  # and let this one go
+        return response
     counter = request.app[IN_FLIGHT]
-    if counter[0] >= request.app[APP_OPTIONS].max_requests and request.path.startswith("/v1/"):
+    if counter[0] >= options.max_requests:
         exc = Overloaded("the server is handling too many requests; retry shortly")
         return error_response(429, exc.code, exc.message, msgpack=wants_msgpack(request))
     counter[0] += 1

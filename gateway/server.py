@@ -131,6 +131,7 @@ def app_options(settings: ServerSettings) -> AppOptions:
     return AppOptions(
         max_body_bytes=settings.max_body_bytes,
         max_requests=settings.max_requests,
+        max_connections=settings.max_connections,
         max_waiting_takes=settings.max_waiting_takes,
         auto_create=settings.auto_create,
         sqs_keys=settings.sqs_key_map(),
@@ -148,7 +149,12 @@ def _local_directory(settings: ServerSettings, log_settings: LogSettings) -> Loc
     from actors.log.store import open_store
 
     store = open_store(settings.store_target(), **settings.store_options())
-    return LocalDirectory(store, count=settings.shard_count(), log_settings=log_settings)
+    return LocalDirectory(
+        store,
+        count=settings.shard_count(),
+        log_settings=log_settings,
+        memory_budget_bytes=settings.shard_memory_bytes(),
+    )
 
 
 def _ray_directory(settings: ServerSettings, log_settings: LogSettings) -> RayDirectory:
@@ -181,6 +187,7 @@ def _ray_directory(settings: ServerSettings, log_settings: LogSettings) -> RayDi
         secret=secret,
         store_options=settings.store_options(),
         log_settings=log_settings,
+        memory_budget_bytes=settings.shard_memory_bytes(),
     )
     handles = spawn_shards(spec, spread=settings.shard_spread, resource=settings.shard_resource)
     return RayDirectory(handles, secret)

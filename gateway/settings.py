@@ -38,6 +38,8 @@ class ServerSettings(msgspec.Struct, kw_only=True):
     auto_create: bool = False
     max_body_bytes: int = 32 * MIB
     max_requests: int = 10_000
+    max_connections: int = 15_000  # HTTP connections per gateway process (watchers apart)
+    shard_memory_mb: int | None = None  # per shard: puts are refused past it (default: RAM/2/n)
     max_waiting_takes: int = 50_000
     batch_in_flight: int = 2  # calls per queue toward its shard at once
     batch_split_at: int = 128  # gathered commands that open another call
@@ -88,6 +90,16 @@ class ServerSettings(msgspec.Struct, kw_only=True):
             options["region"] = self.region
         return options
 
+    def shard_memory_bytes(self) -> int:
+        """Each shard's memory budget: as set, else half the machine's memory shared out."""
+        if self.shard_memory_mb is not None:
+            return self.shard_memory_mb * MIB
+        try:
+            total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+        except (ValueError, OSError):
+            total = 4096 * MIB
+        return int(total / 2 / self.shard_count())
+
     def shard_count(self) -> int:
         """Shards to run: as set, else one per CPU bounded by the memory share."""
         if self.shards is not None:
@@ -126,6 +138,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add("--auto-create", action="store_true", default=None, help="create queues on first put")
     add("--max-body-bytes", type=int)
     add("--max-requests", type=int)
+    add("--max-connections", type=int, help="HTTP connections per gateway process")
+    add(
+        "--shard-memory-mb",
+        type=int,
+        help="memory budget of each shard process: puts are refused (429) beyond it",
+    )
     add("--snapshot-every-records", type=int)
     add("--snapshot-every-s", type=float)
     add("--ray-address", help="join this Ray cluster instead of starting a local one")

@@ -112,6 +112,7 @@ class QueueSettingsIn(_In):
     delay: float | msgspec.UnsetType = UNSET
     idempotency_window: float | msgspec.UnsetType = UNSET
     content_based_dedup: bool | msgspec.UnsetType = UNSET
+    max_messages: int | msgspec.UnsetType | None = UNSET
 
 
 class KeyIn(_In):
@@ -340,6 +341,7 @@ def settings_doc(s: QueueSettings) -> dict[str, Any]:
         "delay": secs(s.delay_ms),
         "idempotency_window": secs(s.idempotency_window_ms),
         "content_based_dedup": s.content_based_dedup,
+        "max_messages": s.max_messages,
     }
 
 

@@ -27,6 +27,7 @@ from actors.errors import (
     BadRequest,
     Conflict,
     MessageNotFound,
+    Overloaded,
     QueueExists,
     QueueNotFound,
     StaleLease,
@@ -195,6 +196,13 @@ def _put(state: QueueState, c: cmd.Put, now: int, ids: IdSource) -> Decision:
             batch_keys[key] = mid
         items.append(ev.PutItem(mid, m.body, activate, key, group, m.attributes))
         results.append(rp.PutResult(str(mid), rp.CREATED))
+    limit = s.max_messages
+    full = limit is not None and len(state.messages) + len(items) > limit
+    if full and items and not c.redelivery:
+        raise Overloaded(
+            f"queue {state.name} is full ({len(state.messages)} of max_messages {limit})",
+            queue=state.name,
+        )
     return ([ev.MessagesPut(now, items)] if items else []), results
 
 

@@ -43,8 +43,9 @@ def replayed(events: list[ev.Event]) -> QueueState:
 def test_meta_defaults_to_none_and_old_settings_decode_without_it() -> None:
     assert QueueSettings().meta is None
     fields = QueueSettings.__struct_fields__
-    assert fields[-1] == "meta"  # appended last: array-like settings of old logs still decode
-    old = msgspec.msgpack.encode([getattr(QueueSettings(), f) for f in fields[:-1]])
+    # appended (then max_messages): array-like settings of old logs still decode
+    assert fields[-2:] == ("meta", "max_messages")
+    old = msgspec.msgpack.encode([getattr(QueueSettings(), f) for f in fields[:-2]])
     assert msgspec.msgpack.decode(old, type=QueueSettings) == QueueSettings()
 
 

@@ -84,6 +84,7 @@ DEFAULTS: dict[str, Any] = {
     "delay": 0,
     "idempotency_window": 900,
     "content_based_dedup": False,
+    "max_messages": None,
 }
 
 

@@ -79,6 +79,7 @@ DEFAULT_SETTINGS = {
     "delay": 0.0,
     "idempotency_window": 900.0,
     "content_based_dedup": False,
+    "max_messages": None,
 }
 
 

@@ -1,0 +1,110 @@
+"""Limits and overload: beyond each limit a clear error, and a server that stays alive with
+bounded memory (messages per queue, connections, shard memory budget, request bodies)."""
+
+from __future__ import annotations
+
+import asyncio
+import io
+from pathlib import Path
+
+import aiohttp
+
+from actors.log.store import LocalDirStore
+from actors.shard import resident_bytes
+from gateway.app import AppOptions, make_app
+from gateway.directory import LocalDirectory
+from tests.unit.gateway.conftest import Api, Serve
+
+
+async def test_a_full_queue_refuses_puts_with_429_until_it_drains(api: Api) -> None:
+    await api.create("small", max_messages=3)
+    assert len(await api.put("small", "a", "b", "c")) == 3
+    reply = await api.call("POST", "/v1/queues/small/messages", {"messages": [{"body": "d"}]})
+    assert (reply.status, reply.code) == (429, "Overloaded")
+    assert "max_messages 3" in reply.doc["error"]["message"]
+    assert reply.headers["Retry-After"]
+    reply = await api.call(
+        "POST", "/v1/queues/small/messages", {"messages": [{"body": "x"}, {"body": "y"}]}
+    )
+    assert reply.status == 429  # all or nothing: no part of the put was taken
+    assert (await api.stats("small"))["total"] == 3
+    [d] = await api.take("small", 1)
+    await api.ack("small", d)
+    assert len(await api.put("small", "d")) == 1
+    doc = await api.ok("GET", "/v1/queues/small")
+    assert doc["settings"]["max_messages"] == 3
+    reply = await api.call("PUT", "/v1/queues/bad", {"max_messages": 0})
+    assert (reply.status, reply.code) == (400, "BadRequest")
+
+
+async def test_past_max_connections_new_connections_get_429_and_are_closed(serve: Serve) -> None:
+    api = await serve(AppOptions(max_connections=5))
+    sessions = [aiohttp.ClientSession() for _ in range(8)]
+    url = api.client.make_url("/v1/queues")
+    try:
+        statuses = []
+        for s in sessions:  # each session keeps its connection open (keep-alive)
+            async with s.get(url) as resp:
+                statuses.append(resp.status)
+                await resp.read()
+        # the test client holds a connection of its own: 4 more fit under the limit of 5
+        assert statuses[:4] == [200] * 4
+        assert statuses[5:] == [429] * 3
+        async with sessions[0].get(api.client.make_url("/healthz")) as resp:
+            assert resp.status == 200  # health always answers
+    finally:
+        for s in sessions:
+            await s.close()
+    async with api.client.get("/v1/queues") as resp:
+        assert resp.status == 200  # and the server serves again once they are gone
+
+
+async def test_a_shard_over_its_memory_budget_refuses_puts_but_serves_takes(
+    aiohttp_client: object, tmp_path: Path
+) -> None:
+    budget = resident_bytes() + 40 * 1024 * 1024
+    directory = LocalDirectory(LocalDirStore(tmp_path), count=1, memory_budget_bytes=budget)
+    client = await aiohttp_client(make_app(directory, AppOptions()))  # type: ignore[operator]
+    api = Api(client)
+    await api.wait_ready()
+    await api.create("mem")
+    body = "x" * (768 * 1024)  # under aiohttp's 1 MiB "large raw body" warning
+    refused = 0
+    for _ in range(300):  # up to 225 MiB offered; the budget lets ~40 MiB in
+        reply = await api.call("POST", "/v1/queues/mem/messages", {"messages": [{"body": body}]})
+        if reply.status == 429:
+            assert reply.code == "Overloaded"
+            assert "memory budget" in reply.doc["error"]["message"]
+            refused += 1
+            if refused >= 3:
+                break
+            await asyncio.sleep(0.25)  # the budget is re-read every 200 ms
+        else:
+            assert reply.status == 200
+    assert refused >= 3, "the shard never refused a put"
+    assert resident_bytes() < budget + 64 * 1024 * 1024  # bounded, not an OOM
+    taken = await api.take("mem", 5)
+    assert len(taken) == 5  # takes and acks still work, so memory can come back
+    assert [r for r in await api.ack("mem", *taken)] == ["ok"] * 5
+
+
+async def test_a_flood_of_oversized_bodies_gets_413s_and_memory_stays_bounded(
+    serve: Serve,
+) -> None:
+    api = await serve(AppOptions(max_body_bytes=64 * 1024))
+    await api.create("flood")
+    before = resident_bytes()
+    big = b"{" + b" " * (2 * 1024 * 1024) + b"}"
+
+    async def one() -> int:
+        async with api.client.post(
+            "/v1/queues/flood/messages", data=io.BytesIO(big), headers={"Content-Type": "application/json"}
+        ) as resp:
+            await resp.read()
+            return resp.status
+
+    for _ in range(10):
+        statuses = await asyncio.gather(*(one() for _ in range(20)))
+        assert set(statuses) == {413}
+    assert resident_bytes() - before < 100 * 1024 * 1024  # 400 MiB offered, little kept
+    assert len(await api.put("flood", "still alive")) == 1
