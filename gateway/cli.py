@@ -21,6 +21,7 @@ from typing import IO, Any
 import msgspec
 
 from actors.errors import QueueError
+from actors.handlers import cli as handle_cli  # light: Ray loads only when a handler runs
 from gateway.client import DEFAULT_URL, Client
 from gateway.client_wire import ItemResult, KeyValue, Message, PutResult, QueueInfo, message_doc
 from pipeline import args as pipeline_args  # light: Spark loads only when a job runs
@@ -175,7 +176,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("pipeline", help="Spark jobs over the event log: stats, audit, archive")
     pipeline_args.add_arguments(s)
+    _handle_command(sub)
     return p
+
+
+def _handle_command(sub: Any) -> None:
+    """`evq handle module:function --queue Q`: run a handler as Ray tasks (actors.handlers)."""
+    help_text = "run a Python function on a queue's messages as Ray tasks"
+    handle_cli.add_arguments(sub.add_parser("handle", help=help_text))
 
 
 # ------------------------------------------------------------------ output
@@ -530,6 +538,8 @@ def main(
         return _serve(args, err)
     if args.command == "pipeline":  # runs Spark locally; no server involved
         return pipeline_main.run(args, err)
+    if args.command == "handle":  # a handler runtime on Ray; drains on SIGTERM
+        return handle_cli.main(args, out_stream, err)
     out = Output(out_stream, err, args.json)
     own = client is None
     if client is None:

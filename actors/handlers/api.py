@@ -51,6 +51,7 @@ __all__ = [
     "Retry",
     "handler",
     "load_handler",
+    "resolve",
 ]
 
 MAX_BATCH = 1000  # messages per take (API.md)
@@ -277,16 +278,16 @@ def _attribute(obj: Any, dotted: str) -> Any:
 
 
 def _rebuild(ref: str, options: HandlerOptions) -> Handler:
-    found = load_handler(ref)
-    return Handler(found.fn, options)
+    module, _, qualname = ref.partition(":")
+    found = _attribute(importlib.import_module(module), qualname)
+    return Handler(found.fn if isinstance(found, Handler) else found, options)
 
 
-def load_handler(ref: str, **options: Any) -> Handler:
-    """The handler named ``module:function`` (a plain function or a :class:`Handler`);
-    ``options`` override its own (a plain function needs at least ``queue``).
+def resolve(ref: str) -> Any:
+    """The object named ``module:function`` (a plain function, or a :class:`Handler`).
 
     Raises:
-        ValueError: a malformed reference, nothing callable there, or invalid options.
+        ValueError: a malformed reference, or nothing callable there.
         ImportError: the module cannot be imported.
     """
     module_name, sep, qualname = ref.partition(":")
@@ -297,10 +298,22 @@ def load_handler(ref: str, **options: Any) -> Handler:
         found = _attribute(module, qualname)
     except AttributeError:
         raise ValueError(f"{module_name} has no {qualname!r}") from None
-    if isinstance(found, Handler):
-        return found.with_options(**options) if options else found
     if not callable(found):
         raise ValueError(f"{ref} is not callable")
+    return found
+
+
+def load_handler(ref: str, **options: Any) -> Handler:
+    """The handler named ``module:function`` (a plain function or a :class:`Handler`);
+    ``options`` override its own (a plain function needs at least ``queue``).
+
+    Raises:
+        ValueError: a malformed reference, nothing callable there, or invalid options.
+        ImportError: the module cannot be imported.
+    """
+    found = resolve(ref)
+    if isinstance(found, Handler):
+        return found.with_options(**options) if options else found
     if "queue" not in options:
         raise ValueError(f"{ref} is a plain function: give the queue it handles")
     return Handler(found, HandlerOptions(**options))

@@ -286,13 +286,23 @@ class HandlerRun:
         """End the actor at once (no drain: leases expire)."""
         ray.kill(self.actor, no_restart=True)
 
-    def serve(self, stop: threading.Event, *, heartbeat_s: float = 1.0) -> HandlerStats:
-        """Keep the runtime running until ``stop`` is set, then drain it."""
+    def serve(
+        self,
+        stop: threading.Event,
+        *,
+        heartbeat_s: float = 1.0,
+        report: Callable[[HandlerStats], None] | None = None,
+    ) -> HandlerStats:
+        """Keep the runtime running until ``stop`` is set (``report`` gets its stats every
+        heartbeat), then drain it; the final stats."""
         while not stop.wait(heartbeat_s):
             try:
-                self.ensure_running()
+                stats = self.ensure_running()
             except (rex.RayActorError, rex.ActorUnavailableError, rex.GetTimeoutError) as exc:
                 log.warning("handler %s: actor not answering: %r", self.handler.name, exc)
+                continue
+            if report is not None:
+                report(stats)
         return self.drain()
 
 
@@ -353,24 +363,24 @@ def run(
     transport: str = "auto",
     token: str | None = None,
     ray_address: str | None = None,
-    on_started: Callable[[HandlerRun], None] | None = None,
+    report: Callable[[HandlerStats], None] | None = None,
 ) -> HandlerStats:
     """Run ``handler`` until SIGTERM or SIGINT, then drain it; the final stats.
 
     Raises:
         ValueError, QueueError: as :func:`start`.
     """
+    _init_ray(ray_address)  # first: ray.init sets a SIGTERM handler of its own
     stop = threading.Event()
     previous = {
         sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)
     }
     try:
-        started = start(
-            handler, server=server, transport=transport, token=token, ray_address=ray_address
-        )
-        if on_started is not None:
-            on_started(started)
-        return started.serve(stop)
+        started = start(handler, server=server, transport=transport, token=token)
+        try:
+            return started.serve(stop, report=report)
+        finally:
+            started.kill()
     finally:
         for sig, old in previous.items():
             signal.signal(sig, old)

@@ -89,6 +89,13 @@ def test_a_handler_travels_by_reference_with_its_options(dumps) -> None:
     assert back.options == changed.options
 
 
+def test_a_plain_function_travels_by_reference_too() -> None:
+    h = load_handler("tests.unit.handlers.funcs:plain", queue="q", max_concurrency=2)
+    back = pickle.loads(cloudpickle.dumps(h))
+    assert back.fn is funcs.plain
+    assert back.options == h.options
+
+
 def test_load_handler_finds_decorated_and_plain_functions() -> None:
     assert load_handler("tests.unit.handlers.funcs:send").options.queue == "mail"
     assert load_handler("tests.unit.handlers.funcs:send", queue="other").options.queue == "other"
