@@ -38,8 +38,13 @@ async def queue(request: web.Request) -> web.Response:
     return web.Response(status=201 if request.method == "PUT" else 204)
 
 
+async def healthz(request: web.Request) -> web.Response:
+    return web.Response(body=b'{"status":"ok"}', content_type="application/json")
+
+
 def make_app() -> web.Application:
     app = web.Application()
+    app.router.add_get("/healthz", healthz)
     app.router.add_post("/v1/queues/{name}/messages", put)
     app.router.add_post("/v1/queues/{name}/take", take)
     app.router.add_post("/v1/queues/{name}/ack", ack)
