@@ -134,6 +134,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="gateway processes sharing the port (default 1; each holds up to 19k watchers)",
     )
     add("--max-watchers", type=int, help="watchers per gateway process (default 19000)")
+    add(
+        "--ws-send-buffer-bytes",
+        type=int,
+        help="a WebSocket watcher with more unsent data than this is closed (code 4008)",
+    )
     add("--shards", type=int, help="queue shard processes (default: one per CPU)")
     add("--auto-create", action="store_true", default=None, help="create queues on first put")
     add("--max-body-bytes", type=int)
