@@ -246,7 +246,7 @@ class RayDirectory(ChannelDirectory):
 
     async def close(self) -> None:
         """Close the shards: finish writes, snapshot (graceful shutdown of the server)."""
+        await super().close()  # our channels first: the shards closing is not a failure
         await asyncio.gather(
             *(self._call(h.close.remote()) for h in self.handles), return_exceptions=True
         )
-        await super().close()
