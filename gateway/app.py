@@ -51,7 +51,7 @@ def make_app(directory: Directory, options: AppOptions | None = None) -> web.App
         client_max_size=options.max_body_bytes,
         middlewares=[
             metrics.metrics_middleware,
-            auth_middleware(_auth_error),
+            *([auth_middleware(_auth_error)] if options.tokens else []),
             _limit_middleware,
             error_middleware,
         ],

@@ -53,9 +53,24 @@ class GatewayMetrics:
             buckets=_LATENCY_BUCKETS,
             registry=self.registry,
         )
+        self._children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
         self._queues: list[QueueMetrics] = []
         self._app: web.Application | None = None
         self.registry.register(_Live(self))
+
+    def observe(self, route: str, method: str, status: int, seconds: float | None) -> None:
+        """One answered request (labels resolved once per route, method and status)."""
+        key = (route, method, status)
+        children = self._children.get(key)
+        if children is None:
+            children = (
+                self.requests.labels(route, method, str(status)),
+                self.latency.labels(route, method),
+            )
+            self._children[key] = children
+        children[0].inc()
+        if seconds is not None:
+            children[1].observe(seconds)
 
     def render(self, app: web.Application, queues: list[QueueMetrics]) -> bytes:
         self._app, self._queues = app, queues
@@ -197,10 +212,8 @@ async def metrics_middleware(request: web.Request, handler: Handler) -> web.Stre
     finally:
         resource = request.match_info.route.resource
         route = resource.canonical if resource is not None else "unmatched"
-        m = request.app[METRICS]
-        m.requests.labels(route, request.method, str(status)).inc()
-        if route not in _LONG_LIVED:
-            m.latency.labels(route, request.method).observe(time.perf_counter() - started)
+        seconds = None if route in _LONG_LIVED else time.perf_counter() - started
+        request.app[METRICS].observe(route, request.method, status, seconds)
 
 
 async def metrics_page(request: web.Request) -> web.Response:
