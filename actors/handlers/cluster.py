@@ -56,6 +56,7 @@ DEFAULT_SERVER = "http://127.0.0.1:8700"
 NAMESPACE = "evq"  # as actors.spawn: where the shards are found
 TRANSPORTS = ("auto", "direct", "http")
 RESOURCES_TTL_S = 1.0  # how long a look at the cluster's free resources is reused
+SETTLE_S = 0.5  # after a submission, until the task shows in the cluster's resources
 
 
 def _shard_name(index: int) -> str:
@@ -111,19 +112,29 @@ class RayExecutor:
         }
         self._seen: tuple[float, dict[str, float]] | None = None
         self._held = 0  # tasks in flight when the resources were looked at
+        self._last_submit = -1.0
 
     def submit(self, messages: list[Message]) -> Running:
+        self._last_submit = asyncio.get_running_loop().time()
         return _RayRun(self._remote.remote(self._handler, messages))
 
-    async def limit(self, in_flight: int) -> int | None:
+    async def limit(self, in_flight: Callable[[], int]) -> int | None:
+        """Tasks of this handler the cluster holds now: those running plus what fits in
+        the free resources. The look at the resources is reused for a second, but never
+        across a submission: a task just submitted may not hold its resources yet (nor
+        show in the cluster's accounts), so the next look waits until it has settled."""
         if not any(v > 0 for v in self._need.values()):
             return None
         loop = asyncio.get_running_loop()
-        if self._seen is None or loop.time() - self._seen[0] > RESOURCES_TTL_S:
+        seen = self._seen
+        if seen is None or loop.time() - seen[0] > RESOURCES_TTL_S or seen[0] < self._last_submit:
+            settle = self._last_submit + SETTLE_S - loop.time()
+            if settle > 0:
+                await asyncio.sleep(settle)
             available = await asyncio.to_thread(ray.available_resources)
-            self._seen = (loop.time(), available)
-            self._held = in_flight
-        return resource_limit(self._seen[1], self._need, self._held)
+            self._seen = seen = (loop.time(), available)
+            self._held = in_flight()
+        return resource_limit(seen[1], self._need, self._held)
 
 
 # ------------------------------------------------------------------ sources

@@ -99,8 +99,9 @@ class Executor(Protocol):
         """Start a task over ``messages``."""
         ...
 
-    async def limit(self, in_flight: int) -> int | None:
-        """How many tasks of this handler the free resources hold (None: unbounded)."""
+    async def limit(self, in_flight: Callable[[], int]) -> int | None:
+        """How many tasks of this handler the free resources hold (None: unbounded);
+        ``in_flight`` counts the handler's running tasks at the moment it is called."""
         ...
 
 
@@ -236,6 +237,10 @@ class HandlerRuntime:
             items = [i for b in leftover for i in b.items()]
             log.info("handler %s: releasing %d running message(s)", self.handler.name, len(items))
             await self._release(items, 0.0, drained=True)
+            stopping = [b.task for b in leftover if b.task is not None]
+            for task in stopping:
+                task.cancel()
+            await asyncio.gather(*stopping, return_exceptions=True)
         for loop in self._loops:
             loop.cancel()
         for loop in self._loops:
@@ -323,11 +328,12 @@ class HandlerRuntime:
         ready = self.stats.ready
         if ready <= 0:
             return False
-        in_flight = len(self._running)
-        if more_tasks(ready, in_flight, None, self.options) <= 0:
+        if more_tasks(ready, len(self._running), None, self.options) <= 0:
             return False
-        limit = await self.executor.limit(in_flight)
-        more = more_tasks(ready, in_flight, limit, self.options)
+        limit = await self.executor.limit(lambda: len(self._running))
+        if self._draining.is_set():
+            return False
+        more = more_tasks(ready, len(self._running), limit, self.options)
         if more <= 0:
             return False
         taken = await self.source.take(take_size(ready, more, self.options), 0.0, self._vt)
@@ -567,5 +573,5 @@ class LocalExecutor:
             asyncio.ensure_future(asyncio.to_thread(run_task, self.handler, messages))
         )
 
-    async def limit(self, in_flight: int) -> int | None:
+    async def limit(self, in_flight: Callable[[], int]) -> int | None:
         return None

@@ -309,7 +309,7 @@ async def test_drain_releases_what_outlasts_its_grace(directory, start) -> None:
         final = await running.drain(0.2)
     finally:
         gate.set()
-    assert (final.drained, final.acked) == (1, 0)
+    assert (final.drained, final.acked, final.in_flight) == (1, 0, 0)
     queue = await stats(directory, "stuck")
     assert (queue.ready, queue.reserved) == (1, 0)
 
