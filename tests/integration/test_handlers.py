@@ -19,6 +19,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -388,3 +389,22 @@ def test_evq_handle_refuses_a_queue_that_does_not_exist(cluster: Cluster, names:
     )
     assert result.returncode == 1
     assert "QueueNotFound" in result.stderr
+
+
+def test_the_mailing_example_runs_in_the_cluster_and_says_what_happened(
+    cluster: Cluster, names: Names
+) -> None:
+    prefix = names("mail")
+    command = [sys.executable, "examples/mailing.py", "--server", cluster.server.url]
+    command += ["--ray-address", cluster.address, "--prefix", prefix]
+    command += ["--mails", "6", "--every", "0.5", "--digests", "2"]
+    result = subprocess.run(
+        command, cwd=ROOT, env=server_env(), capture_output=True, text=True, timeout=120
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    out = result.stdout
+    assert "(direct):" in out
+    assert "send:   5 sent" in out
+    assert "5 report(s) cascaded, 0 duplicate(s)" in out
+    assert "dead:   1 dead-lettered after 3 deliveries: nobody@invalid.example" in out
+    assert "report: 5 report(s) tallied" in out
