@@ -15,9 +15,11 @@ counters that differ, an event naming a message that is not there (``orphan``), 
 dead letter that never reached its dead-letter queue (``dead_letter_lost``). Also listed:
 messages delivered more than ``max_deliveries`` times, and cascades that lost or duplicated
 a message. A cascade step is recognised by idempotency keys ``<source queue>:<message id>``
-(as ``examples/cascade.py`` moves messages): each message acked in a source queue must
-have been put into the next queue exactly once (``cascade_lost``, ``cascade_duplicated``),
-and each moved message must come from a message the source had (``cascade_unknown_source``).
+(as ``examples/cascade.py`` moves messages) or ``<source queue>:<message id>:<n>`` (output
+``n`` of a handler, ``actors.handlers.plan.cascade_key``): each message acked in a source
+queue must have been put into a next queue (``cascade_lost``), each output exactly once
+(``cascade_duplicated``), and each moved message must come from a message the source had
+(``cascade_unknown_source``).
 
 Records discarded as damage are listed too (``damage``): recovery dropped them as well.
 Output: ``audit.json`` in ``--out DIR`` (counts, fates, exceptions, up to ``limit`` each).
@@ -148,16 +150,38 @@ def _dead_letters_lost(spark: SparkSession, per: DataFrame, dlqs: dict[str, str]
 
 
 def _cascades(per: DataFrame, queues: list[str]) -> tuple[DataFrame, DataFrame, DataFrame]:
-    """Lost, duplicated and unknown-source moves of cascades (see the module docstring)."""
+    """Lost, duplicated and unknown-source moves of cascades (see the module docstring).
+
+    A key ``<queue>:<rest>`` names source message ``<rest>``; or, when ``rest`` is
+    ``<id>:<n>`` and the source has no message ``<rest>``, output ``n`` of message ``<id>``
+    (the handler runtime's keys, ``actors.handlers.plan.cascade_key``)."""
     known = F.array(*[F.lit(q) for q in queues]) if queues else F.array().cast("array<string>")
-    moved = (
+    keyed = (
         per.where(F.col("key").isNotNull() & ~F.col("key").startswith("dlq:"))
         .withColumn("src_queue", F.substring_index(F.col("key"), ":", 1))
-        .withColumn("src_id", F.expr("substring(key, length(src_queue) + 2)"))
+        .withColumn("rest", F.expr("substring(key, length(src_queue) + 2)"))
         .where(F.array_contains(known, F.col("src_queue")) & (F.col("src_queue") != F.col("queue")))
+        .withColumn("alt_id", F.regexp_extract("rest", r"^(.*):(\d+)$", 1))
+        .withColumn("alt_n", F.regexp_extract("rest", r"^(.*):(\d+)$", 2))
+    )
+    had = per.select(F.col("queue").alias("src_queue"), F.col("message_id").alias("had_id"))
+    exact = had.withColumn("exact", F.lit(True))
+    moved = (
+        keyed.join(
+            exact,
+            (keyed.src_queue == exact.src_queue) & (keyed.rest == exact.had_id),
+            "left",
+        )
+        .drop(exact.src_queue)
+        .drop("had_id")
         .select(
             "src_queue",
-            "src_id",
+            F.when(F.col("exact") | (F.col("alt_id") == ""), F.col("rest"))
+            .otherwise(F.col("alt_id"))
+            .alias("src_id"),
+            F.when(F.col("exact") | (F.col("alt_id") == ""), F.lit(""))
+            .otherwise(F.col("alt_n"))
+            .alias("output"),
             F.col("queue").alias("to_queue"),
             F.col("message_id").alias("to_id"),
         )
@@ -168,13 +192,16 @@ def _cascades(per: DataFrame, queues: list[str]) -> tuple[DataFrame, DataFrame, 
         F.col("queue").alias("src_queue"), F.col("message_id").alias("src_id"), "arrival"
     )
     # Several messages of one source id (client ids are reused) count as one source.
-    per_source = moved.groupBy("src_queue", "src_id").agg(
+    per_output = moved.groupBy("src_queue", "src_id", "output").agg(
         F.count("*").alias("copies"), F.collect_list("to_queue").alias("to_queues")
     )
-    lost = acked.join(per_source, ["src_queue", "src_id"], "left_anti")
-    duplicated = per_source.where(F.col("copies") > 1)
-    had = per.select(F.col("queue").alias("src_queue"), F.col("message_id").alias("src_id"))
-    unknown = moved.join(had, ["src_queue", "src_id"], "left_anti")
+    lost = acked.join(
+        moved.select("src_queue", "src_id").distinct(), ["src_queue", "src_id"], "left_anti"
+    )
+    duplicated = per_output.where(F.col("copies") > 1)
+    unknown = moved.join(
+        had.withColumnRenamed("had_id", "src_id"), ["src_queue", "src_id"], "left_anti"
+    )
     return lost, duplicated, unknown
 
 

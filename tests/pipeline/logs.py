@@ -283,6 +283,8 @@ async def write_bad_log(root: Path) -> dict[str, Any]:
         ("src", {}),
         ("dst", {"idempotency_window_ms": 1_000}),
         ("removed", {}),
+        ("fanout", {}),
+        ("outputs", {}),
     ]:
         await shard.create(name, QueueSettings(**settings), [])
     # vanish: m2 is put (acknowledged) and later disappears from a snapshot, no event.
@@ -307,6 +309,12 @@ async def write_bad_log(root: Path) -> dict[str, Any]:
     d.tick(2 * SECOND)
     await d.put("dst", new("twice", idempotency_key=f"src:{got[b'twice'].id}"))
     await d.ack("src", *got.values())
+    # fanout → outputs: the handler runtime's keys, two outputs of one message (fine).
+    await d.put("fanout", new("split me"))
+    [m] = await d.take("fanout", 1)
+    await d.put("outputs", new("half 1", idempotency_key=f"fanout:{m.id}:0"))
+    await d.put("outputs", new("half 2", idempotency_key=f"fanout:{m.id}:1"))
+    await d.ack("fanout", m)
     # removed: a message that was put, taken and acked; its put is cut out of the log below.
     removed_ids = await d.put("removed", new("one"), new("two"))
     got = await d.take("removed", 2)

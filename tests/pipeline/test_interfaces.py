@@ -198,6 +198,14 @@ def test_the_jobs_run_under_spark_submit(
     assert done.returncode == 0, done.stderr[-3000:]
     assert "event rows added" in done.stdout + done.stderr
     doc = json.loads((tmp_path / "archive.json").read_text())
-    assert set(doc["queues"]) == {"vanish", "redeliver", "src", "dst", "removed"}
+    assert set(doc["queues"]) == {
+        "vanish",
+        "redeliver",
+        "src",
+        "dst",
+        "removed",
+        "fanout",
+        "outputs",
+    }
     assert all(q["rows"] > 0 for q in doc["queues"].values())
     assert list((tmp_path / "events").glob("queue=src/date=*/*.parquet"))

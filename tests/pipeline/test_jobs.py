@@ -164,6 +164,7 @@ def test_audit_reports_each_way_a_log_can_lose_a_message(
     assert {r["queue"] for r in found["over_delivered"]} == {expect["redelivered"]}
     assert ids("cascade_lost") == {expect["cascade_lost"]}
     assert ids("cascade_duplicated") == {expect["cascade_duplicated"]}
+    assert found["cascade_unknown_source"] == [], "fan-out keys <queue>:<id>:<n> are understood"
     assert ids("orphan") == {expect["removed"]}, "the message cut out of a copy of the log"
     doc = json.loads((tmp_path / "audit.json").read_text())
     assert doc["clean"] is False
