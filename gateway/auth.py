@@ -149,7 +149,7 @@ class Auth:
 
 
 AUTH = web.AppKey("auth", Auth)
-TOKEN = "evq_token"  # request[TOKEN]: the caller's Token (auth on)
+TOKEN = web.RequestKey("evq_token", Token)  # the caller's Token (auth on)
 
 # (method, canonical route) → (permission, what it applies to: "queue", "key", "any")
 _RULES: dict[tuple[str, str], tuple[str, str]] = {

@@ -17,6 +17,7 @@ from actors.core import commands as cmd
 from actors.errors import BadRequest, Overloaded, QueueError, QueueNotFound
 from actors.settings import QueueSettings, validate_queue_name
 from gateway import wire
+from gateway.auth import TOKEN
 from gateway.batcher import Batchers
 from gateway.directory import Directory
 from gateway.errors import MSGPACK, wants_msgpack
@@ -81,7 +82,7 @@ async def create_queue(request: web.Request) -> web.Response:
 @routes.get("/v1/queues")
 async def list_queues(request: web.Request) -> web.Response:
     names = await request.app[DIRECTORY].names()
-    token = request.get("evq_token")  # with auth on: only the queues this token may read
+    token = request.get(TOKEN)  # with auth on: only the queues this token may read
     if token is not None:
         names = [n for n in names if token.level(n) >= 1]
     return reply(request, {"queues": names})

@@ -230,10 +230,6 @@ async def as_admin(api: Api, method: str, path: str, doc: Any) -> None:
         assert resp.status in (200, 201), await resp.text()
 
 
-# gateway/auth.py keeps the caller's token under a str request key, which aiohttp warns
-# about once per process (an error under our filterwarnings): drop this mark once it uses
-# a web.RequestKey.
-@pytest.mark.filterwarnings("ignore::aiohttp.web_exceptions.NotAppKeyWarning")
 async def test_with_tokens_configured_the_page_works_only_with_a_token_in_the_fragment(
     start: Start, browser: Chromium, page: Page
 ) -> None:
