@@ -56,7 +56,7 @@ DEFAULT_SERVER = "http://127.0.0.1:8700"
 NAMESPACE = "evq"  # as actors.spawn: where the shards are found
 TRANSPORTS = ("auto", "direct", "http")
 RESOURCES_TTL_S = 1.0  # how long a look at the cluster's free resources is reused
-SETTLE_S = 0.5  # after a submission, until the task shows in the cluster's resources
+SETTLE_S = 0.5  # after a submission, until a task surely shows in the cluster's resources
 
 
 def _shard_name(index: int) -> str:
@@ -69,8 +69,11 @@ def _shard_name(index: int) -> str:
 
 
 class _RayRun:
-    def __init__(self, ref: Any) -> None:
+    def __init__(self, ref: Any, submitted_at: float, runs: set[_RayRun]) -> None:
         self.ref = ref
+        self.submitted_at = submitted_at
+        self._runs = runs
+        runs.add(self)
 
     async def result(self) -> list[Any]:
         try:
@@ -79,6 +82,8 @@ class _RayRun:
             raise TaskFailed(_first_line(exc)) from None
         except rex.RayError as exc:  # the worker (or its node) died, or a cancel
             raise WorkerLost(f"{type(exc).__name__}: {_first_line(exc)}") from None
+        finally:
+            self._runs.discard(self)
 
     def cancel(self) -> None:
         try:
@@ -111,30 +116,28 @@ class RayExecutor:
             **dict(options.resources or {}),
         }
         self._seen: tuple[float, dict[str, float]] | None = None
-        self._held = 0  # tasks in flight when the resources were looked at
-        self._last_submit = -1.0
+        self._held = 0  # tasks holding resources when the resources were looked at
+        self._runs: set[_RayRun] = set()  # submitted, not yet answered
 
     def submit(self, messages: list[Message]) -> Running:
-        self._last_submit = asyncio.get_running_loop().time()
-        return _RayRun(self._remote.remote(self._handler, messages))
+        now = asyncio.get_running_loop().time()
+        return _RayRun(self._remote.remote(self._handler, messages), now, self._runs)
 
     async def limit(self, in_flight: Callable[[], int]) -> int | None:
-        """Tasks of this handler the cluster holds now: those running plus what fits in
-        the free resources. The look at the resources is reused for a second, but never
-        across a submission: a task just submitted may not hold its resources yet (nor
-        show in the cluster's accounts), so the next look waits until it has settled."""
+        """Tasks of this handler the cluster holds: those already holding resources plus
+        what fits in the free ones. A look at the cluster's resources is reused for a
+        second. Tasks submitted shortly before a look may not show in it yet (not scheduled,
+        or not yet reported), so they are not counted as held: their share is still in
+        the free resources, and counting both would overshoot."""
         if not any(v > 0 for v in self._need.values()):
             return None
         loop = asyncio.get_running_loop()
-        seen = self._seen
-        if seen is None or loop.time() - seen[0] > RESOURCES_TTL_S or seen[0] < self._last_submit:
-            settle = self._last_submit + SETTLE_S - loop.time()
-            if settle > 0:
-                await asyncio.sleep(settle)
+        if self._seen is None or loop.time() - self._seen[0] > RESOURCES_TTL_S:
             available = await asyncio.to_thread(ray.available_resources)
-            self._seen = seen = (loop.time(), available)
-            self._held = in_flight()
-        return resource_limit(seen[1], self._need, self._held)
+            now = loop.time()
+            self._held = sum(1 for r in self._runs if r.submitted_at <= now - SETTLE_S)
+            self._seen = (now, available)
+        return resource_limit(self._seen[1], self._need, self._held)
 
 
 # ------------------------------------------------------------------ sources

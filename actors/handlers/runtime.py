@@ -28,6 +28,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import math
 import random
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
@@ -68,6 +69,7 @@ log = logging.getLogger(__name__)
 LONG_POLL_S = 20.0  # an idle runtime's waiting take
 WATCH_WAIT_S = 30.0  # one watch long-poll
 MAX_PAUSE_S = 5.0  # longest pause after errors reaching the queue
+PARALLEL_TAKES = 4  # takes in flight at once while tasks are being started
 
 
 class WorkerLost(Exception):
@@ -324,7 +326,8 @@ class HandlerRuntime:
                 await self._wake.wait()
 
     async def _start_task(self) -> bool:
-        """Start one more task if the ready messages and the resources call for it."""
+        """Start the tasks that the ready messages and the resources call for, one take
+        each; up to ``PARALLEL_TAKES`` takes at once (their writes share a group commit)."""
         ready = self.stats.ready
         if ready <= 0:
             return False
@@ -336,14 +339,22 @@ class HandlerRuntime:
         more = more_tasks(ready, len(self._running), limit, self.options)
         if more <= 0:
             return False
-        taken = await self.source.take(take_size(ready, more, self.options), 0.0, self._vt)
-        self.stats.takes += 1
-        if not taken:
-            self.stats.ready = 0  # until the watch says otherwise
-            return False
-        self.stats.ready = max(0, ready - len(taken))
-        self._submit(taken)
-        return True
+        size = take_size(ready, more, self.options)
+        count = min(more, PARALLEL_TAKES, math.ceil(ready / size))
+        takes = (self.source.take(size, 0.0, self._vt) for _ in range(count))
+        results = await asyncio.gather(*takes, return_exceptions=True)
+        self.stats.takes += count
+        got, error = 0, None
+        for result in results:
+            if isinstance(result, BaseException):
+                error = error or result
+            elif result:
+                self._submit(result)
+                got += len(result)
+        self.stats.ready = max(0, ready - got) if got else 0  # 0: until the watch says more
+        if error is not None and (not got or not isinstance(error, QueueError)):
+            raise error
+        return got > 0
 
     async def _idle_take(self) -> bool:
         """Nothing ready, nothing running: wait in one long-poll take."""
