@@ -217,6 +217,9 @@ def main(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     except QueueError as exc:
         print(f"evq handle: {exc.code}: {exc.message}", file=err)
         return 1
+    except cluster.HandlerStartError as exc:
+        print(f"evq handle: {exc}", file=err)
+        return 1
     finally:
         import ray
 

@@ -35,8 +35,9 @@ import ray.exceptions as rex
 
 from actors.errors import Unavailable
 from actors.handlers.api import Handler, Message
+from actors.handlers.executor import Running, TaskFailed, WorkerLost
 from actors.handlers.plan import resource_limit
-from actors.handlers.runtime import HandlerRuntime, HandlerStats, Running, TaskFailed, WorkerLost
+from actors.handlers.runtime import HandlerRuntime, HandlerStats
 from actors.handlers.source import DirectorySource, HttpSource, Source
 from actors.handlers.task import run_task
 
@@ -44,6 +45,7 @@ __all__ = [
     "DEFAULT_SERVER",
     "HandlerActor",
     "HandlerRun",
+    "HandlerStartError",
     "RayExecutor",
     "make_source",
     "run",
@@ -63,6 +65,10 @@ def _shard_name(index: int) -> str:
     from actors.spawn import shard_name
 
     return shard_name(index)
+
+
+class HandlerStartError(RuntimeError):
+    """The handler's actor could not start in the cluster."""
 
 
 # ------------------------------------------------------------------ executor
@@ -346,6 +352,7 @@ def start(
     Raises:
         ValueError: an unknown transport.
         QueueError: it could not start (``direct`` without shards in the cluster).
+        HandlerStartError: its actor could not start.
     """
     if transport not in TRANSPORTS:
         raise ValueError(f"transport must be one of {', '.join(TRANSPORTS)}, not {transport!r}")
@@ -367,6 +374,9 @@ def start(
         started.kill()
         cause = exc.cause if getattr(exc, "cause", None) is not None else exc
         raise cause from None
+    except rex.RayActorError as exc:  # its creation failed (e.g. the module did not import)
+        started.kill()
+        raise HandlerStartError(f"the handler's actor did not start: {_first_line(exc)}") from None
     return started
 
 

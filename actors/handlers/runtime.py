@@ -13,10 +13,11 @@ or a test's):
 - **leases**: extends the leases of tasks that run long (every third of the visibility
   timeout).
 
-When a task answers, each message is settled by its :class:`~actors.handlers.plan.Plan`: its
-puts are made durable first (idempotency keys derived from the source message), then it is
-acked, rescheduled or released with a backoff delay. When the worker running a task dies,
-its messages are left to their leases and the queue hands them out again.
+When a task answers, each message is settled by its :class:`~actors.handlers.plan.Plan`
+(:mod:`actors.handlers.settle`): its puts are made durable first (idempotency keys derived
+from the source message), then it is acked, rescheduled or released with a backoff delay.
+When the worker running a task dies, its messages are left to their leases and the queue
+hands them out again.
 
 :meth:`HandlerRuntime.drain` stops taking, waits up to ``drain_timeout`` for the running
 tasks and releases the messages of those still running.
@@ -30,39 +31,20 @@ import itertools
 import logging
 import math
 import random
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable
+from typing import Any
 
 import msgspec
 
 from actors.clock import Clock, SystemClock
 from actors.errors import QueueError
-from actors.handlers.api import MAX_BATCH, Handler, Message, Put
-from actors.handlers.plan import (
-    Abandon,
-    Ack,
-    Again,
-    Failure,
-    Plan,
-    Release,
-    backoff_delay,
-    more_tasks,
-    plan_outcome,
-    take_size,
-)
-from actors.handlers.source import Item, Source, Taken
-from actors.handlers.task import run_task
+from actors.handlers.api import Handler
+from actors.handlers.executor import Executor, TaskFailed, WorkerLost
+from actors.handlers.plan import Abandon, Failure, more_tasks, take_size
+from actors.handlers.settle import Batch, HandlerStats, Settler, chunks
+from actors.handlers.source import Source, Taken
 
-__all__ = [
-    "Executor",
-    "HandlerRuntime",
-    "HandlerStats",
-    "LocalExecutor",
-    "Running",
-    "TaskFailed",
-    "WorkerLost",
-]
+__all__ = ["HandlerRuntime", "HandlerStats"]
 
 log = logging.getLogger(__name__)
 
@@ -70,89 +52,6 @@ LONG_POLL_S = 20.0  # an idle runtime's waiting take
 WATCH_WAIT_S = 30.0  # one watch long-poll
 MAX_PAUSE_S = 5.0  # longest pause after errors reaching the queue
 PARALLEL_TAKES = 4  # takes in flight at once while tasks are being started
-
-
-class WorkerLost(Exception):
-    """The process running a task is gone (or the task was cancelled): its outcome is
-    unknown, so its messages are left to their leases."""
-
-
-class TaskFailed(Exception):
-    """The task ran but could not call the function (e.g. the handler's module did not
-    import there): its messages are released with backoff."""
-
-
-class Running(Protocol):
-    """A submitted task."""
-
-    async def result(self) -> list[Any]:
-        """One outcome per message. Raises: WorkerLost, TaskFailed."""
-        ...
-
-    def cancel(self) -> None:
-        """Ask the task to stop (its answer is no longer wanted)."""
-        ...
-
-
-class Executor(Protocol):
-    """Where tasks run."""
-
-    def submit(self, messages: list[Message]) -> Running:
-        """Start a task over ``messages``."""
-        ...
-
-    async def limit(self, in_flight: Callable[[], int]) -> int | None:
-        """How many tasks of this handler the free resources hold (None: unbounded);
-        ``in_flight`` counts the handler's running tasks at the moment it is called."""
-        ...
-
-
-class HandlerStats(msgspec.Struct, kw_only=True):
-    """What a runtime has done so far, and what it is doing."""
-
-    name: str
-    queue: str
-    transport: str
-    state: str = "starting"  # running, draining, stopped
-    ready: int = 0  # the queue's ready count, as last watched
-    in_flight: int = 0  # tasks running
-    in_flight_messages: int = 0
-    peak_in_flight: int = 0
-    tasks: int = 0
-    takes: int = 0
-    taken: int = 0
-    acked: int = 0
-    released: int = 0  # failures and retries, released with a delay
-    rescheduled: int = 0
-    abandoned: int = 0  # left to their leases (a worker died)
-    drained: int = 0  # released by a drain
-    stale: int = 0  # leases found stale when settling or extending
-    touched: int = 0  # lease extensions
-    put_created: int = 0
-    put_duplicate: int = 0
-    watch_updates: int = 0
-    errors: int = 0
-    last_error: str | None = None
-
-
-@dataclass(eq=False)
-class _Batch:
-    """One task's messages while it runs."""
-
-    id: int
-    taken: list[Taken]
-    touched_ms: int
-    running: Running | None = None
-    task: asyncio.Task[None] | None = None
-    settled: bool = False
-    lost: set[str] = field(default_factory=set)  # ids whose lease went stale
-
-    def items(self) -> list[Item]:
-        return [(t.message.id, t.lease) for t in self.taken if t.message.id not in self.lost]
-
-
-def _chunks(items: Sequence[Any], size: int = MAX_BATCH) -> list[Sequence[Any]]:
-    return [items[i : i + size] for i in range(0, len(items), size)]
 
 
 class HandlerRuntime:
@@ -178,8 +77,9 @@ class HandlerRuntime:
         self.stats = HandlerStats(
             name=handler.name, queue=self.options.queue, transport=source.transport
         )
+        self._settler = Settler(handler.name, self.options, source, self.stats, self.rng)
         self._vt = self.options.visibility_timeout or 0.0
-        self._running: dict[int, _Batch] = {}
+        self._running: dict[int, Batch] = {}
         self._ids = itertools.count(1)
         self._wake = asyncio.Event()
         self._draining = asyncio.Event()
@@ -238,7 +138,7 @@ class HandlerRuntime:
         if leftover:
             items = [i for b in leftover for i in b.items()]
             log.info("handler %s: releasing %d running message(s)", self.handler.name, len(items))
-            await self._release(items, 0.0, drained=True)
+            await self._settler.release(items, 0.0, drained=True)
             stopping = [b.task for b in leftover if b.task is not None]
             for task in stopping:
                 task.cancel()
@@ -263,9 +163,7 @@ class HandlerRuntime:
     # ---------------------------------------------------------------- helpers
 
     def _error(self, what: str, exc: BaseException) -> None:
-        self.stats.errors += 1
-        self.stats.last_error = f"{what}: {type(exc).__name__}: {exc}"
-        log.warning("handler %s: %s", self.handler.name, self.stats.last_error)
+        self._settler.error(what, exc)
 
     async def _pause(self, seconds: float) -> None:
         """Sleep, but wake up for a drain."""
@@ -374,7 +272,7 @@ class HandlerRuntime:
         return bool(taken)
 
     def _submit(self, taken: list[Taken]) -> None:
-        batch = _Batch(next(self._ids), taken, self.clock.now_ms())
+        batch = Batch(next(self._ids), taken, self.clock.now_ms())
         self._running[batch.id] = batch
         self.stats.tasks += 1
         self.stats.taken += len(taken)
@@ -385,16 +283,16 @@ class HandlerRuntime:
         batch.running = self.executor.submit([t.message for t in taken])
         batch.task = asyncio.ensure_future(self._finish(batch))
 
-    async def _give_back(self, batch: _Batch) -> None:
+    async def _give_back(self, batch: Batch) -> None:
         batch.settled = True
         try:
-            await self._release(batch.items(), 0.0, drained=True)
+            await self._settler.release(batch.items(), 0.0, drained=True)
         finally:
             self._running.pop(batch.id, None)
 
     # ---------------------------------------------------------------- settle
 
-    async def _finish(self, batch: _Batch) -> None:
+    async def _finish(self, batch: Batch) -> None:
         assert batch.running is not None
         n = len(batch.taken)
         try:
@@ -405,126 +303,13 @@ class HandlerRuntime:
             except TaskFailed as exc:
                 outcomes = [Failure(f"the task failed: {exc}")] * n
             if not batch.settled:
-                await self._settle(batch, outcomes)
+                await self._settler.settle(batch, outcomes)
         except Exception as exc:  # a settle that failed leaves the messages to their leases
             self._error("settling a batch", exc)
         finally:
             batch.settled = True
             self._running.pop(batch.id, None)
             self._wake.set()
-
-    def _plans(self, batch: _Batch, outcomes: list[Any]) -> list[Plan]:
-        draw = self.rng.random()  # one jitter per task: its failures come back together
-        backoff = self.options.backoff
-        plans = []
-        for t, outcome in zip(batch.taken, outcomes, strict=True):
-            if isinstance(outcome, Abandon):
-                plans.append(Plan(outcome))
-            else:
-                plans.append(plan_outcome(t.message, outcome, backoff, draw))
-        return plans
-
-    async def _settle(self, batch: _Batch, outcomes: list[Any]) -> None:
-        plans = self._plans(batch, outcomes)
-        failed = await self._cascade(batch, plans)
-        batch.settled = True  # no more lease extensions: the final calls follow
-        acks: list[Item] = []
-        releases: dict[float, list[Item]] = {}
-        agains: list[tuple[Item, Again]] = []
-        for t, plan in zip(batch.taken, plans, strict=True):
-            final, error = plan.final, plan.error
-            if t.message.id in failed:
-                error = failed[t.message.id]
-                final = Release(self._backoff(t.message))
-            if error is not None:
-                self._failed(t.message, error, final)
-            item = (t.message.id, t.lease)
-            if t.message.id in batch.lost:
-                continue
-            if isinstance(final, Ack):
-                acks.append(item)
-            elif isinstance(final, Release):
-                releases.setdefault(round(final.delay, 3), []).append(item)
-            elif isinstance(final, Again):
-                agains.append((item, final))
-            else:
-                self.stats.abandoned += 1
-        calls = [self._ack(acks), *(self._release(i, d) for d, i in releases.items())]
-        calls += [self._again(item, again) for item, again in agains]
-        await asyncio.gather(*calls)
-
-    def _backoff(self, message: Message) -> float:
-        return backoff_delay(self.options.backoff, message.receive_count, self.rng.random())
-
-    def _failed(self, message: Message, error: str, final: object) -> None:
-        delay = f"; again in {final.delay:.2f}s" if isinstance(final, Release) else ""
-        log.warning(
-            "handler %s: message %s (receive %d) failed: %s%s",
-            self.handler.name,
-            message.id,
-            message.receive_count,
-            error,
-            delay,
-        )
-
-    async def _cascade(self, batch: _Batch, plans: list[Plan]) -> dict[str, str]:
-        """Make every put durable; the ids of source messages whose puts failed, and why."""
-        by_queue: dict[str, list[tuple[str, str, Put]]] = {}
-        for t, plan in zip(batch.taken, plans, strict=True):
-            for key, put in plan.puts:
-                by_queue.setdefault(put.queue, []).append((t.message.id, key, put))
-        failed: dict[str, str] = {}
-        if not by_queue:
-            return failed
-
-        async def put_all(queue: str, entries: list[tuple[str, str, Put]]) -> None:
-            for chunk in _chunks(entries):
-                try:
-                    statuses = await self.source.put(queue, [(k, p) for _, k, p in chunk])
-                except QueueError as exc:
-                    self._error(f"putting into {queue}", exc)
-                    for mid, _, _ in chunk:
-                        failed[mid] = f"put into {queue} failed: {exc.code}: {exc.message}"
-                    continue
-                for status in statuses:
-                    if status == "duplicate":
-                        self.stats.put_duplicate += 1
-                    else:
-                        self.stats.put_created += 1
-
-        await asyncio.gather(*(put_all(q, e) for q, e in by_queue.items()))
-        return failed
-
-    async def _ack(self, items: list[Item]) -> None:
-        for chunk in _chunks(items):
-            try:
-                statuses = await self.source.ack(chunk)
-            except QueueError as exc:
-                self._error("acking", exc)
-                continue
-            self._count(statuses, "acked")
-
-    async def _release(self, items: list[Item], delay: float, *, drained: bool = False) -> None:
-        for chunk in _chunks(items):
-            try:
-                statuses = await self.source.release(chunk, delay)
-            except QueueError as exc:
-                self._error("releasing", exc)
-                continue
-            self._count(statuses, "drained" if drained else "released")
-
-    async def _again(self, item: Item, again: Again) -> None:
-        try:
-            status = await self.source.reschedule(item, again.delay, again.at)
-        except QueueError as exc:
-            self._error("rescheduling", exc)
-            return
-        self._count([status], "rescheduled")
-
-    def _count(self, statuses: list[str], what: str) -> None:
-        ok = sum(1 for s in statuses if s == "ok")
-        setattr(self.stats, what, getattr(self.stats, what) + ok)
-        self.stats.stale += len(statuses) - ok
 
     # ---------------------------------------------------------------- leases
 
@@ -539,9 +324,9 @@ class HandlerRuntime:
                     continue
                 await self._touch(batch, now)
 
-    async def _touch(self, batch: _Batch, now_ms: int) -> None:
+    async def _touch(self, batch: Batch, now_ms: int) -> None:
         items = batch.items()
-        for chunk in _chunks(items):
+        for chunk in chunks(items):
             try:
                 statuses = await self.source.touch(chunk, self._vt)
             except QueueError as exc:
@@ -554,35 +339,3 @@ class HandlerRuntime:
                     batch.lost.add(mid)
                     self.stats.stale += 1
         batch.touched_ms = now_ms
-
-
-# ---------------------------------------------------------------- local executor
-
-
-class _ThreadRun:
-    def __init__(self, future: asyncio.Future[list[Any]]) -> None:
-        self._future = future
-
-    async def result(self) -> list[Any]:
-        try:
-            return await asyncio.shield(self._future)
-        except asyncio.CancelledError:
-            raise WorkerLost("cancelled") from None
-
-    def cancel(self) -> None:
-        self._future.cancel()
-
-
-class LocalExecutor:
-    """Runs tasks in threads of this process (tests, debugging); no resource limit."""
-
-    def __init__(self, handler: Handler) -> None:
-        self.handler = handler
-
-    def submit(self, messages: list[Message]) -> Running:
-        return _ThreadRun(
-            asyncio.ensure_future(asyncio.to_thread(run_task, self.handler, messages))
-        )
-
-    async def limit(self, in_flight: Callable[[], int]) -> int | None:
-        return None

@@ -18,7 +18,8 @@ from actors.core import commands as cmd
 from actors.core import replies as rp
 from actors.errors import QueueError, Unavailable
 from actors.handlers import Backoff, Handler, HandlerOptions, Message, Put, Reschedule
-from actors.handlers.runtime import HandlerRuntime, HandlerStats, LocalExecutor
+from actors.handlers.executor import LocalExecutor
+from actors.handlers.runtime import HandlerRuntime, HandlerStats
 from actors.handlers.source import DirectorySource, Source
 from actors.log.store import open_store
 from actors.settings import QueueSettings
