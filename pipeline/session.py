@@ -35,6 +35,11 @@ def spark_session(master: str | None = None, *, app: str = "evq-pipeline") -> Sp
         builder = builder.master(master)
     elif not _submitted():
         builder = builder.master(DEFAULT_MASTER)
+    if not _submitted():
+        # Local mode runs the executors in the driver's JVM: Spark's default of 1 GiB ran out
+        # of heap on a 10M-event log (loadtest/RESULTS.md, "Pipeline").
+        memory = os.environ.get("EVQ_SPARK_DRIVER_MEMORY", "4g")
+        builder = builder.config("spark.driver.memory", memory)
     for key, value in _CONFIG.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
