@@ -360,3 +360,72 @@ def test_a_celery_worker_runs_tasks_sent_through_evq(server: Server, tmp_path: P
     worker_log = (tmp_path / "worker.log").read_text()
     assert "Retry in 1s: RuntimeError('failure 1')" in worker_log
     assert "Traceback" not in worker_log
+
+
+def test_every_remaining_action_and_behaviour_on_the_real_server(sqs: Any) -> None:
+    """The actions the tests above do not use, and the behaviours the issue lists."""
+    name = unique("all")
+    url = sqs.create_queue(QueueName=name, Attributes={"VisibilityTimeout": "1"})["QueueUrl"]
+    assert sqs.get_queue_url(QueueName=name)["QueueUrl"] == url
+    assert url in sqs.list_queues(QueueNamePrefix=name)["QueueUrls"]
+    # attributes and tags round-trip
+    sqs.set_queue_attributes(
+        QueueUrl=url, Attributes={"DelaySeconds": "0", "VisibilityTimeout": "1"}
+    )
+    attrs = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+    assert attrs["VisibilityTimeout"] == "1"
+    sqs.tag_queue(QueueUrl=url, Tags={"team": "ops", "tier": "1"})
+    sqs.untag_queue(QueueUrl=url, TagKeys=["tier"])
+    assert sqs.list_queue_tags(QueueUrl=url)["Tags"] == {"team": "ops"}
+    # a per-message delay is honoured
+    attributes = {"kind": {"DataType": "String", "StringValue": "delayed"}}
+    sent = sqs.send_message(
+        QueueUrl=url, MessageBody="later", DelaySeconds=2, MessageAttributes=attributes
+    )
+    assert sent["MD5OfMessageAttributes"] == expected_md5(attributes)
+    assert sqs.receive_message(QueueUrl=url, WaitTimeSeconds=0).get("Messages", []) == []
+    got = sqs.receive_message(
+        QueueUrl=url,
+        WaitTimeSeconds=5,
+        MessageAttributeNames=["All"],
+        AttributeNames=["ApproximateReceiveCount"],
+    )["Messages"]
+    assert [m["Body"] for m in got] == ["later"]
+    assert got[0]["MessageAttributes"] == attributes
+    first = got[0]["ReceiptHandle"]
+    # visibility expiry: received again, receive count 2, the old handle is stale
+    time.sleep(1.5)
+    again = sqs.receive_message(
+        QueueUrl=url, WaitTimeSeconds=5, AttributeNames=["ApproximateReceiveCount"]
+    )["Messages"]
+    assert again[0]["Attributes"]["ApproximateReceiveCount"] == "2"
+    with pytest.raises(ClientError) as stale:
+        sqs.delete_message(QueueUrl=url, ReceiptHandle=first)
+    assert stale.value.response["Error"]["Code"] in (
+        "ReceiptHandleIsInvalid",
+        "InvalidParameterValue",
+    )
+    # batch visibility changes, with a partial failure
+    changed = sqs.change_message_visibility_batch(
+        QueueUrl=url,
+        Entries=[
+            {"Id": "ok", "ReceiptHandle": again[0]["ReceiptHandle"], "VisibilityTimeout": 30},
+            {"Id": "bad", "ReceiptHandle": "garbage", "VisibilityTimeout": 30},
+        ],
+    )
+    assert [e["Id"] for e in changed["Successful"]] == ["ok"]
+    assert [e["Id"] for e in changed["Failed"]] == ["bad"]
+    assert sqs.delete_message(QueueUrl=url, ReceiptHandle=again[0]["ReceiptHandle"])
+    # purge, then delete the queue
+    sqs.send_message_batch(
+        QueueUrl=url, Entries=[{"Id": str(i), "MessageBody": f"m{i}"} for i in range(5)]
+    )
+    sqs.purge_queue(QueueUrl=url)
+    attrs = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["ApproximateNumberOfMessages"])[
+        "Attributes"
+    ]
+    assert attrs["ApproximateNumberOfMessages"] == "0"
+    sqs.delete_queue(QueueUrl=url)
+    with pytest.raises(ClientError) as gone:
+        sqs.get_queue_url(QueueName=name)
+    assert "NonExistentQueue" in gone.value.response["Error"]["Code"]
