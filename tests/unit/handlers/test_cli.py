@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import socket
+import subprocess
+import sys
 
 import pytest
 
@@ -51,3 +53,11 @@ def test_an_unreachable_server_over_http_exits_1() -> None:
     code, err = run("tests.unit.handlers.funcs:send", "--server", server, "--transport", "http")
     assert code == 1
     assert "queue mail: Unavailable: cannot connect" in err
+
+
+def test_the_cli_and_the_handler_api_do_not_load_ray_until_a_handler_runs() -> None:
+    probe = "import sys, gateway.cli, actors.handlers; print('ray' in sys.modules)"
+    result = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert result.stdout.strip() == "False"

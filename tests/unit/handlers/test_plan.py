@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import hypothesis.strategies as st
 import pytest
@@ -225,3 +226,12 @@ def test_resource_limit_counts_what_fits_next_to_what_runs() -> None:
     assert resource_limit({"CPU": 1.6, "memory": 10.0}, {"CPU": 0.5, "memory": 4.0}, 0) == 2
     assert resource_limit({}, {"CPU": 1.0}, held=1) == 1
     assert resource_limit({"CPU": 2.0}, {"CPU": 0.0}, held=3) is None
+
+
+def test_the_rules_and_the_api_are_pure() -> None:
+    from tests.unit.test_layering import _imports
+
+    root = Path(__file__).resolve().parents[3] / "actors" / "handlers"
+    for module in ("plan.py", "api.py"):
+        imported = {name.split(".")[0] for name in _imports(root / module)}
+        assert not imported & {"ray", "aiohttp", "asyncio", "os", "time", "random", "socket"}
