@@ -74,7 +74,9 @@ _events = st.one_of(
         st.builds(QueueSettings, visibility_timeout_ms=st.integers(0, 10**6)),
     ),
     st.builds(ev.SettingsChanged, _times, st.builds(QueueSettings, max_receives=st.integers(1, 9))),
-    st.builds(ev.KeySet, _times, st.text(max_size=5), st.integers(0, 99), st.integers()),
+    st.builds(
+        ev.KeySet, _times, st.text(max_size=5), st.integers(0, 99), st.integers(-(2**63), 2**63 - 1)
+    ),
 )
 
 

@@ -82,7 +82,7 @@ async def test_a_shard_over_its_memory_budget_refuses_puts_but_serves_takes(
         else:
             assert reply.status == 200
     assert refused >= 3, "the shard never refused a put"
-    assert resident_bytes() < budget + 64 * 1024 * 1024  # bounded, not an OOM
+    assert resident_bytes() < budget + 128 * 1024 * 1024  # bounded, not an OOM
     taken = await api.take("mem", 5)
     assert len(taken) == 5  # takes and acks still work, so memory can come back
     assert [r for r in await api.ack("mem", *taken)] == ["ok"] * 5
@@ -98,7 +98,9 @@ async def test_a_flood_of_oversized_bodies_gets_413s_and_memory_stays_bounded(
 
     async def one() -> int:
         async with api.client.post(
-            "/v1/queues/flood/messages", data=io.BytesIO(big), headers={"Content-Type": "application/json"}
+            "/v1/queues/flood/messages",
+            data=io.BytesIO(big),
+            headers={"Content-Type": "application/json"},
         ) as resp:
             await resp.read()
             return resp.status
