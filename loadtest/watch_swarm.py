@@ -12,21 +12,32 @@ arms them, changes the keys and measures:
   its gateway workers, ``python -m gateway.workers``) summed before connecting and after all
   watchers are armed, the difference divided by the watchers armed;
 - **idle cost**: server CPU while the watchers are connected and nothing changes;
-- **a key nobody watches**: a burst of changes on an unwatched key with no watcher connected
-  and again with all connected (PUT rate, server CPU meanwhile);
-- **latency of one change** (``--singles`` times): from the moment the PUT was answered to
-  each watcher's arrival, p50/p99/max over all watchers, and the time until all have it;
+- **a key nobody watches**: bursts of changes on unwatched keys with no watcher connected
+  and again with all connected (PUT rate, server CPU meanwhile; medians of
+  ``--unwatched-repeats``);
+- **latency of one change** (``--singles`` times, each once the server is idle again):
+  p50/p99/max over all watchers of the time from the PUT (sent, and answered) to the
+  watcher's arrival, taken twice: the kernel's receive timestamp of the event at the
+  watcher's socket (``SO_TIMESTAMPNS``: what the server achieved, whatever the client's
+  scheduling) and the moment the client process handled it;
 - **a burst** of ``--burst`` changes per key (PUTs as fast as the server takes them,
-  ``--put-concurrency`` at once): the time from the last PUT answered until every watcher
-  holds the final version, how many events the watchers got (coalescing);
+  ``--put-concurrency`` at once): PUT rate and latency, the time from the last PUT answered
+  until every watcher holds the final version, how many events the watchers got
+  (coalescing);
 - **correctness**: every watcher must end with the key's final version (as ``GET
   /v1/keys/{key}`` tells); the count of those that did not, of lost connections and errors.
 
 Every watcher follows the one-shot protocol: after each event it arms the key again with the
-version it got. The client is lean (raw asyncio protocols, a minimal WebSocket client of its
-own: no per-connection task, one write per re-arm); its CPU is reported next to the
-server's so that one can see it is not the bottleneck. Arrival times are taken with the
-system-wide monotonic clock, so they compare across processes.
+version it got. The client is lean (non-blocking sockets driven by the event loop's
+``add_reader``, a minimal WebSocket client of its own: no transport, protocol or task per
+connection, one ``send`` per re-arm); its CPU is reported next to the server's, the kernel
+timestamps show when the server delivered independently of the client, and
+``--client-nice 19`` is a control for how much the client on the same cores slows the
+server. Times are taken with the system-wide clocks, so they compare across processes.
+
+``--profile-memory`` instead holds ``-n`` watchers on one server process of each kind (a raw
+asyncio WebSocket server, a bare aiohttp one, evq's gateway app) and breaks the memory per
+connection down by object type and by allocation site (tracemalloc).
 
 Against a running server (its main process and workers are found by the listening port,
 or name the main process with ``--server-pid``)::
@@ -37,6 +48,7 @@ Or let the tool start ``evq serve`` itself on a fresh temporary data directory, 
 at the end (SIGTERM; the exit code must be 0)::
 
     .venv/bin/python loadtest/watch_swarm.py --serve --workers 7 -n 100000 --burst 1000
+    .venv/bin/python loadtest/watch_swarm.py --profile-memory -n 10000
 
 The human-readable table goes to stdout, followed by the JSON summary (also written to
 ``--json-out``); progress goes to stderr. Every phase is bounded in time and the whole run by
@@ -134,6 +146,7 @@ class SwarmSpec(msgspec.Struct, frozen=True):
     retries: int
     poll_timeout_s: float
     deadline: float  # monotonic time after which the process exits on its own
+    nice: int = 0  # added niceness (a control: does the client slow the server down?)
 
 
 def ws_client_frame(payload: bytes, opcode: int = 1) -> bytes:
@@ -614,6 +627,8 @@ def client_main(spec: SwarmSpec, conn: Any, counters: Any) -> None:
     _soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the coordinator decides when to stop
+    if spec.nice:
+        os.nice(spec.nice)
     asyncio.run(_client_loop(spec, conn, counters))
 
 
@@ -1032,37 +1047,56 @@ class Run:
         return int((await self.http.json("GET", f"/v1/keys/{key}"))["version"])
 
     async def burst(self, keys: list[str], count: int) -> dict[str, Any]:
-        """``count`` PUTs per key, ``--put-concurrency`` at once; the final versions."""
+        """``count`` PUTs per key, ``--put-concurrency`` at once, for at most
+        ``--burst-max-seconds``; the final versions, PUT rate and latency."""
         jobs = iter([(k, i) for i in range(count) for k in keys])
         final = {k: 0 for k in keys}
-        last = Put(0, 0.0, 0.0, 0.0)
+        last = Put(0, 0.0, 0.0, 0.0, 0.0)
         failed = 0
+        put_s: list[float] = []
+        stop_at = now() + self.args.burst_max_seconds
 
         async def lane() -> None:
             nonlocal last, failed
             lane_http = Http(self.args.host, self.args.port)
             try:
                 for key, i in jobs:
+                    if now() > stop_at:
+                        break
                     try:
                         done = await _put(lane_http, key, i)
                     except (RuntimeError, OSError, ConnectionError):
                         failed += 1
                         continue
+                    put_s.append(done.t_answered - done.t_sent)
                     final[key] = max(final[key], done.version)
                     if done.t_answered > last.t_answered:
                         last = done
             finally:
                 lane_http.close()
 
+        async def progress() -> None:
+            t0 = now()
+            while True:
+                await asyncio.sleep(self.args.progress_every * 5)
+                n = len(put_s)
+                log(f"  {n} PUTs answered in {now() - t0:.0f} s ({n / (now() - t0):.1f}/s)")
+
         mark = self.cpu_mark()
-        await asyncio.gather(*(lane() for _ in range(self.args.put_concurrency)))
+        ticker = asyncio.ensure_future(progress())
+        try:
+            await asyncio.gather(*(lane() for _ in range(self.args.put_concurrency)))
+        finally:
+            ticker.cancel()
         cpu = self.cpu_since(mark)
-        puts = count * len(keys)
+        puts = len(put_s)
         return {
             "puts": puts,
+            "planned": count * len(keys),
             "failed": failed,
             "seconds": cpu["wall_s"],
             "puts_per_s": round(puts / cpu["wall_s"], 1) if cpu["wall_s"] > 0 else math.nan,
+            "put_latency": dist_ms(put_s),
             "cpu": cpu,
             "final": final,
             "last": last,
@@ -1216,10 +1250,22 @@ class Run:
             "events": (await self.counts())[C_EVENTS] - events0,  # must be 0
         }
 
+    async def quiet(self, limit_s: float = 120.0) -> float:
+        """Wait until the server processes are idle (< 0.05 cores over half a second), so a
+        change is measured alone and not behind the re-arms of the previous one."""
+        t0 = now()
+        while now() - t0 < limit_s:
+            mark = self.cpu_mark()
+            await asyncio.sleep(0.5)
+            if self.cpu_since(mark)["server_cores"] < 0.05:
+                break
+        return now() - t0
+
     async def singles(self) -> dict[str, Any]:
         runs = []
         for r in range(self.args.singles):
             await asyncio.sleep(self.args.single_pause)
+            await self.quiet()
             events0 = (await self.counts())[C_EVENTS]
             mark = self.cpu_mark()
             done = await asyncio.gather(*(self.put(k, 10_000 + r) for k in self.keys))
@@ -1230,28 +1276,34 @@ class Run:
             )
             cpu = self.cpu_since(mark)
             times, stamps = _arrays(results, "times"), _arrays(results, "stamps")
+            first = min(done, key=lambda d: d.t_sent)
             d = {
-                "handled": dist_ms([t - last.t_answered for t in times]),
-                "arrived": dist_ms([k - last.w_answered for k in stamps]),
+                # the kernel's receive time at the watcher's socket (what the server did) and
+                # the time the client process handled it, after the PUT was sent and answered
+                "arrived_sent": dist_ms([k - first.w_sent for k in stamps]),
+                "handled_sent": dist_ms([t - first.t_sent for t in times]),
+                "arrived_answered": dist_ms([k - last.w_answered for k in stamps]),
+                "handled_answered": dist_ms([t - last.t_answered for t in times]),
                 "reached": len(times),
                 "short": sum(x["short"] for x in results),
-                "put_ms": round((last.t_answered - min(x.t_sent for x in done)) * 1000, 1),
+                "put_ms": round((last.t_answered - first.t_sent) * 1000, 1),
                 "events": (await self.counts())[C_EVENTS] - events0,
                 "cpu": cpu,
             }
             runs.append(d)
-            h, a = d["handled"], d["arrived"]
+            a, h = d["arrived_sent"], d["handled_sent"]
             log(
-                f"one change {r + 1}/{self.args.singles}: handled p50 {h['p50_ms']} / p99 "
-                f"{h['p99_ms']} / max {h['max_ms']} ms; in the socket p50 {a['p50_ms']} / p99 "
-                f"{a['p99_ms']} / max {a['max_ms']} ms; {d['reached']} reached, {d['short']} "
-                f"short; CPU s gateway {cpu['server_cpu_s']:.2f}, client {cpu['client_cpu_s']:.2f}"
+                f"one change {r + 1}/{self.args.singles} (ms after the PUT was sent): in the "
+                f"socket p50 {a['p50_ms']} / p99 {a['p99_ms']} / max {a['max_ms']}, handled "
+                f"p50 {h['p50_ms']} / p99 {h['p99_ms']} / max {h['max_ms']}; PUT answered after "
+                f"{d['put_ms']}; {d['reached']} reached, {d['short']} short; CPU s gateway "
+                f"{cpu['server_cpu_s']:.2f}, client {cpu['client_cpu_s']:.2f}"
             )
         return {
             "runs": runs,
             "median": {
                 f"{side}_{q}": round(median([r[side][q] for r in runs]), 1)
-                for side in ("handled", "arrived")
+                for side in ("arrived_sent", "handled_sent", "arrived_answered", "handled_answered")
                 for q in ("p50_ms", "p99_ms", "max_ms")
             },
         }
@@ -1327,13 +1379,14 @@ class Put(NamedTuple):
     version: int
     t_sent: float  # monotonic
     t_answered: float  # monotonic
-    w_answered: float  # wall clock (to compare with the kernel's receive timestamps)
+    w_sent: float  # wall clock (to compare with the kernel's receive timestamps)
+    w_answered: float  # wall clock
 
 
 async def _put(http: Http, key: str, i: int) -> Put:
-    t_sent = now()
+    t_sent, w_sent = now(), time.time()
     doc = await http.json("PUT", f"/v1/keys/{key}", {"value": {"i": i}})
-    return Put(int(doc["version"]), t_sent, now(), time.time())
+    return Put(int(doc["version"]), t_sent, now(), w_sent, time.time())
 
 
 def _arrays(results: list[dict[str, Any]], name: str) -> list[float]:
@@ -1364,6 +1417,11 @@ def table(doc: dict[str, Any]) -> str:
     )
     srv = doc.get("server", {})
     add("server", f"{srv.get('url')} ({len(doc.get('server_processes', []))} processes)")
+    add(
+        "latencies",
+        "p50/p99/max in ms from the PUT sent, to the kernel's receive time at the "
+        "watcher's socket (in the socket) and to the client process handling it (handled)",
+    )
     for name, fmt in _ROWS:
         if name in doc:
             for label, text in fmt(doc[name]):
@@ -1410,20 +1468,24 @@ def _unwatched_rows(label: str) -> Any:
 def _single_rows(sg: dict[str, Any]) -> list[tuple[str, str]]:
     out = []
     for r in sg["runs"]:
-        h, a = r["handled"], r["arrived"]
-        text = f"handled p50/p99/max {h['p50_ms']}/{h['p99_ms']}/{h['max_ms']} ms, in the "
-        text += f"socket {a['p50_ms']}/{a['p99_ms']}/{a['max_ms']} ms; {r['reached']} reached, "
-        text += f"{r['short']} short; CPU s gateway {r['cpu']['server_cpu_s']}, client "
-        out.append(("one change", text + f"{r['cpu']['client_cpu_s']}"))
+        a, h, x = r["arrived_sent"], r["handled_sent"], r["handled_answered"]
+        text = f"in the socket {a['p50_ms']}/{a['p99_ms']}/{a['max_ms']}, handled {h['p50_ms']}/"
+        text += f"{h['p99_ms']}/{h['max_ms']} ms (p99 {x['p99_ms']} after the answer; PUT "
+        text += f"{r['put_ms']} ms); {r['reached']} reached, {r['short']} short; CPU s gateway "
+        out.append(
+            ("one change", text + f"{r['cpu']['server_cpu_s']}, client {r['cpu']['client_cpu_s']}")
+        )
     m = sg["median"]
-    text = f"handled p50/p99/max {m['handled_p50_ms']}/{m['handled_p99_ms']}/"
-    text += f"{m['handled_max_ms']} ms, in the socket {m['arrived_p50_ms']}/"
-    out.append(("one change, median", text + f"{m['arrived_p99_ms']}/{m['arrived_max_ms']} ms"))
+    text = f"in the socket {m['arrived_sent_p50_ms']}/{m['arrived_sent_p99_ms']}/"
+    text += f"{m['arrived_sent_max_ms']}, handled {m['handled_sent_p50_ms']}/"
+    text += f"{m['handled_sent_p99_ms']}/{m['handled_sent_max_ms']} ms after the PUT was sent"
+    out.append(("one change, median", text))
     return out
 
 
 def _burst_rows(b: dict[str, Any]) -> list[tuple[str, str]]:
-    text = f"{b['puts']} PUTs in {b['seconds']} s ({b['puts_per_s']}/s); all at the final "
+    text = f"{b['puts']} PUTs in {b['seconds']} s ({b['puts_per_s']}/s, PUT p50/p99 "
+    text += f"{b['put_latency']['p50_ms']}/{b['put_latency']['p99_ms']} ms); all at the final "
     text += f"version {b['all_at_final_after_last_put_ms']} ms after the last PUT; "
     return [("burst", text + f"{b['events_per_watcher']} events/watcher")]
 
@@ -1492,7 +1554,13 @@ async def _profile_serve(kind: str, port: int, control: int, trace: bool, workdi
         top = int(request.query.get("top", "20"))
         return web.json_response(_profile_diff(marks, _profile_sample(trace), n, top))
 
+    async def gc_stats(request: web.Request) -> web.Response:
+        import gc
+
+        return web.json_response([s["collections"] for s in gc.get_stats()])
+
     ctl = web.Application()
+    ctl.router.add_get("/_profile/gc", gc_stats)
     ctl.router.add_get("/_profile/mark", mark)
     ctl.router.add_get("/_profile/report", report)
     runners = [web.AppRunner(ctl, access_log=None)]
@@ -1587,7 +1655,9 @@ def _profile_gateway_app(workdir: Path) -> Any:
 def _profile_sample(trace: bool) -> dict[str, Any]:
     import gc
 
+    t0 = time.perf_counter()
     gc.collect()
+    gc_ms = (time.perf_counter() - t0) * 1000
     counts: Counter[str] = Counter()
     sizes: Counter[str] = Counter()
     for obj in gc.get_objects():
@@ -1598,6 +1668,7 @@ def _profile_sample(trace: bool) -> dict[str, Any]:
         sizes[name] += sys.getsizeof(obj)
     sample: dict[str, Any] = {
         "rss": psutil.Process().memory_info().rss,
+        "gc_ms": gc_ms,
         "counts": counts,
         "sizes": sizes,
     }
@@ -1616,6 +1687,7 @@ def _profile_diff(a: dict[str, Any], b: dict[str, Any], n: int, top: int) -> dic
         "connections": n,
         "rss_per_conn_kib": round((b["rss"] - a["rss"]) / n / KIB, 2),
         "gc_objects_per_conn": round(sum(counts.values()) / n, 1),
+        "full_gc_ms": {"before": round(a["gc_ms"], 1), "after": round(b["gc_ms"], 1)},
         "gc_bytes_per_conn_kib": round(sum(sizes.values()) / n / KIB, 2),
         "by_type": [
             {
@@ -1677,6 +1749,7 @@ def profile_memory(args: argparse.Namespace) -> int:
 def _profile_one(args: argparse.Namespace, kind: str, trace: bool, deadline: float) -> Any:
     args.host, args.port, args.control_port = "127.0.0.1", free_port(), free_port()
     args.key_list, args.mode = [PROFILE_KEY], "ws"
+    args.profile_kind, args.profile_trace = kind, trace
     command = [sys.executable, str(Path(__file__).resolve()), "--profile-server", kind]
     command += [str(args.port), str(args.control_port), *(["--trace"] if trace else [])]
     server = subprocess.Popen(command, cwd=ROOT, start_new_session=True)
@@ -1705,14 +1778,20 @@ async def _profile_coordinate(
         c.listen(loop)
     http = Http(args.host, args.control_port)
     t_end = now() + 60
-    while True:  # the server is up when the mark is taken
+    while True:  # the server is up
         if server.poll() is not None or now() > t_end:
             raise RuntimeError("the profile server did not start")
         with contextlib.suppress(OSError, ConnectionError, asyncio.IncompleteReadError):
-            status, _ = await http.request("GET", "/_profile/mark")
+            status, _ = await http.request("GET", "/_profile/gc")
             if status == 200:
                 break
         await asyncio.sleep(0.3)
+    puts = args.profile_puts if args.profile_kind == "gateway" and not args.profile_trace else 0
+    before: list[dict[str, Any]] = []
+    if puts:
+        await _profile_puts(args, http, server.pid, min(200, puts))  # warm up
+        before = [await _profile_puts(args, http, server.pid, puts) for _ in range(3)]
+    await http.json("GET", "/_profile/mark")
     p = len(clients)
     shares = [args.n // p + (1 if i < args.n % p else 0) for i in range(p)]
     firsts = list(itertools.accumulate([0, *shares[:-1]]))
@@ -1727,9 +1806,37 @@ async def _profile_coordinate(
     log(f"  {armed} armed; settling {args.settle} s")
     await asyncio.sleep(args.settle)
     doc = await http.json("GET", f"/_profile/report?n={armed}&top={args.profile_top}")
+    if puts:
+        after = [await _profile_puts(args, http, server.pid, puts) for _ in range(3)]
+        doc["unwatched_puts"] = {"none": before, "connected": after}
     await asyncio.gather(*(c.call("close", 30) for c in clients))
     http.close()
     return doc
+
+
+async def _profile_puts(args: argparse.Namespace, ctl: Http, pid: int, n: int) -> dict[str, Any]:
+    """``n`` PUTs on a key nobody watches, 16 at once: time, the server's CPU and its
+    garbage collections per generation meanwhile."""
+    key = f"unwatched-{random.randbytes(4).hex()}"
+    proc = psutil.Process(pid)
+    gc0 = await ctl.json("GET", "/_profile/gc")
+    cpu0, t0 = cpu_seconds([proc]), now()
+    jobs = iter(range(n))
+
+    async def lane() -> None:
+        http = Http(args.host, args.port)
+        for i in jobs:
+            await _put(http, key, i)
+        http.close()
+
+    await asyncio.gather(*(lane() for _ in range(16)))
+    seconds, cpu = now() - t0, cpu_seconds([proc]) - cpu0
+    gc1 = await ctl.json("GET", "/_profile/gc")
+    return {
+        "puts_per_s": round(n / seconds, 1),
+        "cpu_ms_per_put": round(cpu / n * 1000, 3),
+        "gc_collections": [b - a for a, b in zip(gc0, gc1, strict=True)],
+    }
 
 
 def profile_table(results: dict[str, Any], top: int) -> str:
@@ -1739,10 +1846,21 @@ def profile_table(results: dict[str, Any], top: int) -> str:
             continue
         lines.append("")
         head = f"{name}: RSS {doc['rss_per_conn_kib']} KiB/conn; gc-tracked objects "
-        head += f"{doc['gc_objects_per_conn']}/conn, {doc['gc_bytes_per_conn_kib']} KiB/conn"
+        head += f"{doc['gc_objects_per_conn']}/conn, {doc['gc_bytes_per_conn_kib']} KiB/conn; "
+        head += (
+            f"a full gc.collect() {doc['full_gc_ms']['before']} → {doc['full_gc_ms']['after']} ms"
+        )
         if "traced_per_conn_kib" in doc:
             head += f"; tracemalloc {doc['traced_per_conn_kib']} KiB/conn"
         lines.append(head)
+        if "unwatched_puts" in doc:
+            for label, runs in doc["unwatched_puts"].items():
+                text = "; ".join(
+                    f"{r['puts_per_s']}/s, {r['cpu_ms_per_put']} ms CPU/PUT, "
+                    f"gc {r['gc_collections']}"
+                    for r in runs
+                )
+                lines.append(f"  PUTs on an unwatched key, {label}: {text}")
         if "by_line" in doc:
             lines.append("  bytes/conn  file")
             for row in doc["by_file"][: max(3, top // 2)]:
@@ -1800,6 +1918,9 @@ _OPTIONS: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
         "help": "attempts after a failed connection" + _D}),
     ("swarm", ("--poll-timeout",), {"type": float, "default": 120.0,
         "help": "long poll: the timeout= of each poll, seconds" + _D}),
+    ("swarm", ("--client-nice",), {"type": int, "default": 0, "help": "niceness added to "
+        "the client processes: with 19 the server gets the CPU first (a control showing how "
+        "much the client, on the same cores, delays the server's delivery)" + _D}),
     ("swarm", ("--settle",), {"type": float, "default": 2.0,
         "help": "seconds after all are armed before the memory is read" + _D}),
     ("swarm", ("--progress-every",), {"type": float, "default": 3.0,
@@ -1814,7 +1935,9 @@ _OPTIONS: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
         "key nobody watches, before connecting and again with all connected; 0: none" + _D}),
     ("changes", ("--unwatched-repeats",), {"type": int, "default": 3,
         "help": "bursts on unwatched keys per measurement (the median is reported)" + _D}),
-    ("changes", ("--put-concurrency",), {"type": int, "default": 16,
+    ("changes", ("--burst-max-seconds",), {"type": float, "default": 900.0,
+        "help": "stop sending a burst's PUTs after this long (the rest is still measured)" + _D}),
+    ("changes", ("--put-concurrency",), {"type": int, "default": 64,
         "help": "PUTs in flight during a burst (keep-alive connections)" + _D}),
     ("changes", ("--idle-seconds",), {"type": float, "default": 5.0,
         "help": "quiet seconds with all connected, to measure idle CPU" + _D}),
@@ -1835,6 +1958,9 @@ _OPTIONS: list[tuple[str, tuple[str, ...], dict[str, Any]]] = [
         "a raw asyncio WebSocket server (handshake, frames, pong: what a connection costs "
         "without a framework); bare: a bare aiohttp WebSocket endpoint (answers pings); "
         "gateway: evq's gateway app (gateway.app, queues in the process, no Ray)" + _D}),
+    ("memory profile", ("--profile-puts",), {"type": int, "default": 1000, "help": "gateway, "
+        "not traced: bursts of PUTs on unwatched keys (3 before, 3 with the watchers): the "
+        "server's CPU per PUT and its garbage collections; 0: none" + _D}),
     ("memory profile", ("--profile-top",), {"type": int, "default": 20,
         "help": "rows per breakdown" + _D}),
 ]
@@ -1933,6 +2059,7 @@ def start_clients(args: argparse.Namespace, ctx: Any, shared: Any, deadline: flo
             retries=args.retries,
             poll_timeout_s=args.poll_timeout,
             deadline=deadline + 30,
+            nice=args.client_nice,
         )
         clients.append(Client(spec, _CounterView(shared, i * N_COUNTERS), ctx))
     return clients
@@ -1964,6 +2091,7 @@ def main(argv: list[str] | None = None) -> int:
             "serve",
             "connect_concurrency",
             "key_list",
+            "client_nice",
         )
     }
     deadline = now() + args.max_seconds
