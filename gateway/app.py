@@ -113,8 +113,7 @@ async def _limit_middleware(
     if path in _ALWAYS:
         return await handler(request)
     options = request.app[APP_OPTIONS]
-    manager = getattr(request.protocol, "_manager", None)  # aiohttp's connection registry
-    if manager is not None and len(manager.connections) > options.max_connections:
+    if _http_connections(request) > options.max_connections:
         exc = Overloaded("the server holds too many connections; retry shortly")
         response = error_response(429, exc.code, exc.message, msgpack=wants_msgpack(request))
         response.force_close()  # and let this one go
@@ -128,6 +127,18 @@ async def _limit_middleware(
         return await handler(request)
     finally:
         counter[0] -= 1
+
+
+def _http_connections(request: web.Request) -> int:
+    """Connections this process holds, watchers apart (they have their own limit)."""
+    manager = getattr(request.protocol, "_manager", None)  # aiohttp's web.Server
+    if manager is None:
+        return 0
+    # Server.connections copies its registry into a list on every call (O(connections));
+    # the registry's own length is O(1).
+    registry = getattr(manager, "_connections", None)
+    total = len(registry) if registry is not None else len(manager.connections)
+    return total - request.app[watches.WATCHERS]["n"]
 
 
 async def healthz(request: web.Request) -> web.Response:

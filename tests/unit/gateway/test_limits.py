@@ -110,3 +110,18 @@ async def test_a_flood_of_oversized_bodies_gets_413s_and_memory_stays_bounded(
         assert set(statuses) == {413}
     assert resident_bytes() - before < 100 * 1024 * 1024  # 400 MiB offered, little kept
     assert len(await api.put("flood", "still alive")) == 1
+
+
+async def test_watchers_do_not_count_toward_max_connections(serve: Serve) -> None:
+    api = await serve(AppOptions(max_connections=3))
+    session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
+    try:
+        sockets = [await session.ws_connect(api.client.make_url("/v1/ws")) for _ in range(10)]
+        for ws in sockets:
+            await ws.send_json({"op": "watch", "key": "k", "version": 0})
+        async with api.client.get("/v1/queues") as resp:
+            assert resp.status == 200  # 10 watchers + 1 client connection, limit 3: fine
+        for ws in sockets:
+            await ws.close()
+    finally:
+        await session.close()
