@@ -38,6 +38,7 @@ from aiohttp import web
 
 from actors.clock import Clock, SystemClock
 from actors.errors import BadRequest
+from actors.keyspace import QUEUE_PREFIX, SYS_PREFIX
 
 __all__ = ["AUTH", "Auth", "Token", "auth_middleware", "load_tokens"]
 
@@ -180,12 +181,12 @@ _OPEN_PREFIXES = ("/dashboard/",)
 
 def key_resource(key: str) -> str:
     """What a key's permission is checked against: ``queue:{name}`` keys follow the queue."""
-    return key[len("queue:") :] if key.startswith("queue:") else key
+    return key[len(QUEUE_PREFIX) :] if key.startswith(QUEUE_PREFIX) else key
 
 
 def may_read_key(token: Token | None, key: str) -> bool:
     """Whether ``token`` may watch ``key`` (always, when auth is off)."""
-    if token is None or key.startswith("sys:"):
+    if token is None or key.startswith(SYS_PREFIX):
         return True
     return token.level(key_resource(key)) >= LEVELS["read"]
 

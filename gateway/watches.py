@@ -17,10 +17,9 @@ from typing import Any
 import msgspec
 from aiohttp import WSMsgType, web
 
-from actors.core import commands as cmd
 from actors.core.decide import validate_key
 from actors.errors import BadRequest, Overloaded, TooLarge
-from actors.keyspace import QUEUE_PREFIX, SYS_PREFIX, partition_of
+from actors.keyspace import QUEUE_PREFIX, SYS_PREFIX, set_key_command
 from gateway import native
 from gateway.auth import TOKEN, may_read_key
 from gateway.errors import MSGPACK, wants_msgpack
@@ -113,7 +112,7 @@ async def set_key(request: web.Request) -> web.Response:
     size = len(_json.encode(req.value))
     if size > MAX_VALUE_BYTES:
         raise TooLarge(f"a key's value is at most {MAX_VALUE_BYTES} bytes as JSON", size=size)
-    view = await native.run(request, partition_of(key), cmd.SetKey(key, req.value))
+    view = await native.run(request, *set_key_command(key, req.value))
     return native.reply(request, {"key": key, "version": view.version})
 
 

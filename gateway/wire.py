@@ -16,6 +16,7 @@ import msgspec
 from actors.core import commands as cmd
 from actors.core import replies as rp
 from actors.errors import BadRequest
+from actors.keyspace import queue_value
 from actors.settings import QueueSettings
 
 __all__ = [
@@ -346,20 +347,8 @@ def settings_doc(s: QueueSettings) -> dict[str, Any]:
 
 
 def stats_doc(s: rp.StatsView) -> dict[str, Any]:
-    """Queue stats as the API shows them."""
-    return {
-        "ready": s.ready,
-        "delayed": s.delayed,
-        "reserved": s.reserved,
-        "total": s.total,
-        "oldest_ready_age": secs(s.oldest_ready_age_ms),
-        "dead_lettered": s.dead_lettered,
-        "dead_letter_pending": s.dead_letter_pending,
-        "expired": s.expired,
-        "acked": s.acked,
-        "enqueued": s.enqueued,
-        "purged": s.purged,
-    }
+    """Queue stats as the API shows them (also the value of the queue's ``queue:`` key)."""
+    return queue_value(s)
 
 
 def description_doc(d: rp.Description) -> dict[str, Any]:

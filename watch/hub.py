@@ -27,13 +27,13 @@ from typing import Any, Protocol
 from actors.clock import Clock, SystemClock
 from actors.core import replies as rp
 from actors.errors import BadRequest, QueueError
+from actors.keyspace import SYS_PREFIX
 from watch.core import KeyState, WatchTable
 
 __all__ = ["Hub", "Sink"]
 
 log = logging.getLogger(__name__)
 
-SYS_PREFIX = "sys:"
 LINGER_S = 30.0
 
 Upstream = Callable[[str, int], Awaitable[rp.KeyView]]
