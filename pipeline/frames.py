@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
 import threading
@@ -137,17 +138,27 @@ def load_events(
     )
 
 
+_GROUPS = itertools.count(1)
+
+
 @contextmanager
 def progress(spark: SparkSession, job: str, every_s: float = 2.0) -> Iterator[None]:
-    """Log how many partitions of each running stage are done, as they complete."""
-    tracker = spark.sparkContext.statusTracker()
+    """Log how many partitions of each stage of the job are done, as they complete.
+
+    The job's Spark jobs run under their own job group, so the last report also covers stages
+    that started and finished between two looks (a small log is done in well under `every_s`).
+    """
+    sc = spark.sparkContext
+    tracker = sc.statusTracker()
+    group = f"evq-{job}-{os.getpid()}-{next(_GROUPS)}"
     stop = threading.Event()
     seen: dict[int, tuple[int, int]] = {}
 
     def watch() -> None:
         while not stop.wait(every_s):
-            _report(tracker, job, seen)
+            _report(tracker, job, group, seen)
 
+    sc.setJobGroup(group, f"evq pipeline {job}")
     thread = threading.Thread(target=watch, name=f"evq-{job}-progress", daemon=True)
     thread.start()
     try:
@@ -155,13 +166,19 @@ def progress(spark: SparkSession, job: str, every_s: float = 2.0) -> Iterator[No
     finally:
         stop.set()
         thread.join()
-        _report(tracker, job, seen)
+        sc.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
+        _report(tracker, job, group, seen)
 
 
-def _report(tracker: Any, job: str, seen: dict[int, tuple[int, int]]) -> None:
+def _report(tracker: Any, job: str, group: str, seen: dict[int, tuple[int, int]]) -> None:
     """Log stages whose count of finished partitions changed since the last look."""
     active = set(tracker.getActiveStageIds())
-    for stage_id in sorted(active | {s for s, (d, n) in seen.items() if d < n}):
+    ours: set[int] = set()
+    for job_id in tracker.getJobIdsForGroup(group):
+        info = tracker.getJobInfo(job_id)
+        if info is not None:
+            ours.update(info.stageIds)
+    for stage_id in sorted(ours | {s for s, (d, n) in seen.items() if d < n}):
         info = tracker.getStageInfo(stage_id)
         if info is None:
             continue
