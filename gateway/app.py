@@ -138,7 +138,8 @@ def _http_connections(request: web.Request) -> int:
     # the registry's own length is O(1).
     registry = getattr(manager, "_connections", None)
     total = len(registry) if registry is not None else len(manager.connections)
-    return total - request.app[watches.WATCHERS]["n"]
+    watchers = request.app[watches.WATCHERS]
+    return total - (watchers.n - watchers.door)  # door-served WebSockets are not in it
 
 
 async def healthz(request: web.Request) -> web.Response:

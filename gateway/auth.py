@@ -40,7 +40,7 @@ from actors.clock import Clock, SystemClock
 from actors.errors import BadRequest
 from actors.keyspace import QUEUE_PREFIX, SYS_PREFIX
 
-__all__ = ["AUTH", "Auth", "Token", "auth_middleware", "load_tokens"]
+__all__ = ["AUTH", "Auth", "Token", "auth_middleware", "load_tokens", "presented"]
 
 LEVELS = {"read": 1, "write": 2, "admin": 3}
 
@@ -191,13 +191,19 @@ def may_read_key(token: Token | None, key: str) -> bool:
     return token.level(key_resource(key)) >= LEVELS["read"]
 
 
+def presented(authorization: str | None, ws_query_token: str | list[str] | None) -> str | None:
+    """The token a request presents: ``Authorization: Bearer …``, or on ``/v1/ws`` the
+    ``token`` query parameter (browsers cannot set headers on WebSockets)."""
+    if authorization and authorization.startswith("Bearer "):
+        return authorization[len("Bearer ") :].strip()
+    if isinstance(ws_query_token, list):
+        return ws_query_token[0] if ws_query_token else None
+    return ws_query_token
+
+
 def _presented(request: web.Request) -> str | None:
-    header = request.headers.get("Authorization", "")
-    if header.startswith("Bearer "):
-        return header[len("Bearer ") :].strip()
-    if request.path == "/v1/ws":  # browsers cannot set headers on WebSockets
-        return request.query.get("token")
-    return None
+    ws_token = request.query.get("token") if request.path == "/v1/ws" else None
+    return presented(request.headers.get("Authorization"), ws_token)
 
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]

@@ -95,10 +95,10 @@ def _gateway_families(app: web.Application) -> Iterator[Metric]:
     from gateway.watches import HUB, WATCHERS
 
     watchers = app[WATCHERS]
-    ws = len(watchers["ws"])
+    ws = len(watchers.ws)
     g = GaugeMetricFamily("evq_watchers", "Watchers held by this process", labels=["kind"])
     g.add_metric(["websocket"], ws)
-    g.add_metric(["long_poll"], max(0, watchers["n"] - ws))
+    g.add_metric(["long_poll"], max(0, watchers.n - ws))
     yield g
     yield GaugeMetricFamily(
         "evq_watch_upstream_keys",

@@ -14,10 +14,9 @@ import os
 import secrets
 import sys
 
-from aiohttp import web
-
 from actors.errors import QueueError
 from actors.settings import LogSettings
+from gateway import door
 from gateway.app import AppOptions, make_app
 from gateway.auth import Token, read_tokens
 from gateway.directory import Directory, LocalDirectory, RayDirectory
@@ -103,19 +102,13 @@ def run(settings: ServerSettings) -> int:
         ", queues auto-created" if settings.auto_create else "",
     )
     try:
-        web.run_app(
+        door.run(
             app,
             host=settings.host,
             port=settings.port,
             reuse_port=workers > 1,
             shutdown_timeout=settings.shutdown_timeout_s,
-            access_log=None,
-            print=None,
             backlog=4096,  # bursts of connecting watchers
-            handle_signals=True,
-            # A client that hangs up cancels its handler: a waiting take must not go on
-            # waiting (and reserve a message) for a connection that is gone.
-            handler_cancellation=True,
         )
     finally:
         if not settings.no_ray:

@@ -10,8 +10,10 @@ or an await per recipient. A connection whose send buffer stays over ``SEND_BUFF
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import logging
+import urllib.parse
 from typing import Any
 
 import msgspec
@@ -21,13 +23,40 @@ from actors.core.decide import validate_key
 from actors.errors import BadRequest, Overloaded, TooLarge
 from actors.keyspace import QUEUE_PREFIX, SYS_PREFIX, set_key_command
 from gateway import native
-from gateway.auth import TOKEN, may_read_key
+from gateway.auth import AUTH, TOKEN, Token, may_read_key, presented
+from gateway.door import UPGRADES, Head
 from gateway.errors import MSGPACK, wants_msgpack
+from gateway.metrics import METRICS
 from watch.core import KeyState
-from watch.frames import close_frame, text_frame
+from watch.frames import (
+    CLOSE_NO_STATUS,
+    CLOSE_NORMAL,
+    OP_BINARY,
+    OP_CLOSE,
+    OP_PING,
+    OP_TEXT,
+    FrameError,
+    MessageReader,
+    close_code,
+    close_frame,
+    handshake_reply,
+    pong_frame,
+    text_frame,
+)
 from watch.hub import Hub
 
-__all__ = ["HUB", "WATCH_OPTIONS", "WatchOptions", "close_watchers", "routes"]
+__all__ = [
+    "HUB",
+    "WATCHERS",
+    "WATCH_OPTIONS",
+    "WatchOptions",
+    "Watchers",
+    "WsConn",
+    "WsProtocol",
+    "close_watchers",
+    "open_websocket",
+    "routes",
+]
 
 log = logging.getLogger(__name__)
 
@@ -38,18 +67,32 @@ CLOSE_SLOW = 4008  # the client did not read its notifications: its send buffer 
 CLOSE_GOING_AWAY = 1001
 
 
+MAX_WS_MESSAGE = 64 * 1024
+CLOSE_LINGER_S = 5.0  # after our close frame, how long the client has to close its side
+
+
 class WatchOptions(msgspec.Struct, frozen=True, kw_only=True):
     """Limits of the watch endpoints of one gateway process."""
 
     max_watchers: int = 19_000  # WebSockets + long polls (a process has 20k descriptors)
     max_keys_per_connection: int = 1000
     send_buffer_limit: int = 256 * 1024
-    ws_heartbeat_s: float | None = None  # protocol pings (clients also have {"op": "ping"})
+
+
+class Watchers:
+    """The watchers a gateway process holds."""
+
+    __slots__ = ("door", "n", "ws")
+
+    def __init__(self) -> None:
+        self.n = 0  # WebSockets and long polls (against WatchOptions.max_watchers)
+        self.door = 0  # WebSockets served without aiohttp (not in aiohttp's connections)
+        self.ws: set[WsConn] = set()
 
 
 HUB = web.AppKey("watch_hub", Hub)
 WATCH_OPTIONS = web.AppKey("watch_options", WatchOptions)
-WATCHERS = web.AppKey("watchers", dict)  # {"n": int, "ws": set[WsConn]}
+WATCHERS = web.AppKey("watchers", Watchers)
 
 routes = web.RouteTableDef()
 
@@ -156,40 +199,53 @@ async def watch_key(request: web.Request) -> web.Response:
 def _watcher_slot(request: web.Request) -> Any:
     """Count a watcher; 429 past the process's limit."""
     watchers = request.app[WATCHERS]
-    if watchers["n"] >= request.app[WATCH_OPTIONS].max_watchers:
+    if watchers.n >= request.app[WATCH_OPTIONS].max_watchers:
         raise Overloaded("this server process holds as many watchers as it can; retry shortly")
-    watchers["n"] += 1
+    watchers.n += 1
     try:
         yield
     finally:
-        watchers["n"] -= 1
+        watchers.n -= 1
 
 
 # ------------------------------------------------------------------ WebSocket
 
 
 class WsConn:
-    """One WebSocket watcher connection (a :class:`watch.hub.Sink`)."""
+    """One WebSocket watcher connection (a :class:`watch.hub.Sink`): the watch ops it
+    receives, the events and replies it writes. Replies and events are whole frames written
+    straight to the transport; nothing here awaits."""
 
-    __slots__ = ("closing", "hub", "limit", "transport", "ws")
+    __slots__ = ("closing", "hub", "options", "token", "transport")
 
-    def __init__(self, ws: web.WebSocketResponse, transport: Any, hub: Hub, limit: int) -> None:
-        self.ws = ws
+    def __init__(
+        self, transport: Any, hub: Hub, options: WatchOptions, token: Token | None
+    ) -> None:
         self.transport = transport
         self.hub = hub
-        self.limit = limit
+        self.options = options
+        self.token = token
         self.closing = False
 
     def deliver(self, state: KeyState) -> None:
+        self._write(_encoded(state, "ws"))
+
+    def send(self, doc: dict[str, Any]) -> None:
+        self._write(text_frame(_json.encode(doc)))
+
+    def _write(self, frame: bytes) -> None:
         t = self.transport
         if self.closing or t is None or t.is_closing():
             return
-        if t.get_write_buffer_size() > self.limit:
+        if t.get_write_buffer_size() > self.options.send_buffer_limit:
             self.close(CLOSE_SLOW, "send buffer over the limit: the client does not read")
             return
-        t.write(_encoded(state, "ws"))
+        t.write(frame)
 
-    def close(self, code: int, reason: str) -> None:
+    def error(self, op_id: Any, code: str, message: str, **fields: Any) -> None:
+        self.send({"op": "error", "code": code, "message": message, "id": op_id, **fields})
+
+    def close(self, code: int, reason: str, *, linger: bool = True) -> None:
         """Close without waiting for the client: a close frame, then the connection."""
         if self.closing:
             return
@@ -197,79 +253,184 @@ class WsConn:
         self.hub.drop(self)
         t = self.transport
         if t is not None and not t.is_closing():
-            if t.get_write_buffer_size() > self.limit:
+            if t.get_write_buffer_size() > self.options.send_buffer_limit:
                 t.abort()  # it does not read: it will not read the close frame either
             else:
                 t.write(close_frame(code, reason))
                 t.close()
 
+    def on_text(self, data: bytes | str) -> None:
+        """One text message from the client: ping, watch or unwatch."""
+        try:
+            op = _op_decoder.decode(data)
+        except msgspec.DecodeError as exc:
+            self.error(None, "BadRequest", f"invalid message: {exc}")
+            return
+        if op.op == "ping":
+            self.send({"op": "pong", "id": op.id})
+            return
+        if op.op not in ("watch", "unwatch"):
+            self.error(op.id, "BadRequest", f"unknown op {op.op!r}")
+            return
+        try:
+            key = validate_key(op.key)
+            if op.version is not None and op.version < 0:
+                raise BadRequest("version must be >= 0")
+        except BadRequest as exc:
+            self.error(op.id, exc.code, exc.message, key=op.key)
+            return
+        hub = self.hub
+        if op.op == "unwatch":
+            hub.unwatch(self, key)
+            return
+        if not may_read_key(self.token, key):
+            self.error(op.id, "Forbidden", f"this token may not read {key}", key=key)
+            return
+        limit = self.options.max_keys_per_connection
+        if hub.table.delivered(self, key) is None and hub.table.count_keys(self) >= limit:
+            self.error(op.id, "Overloaded", f"at most {limit} keys per connection")
+            return
+        state = hub.arm(self, key, op.version)
+        if state is not None:
+            self.deliver(state)
+
+
+class WsProtocol(WsConn, asyncio.Protocol):
+    """A WebSocket watcher served without aiohttp: the connection's own protocol, handed
+    over by the front door (:mod:`gateway.door`) after the handshake. It reads frames with
+    :class:`watch.frames.MessageReader`, answers pings, and closes the way RFC 6455 asks:
+    a close frame, the end of its side, then what the client still sends is read and
+    dropped until it closes too (or ``CLOSE_LINGER_S`` passes) — closing with unread data
+    would reset the connection before the client reads why."""
+
+    __slots__ = ("linger", "reader", "watchers")
+
+    def __init__(
+        self,
+        transport: Any,
+        hub: Hub,
+        options: WatchOptions,
+        token: Token | None,
+        watchers: Watchers,
+    ) -> None:
+        super().__init__(transport, hub, options, token)
+        self.reader = MessageReader(MAX_WS_MESSAGE)
+        self.watchers = watchers
+        self.linger: asyncio.TimerHandle | None = None
+        watchers.n += 1
+        watchers.door += 1
+        watchers.ws.add(self)
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        if self.closing:
+            return
+        try:
+            messages = self.reader.feed(data)
+        except FrameError as exc:
+            self.close(exc.code, exc.reason)
+            return
+        for op, payload in messages:
+            if self.closing:
+                return
+            if op == OP_TEXT:
+                self.on_text(payload)
+            elif op == OP_BINARY:
+                self.error(None, "BadRequest", "send JSON text frames")
+            elif op == OP_PING:
+                self._write(pong_frame(payload))
+            elif op == OP_CLOSE:
+                code = close_code(payload)
+                self.close(CLOSE_NORMAL if code == CLOSE_NO_STATUS else code, "")
+
+    def close(self, code: int, reason: str, *, linger: bool = True) -> None:
+        """A close frame, the end of our side, then wait for the client's (``linger``), or
+        close at once (the server is going away)."""
+        if self.closing:
+            return
+        self.closing = True
+        self.hub.drop(self)
+        t = self.transport
+        if t is None or t.is_closing():
+            return
+        if t.get_write_buffer_size() > self.options.send_buffer_limit:
+            t.abort()  # it does not read: it will not read the close frame either
+            return
+        t.write(close_frame(code, reason))
+        if not linger:
+            t.close()
+            return
+        try:
+            t.write_eof()
+        except OSError:  # the client is gone already
+            t.abort()
+            return
+        self.linger = asyncio.get_running_loop().call_later(CLOSE_LINGER_S, t.abort)
+
+    def eof_received(self) -> bool:
+        return False  # the client is done: close (after what is still to be sent)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closing = True
+        self.hub.drop(self)
+        self.transport = None
+        if self.linger is not None:
+            self.linger.cancel()
+            self.linger = None
+        w = self.watchers
+        if self in w.ws:
+            w.ws.discard(self)
+            w.n -= 1
+            w.door -= 1
+
+
+def open_websocket(app: web.Application, head: Head, transport: Any) -> WsProtocol | None:
+    """The front door's offer of a ``/v1/ws`` handshake: answer it and return the
+    connection's protocol, or None to let aiohttp's route answer (it gives the error)."""
+    reply = handshake_reply(head.headers)
+    if reply is None:
+        return None
+    auth = app[AUTH]
+    token = None
+    if auth.enabled:
+        query = urllib.parse.parse_qs(head.query)
+        token = auth.identify(presented(head.headers.get("authorization"), query.get("token")))
+        if token is None or auth.admit(token) is not None:
+            return None
+    watchers = app[WATCHERS]
+    options = app[WATCH_OPTIONS]
+    if watchers.n >= options.max_watchers or app[HUB].closed:
+        return None
+    transport.write(reply)
+    app[METRICS].observe("/v1/ws", "GET", 101, None)
+    return WsProtocol(transport, app[HUB], options, token, watchers)
+
 
 @routes.get("/v1/ws")
 async def websocket(request: web.Request) -> web.WebSocketResponse:
+    """``/v1/ws`` through aiohttp: the errors of a refused handshake, and upgrades on a
+    connection that carried other requests first (the front door looks only at the first)."""
     app = request.app
     options = app[WATCH_OPTIONS]
     with _watcher_slot(request):
-        ws = web.WebSocketResponse(
-            compress=False, heartbeat=options.ws_heartbeat_s, max_msg_size=64 * 1024
-        )
+        ws = web.WebSocketResponse(compress=False, max_msg_size=MAX_WS_MESSAGE)
         await ws.prepare(request)
         hub = app[HUB]
-        conn = WsConn(ws, request.transport, hub, options.send_buffer_limit)
-        app[WATCHERS]["ws"].add(conn)
+        conn = WsConn(request.transport, hub, options, request.get(TOKEN))
+        watchers = app[WATCHERS]
+        watchers.ws.add(conn)
         try:
             async for msg in ws:
                 if msg.type is WSMsgType.TEXT:
-                    await _on_text(conn, msg.data, options, request.get(TOKEN))
+                    conn.on_text(msg.data)
                 elif msg.type is WSMsgType.BINARY:
-                    await _ws_error(ws, None, "BadRequest", "send JSON text frames")
+                    conn.error(None, "BadRequest", "send JSON text frames")
         finally:
-            app[WATCHERS]["ws"].discard(conn)
+            watchers.ws.discard(conn)
             hub.drop(conn)
         return ws
-
-
-async def _on_text(conn: WsConn, data: str, options: WatchOptions, token: Any) -> None:
-    try:
-        op = _op_decoder.decode(data)
-    except msgspec.DecodeError as exc:
-        await _ws_error(conn.ws, None, "BadRequest", f"invalid message: {exc}")
-        return
-    hub = conn.hub
-    if op.op == "ping":
-        await conn.ws.send_str(_json.encode({"op": "pong", "id": op.id}).decode())
-        return
-    if op.op not in ("watch", "unwatch"):
-        await _ws_error(conn.ws, op.id, "BadRequest", f"unknown op {op.op!r}")
-        return
-    try:
-        key = validate_key(op.key)
-        if op.version is not None and op.version < 0:
-            raise BadRequest("version must be >= 0")
-    except BadRequest as exc:
-        await _ws_error(conn.ws, op.id, exc.code, exc.message, key=op.key)
-        return
-    if op.op == "unwatch":
-        hub.unwatch(conn, key)
-        return
-    if not may_read_key(token, key):
-        await _ws_error(conn.ws, op.id, "Forbidden", f"this token may not read {key}", key=key)
-        return
-    watched = hub.table.watched_keys(conn)
-    if len(watched) >= options.max_keys_per_connection and key not in watched:
-        limit = options.max_keys_per_connection
-        await _ws_error(conn.ws, op.id, "Overloaded", f"at most {limit} keys per connection")
-        return
-    state = hub.arm(conn, key, op.version)
-    if state is not None:
-        conn.deliver(state)
-
-
-async def _ws_error(
-    ws: web.WebSocketResponse, op_id: Any, code: str, message: str, **fields: Any
-) -> None:
-    doc = {"op": "error", "code": code, "message": message, "id": op_id, **fields}
-    with contextlib.suppress(ConnectionError):
-        await ws.send_str(_json.encode(doc).decode())
 
 
 async def close_watchers(app: web.Application) -> None:
@@ -277,8 +438,8 @@ async def close_watchers(app: web.Application) -> None:
     hub = app[HUB]
     hub.publish_sys("sys:shutdown", {"reason": "the server is shutting down"})
     await hub.close()
-    for conn in list(app[WATCHERS]["ws"]):
-        conn.close(CLOSE_GOING_AWAY, "server shutdown")
+    for conn in list(app[WATCHERS].ws):
+        conn.close(CLOSE_GOING_AWAY, "server shutdown", linger=False)
 
 
 def install(app: web.Application, options: WatchOptions | None = None) -> None:
@@ -286,5 +447,6 @@ def install(app: web.Application, options: WatchOptions | None = None) -> None:
     directory = app[native.DIRECTORY]
     app[HUB] = Hub(directory.watch_key)
     app[WATCH_OPTIONS] = options or WatchOptions()
-    app[WATCHERS] = {"n": 0, "ws": set()}
+    app[WATCHERS] = Watchers()
+    app[UPGRADES] = {"/v1/ws": open_websocket}
     app.add_routes(routes)

@@ -193,6 +193,7 @@ def _control_lookup(spec: WorkerSpec) -> Callable[[int], Awaitable[tuple[str, in
 
 def worker_main() -> int:
     """Entry point of a worker process (``python -m gateway.workers``)."""
+    from gateway import door
     from gateway.app import make_app
     from gateway.directory import ChannelDirectory
     from gateway.logs import setup_logging
@@ -219,17 +220,14 @@ def worker_main() -> int:
         return 2
     app = make_app(directory, options)
     with contextlib.suppress(KeyboardInterrupt):
-        web.run_app(
+        door.run(
             app,
             host=settings.host,
             port=settings.port,
             reuse_port=True,
             shutdown_timeout=settings.shutdown_timeout_s,
-            access_log=None,
-            print=lambda _: print(LISTENING.decode(), flush=True),  # after the site is bound
             backlog=4096,  # bursts of connecting watchers
-            handle_signals=True,
-            handler_cancellation=True,
+            on_listening=lambda: print(LISTENING.decode(), flush=True),
         )
     return 0
 

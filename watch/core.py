@@ -144,6 +144,10 @@ class WatchTable(Generic[W]):
         """Keys ``watcher`` watches (armed or not)."""
         return list(self._delivered.get(watcher, ()))
 
+    def count_keys(self, watcher: W) -> int:
+        """How many keys ``watcher`` watches (armed or not)."""
+        return len(self._delivered.get(watcher, ()))
+
     def delivered(self, watcher: W, key: str) -> int | None:
         return self._delivered.get(watcher, {}).get(key)
 

@@ -102,7 +102,7 @@ async def wait_cell(page: Page, queue: str, field: str, text: str, within: float
 def ws_keys(api: Api) -> list[list[str]]:
     """The keys each WebSocket connection to the server watches."""
     hub = api.app[watches.HUB]
-    return [sorted(hub.table.watched_keys(c)) for c in api.app[watches.WATCHERS]["ws"]]
+    return [sorted(hub.table.watched_keys(c)) for c in api.app[watches.WATCHERS].ws]
 
 
 CHART_INK = """(() => {
@@ -263,7 +263,7 @@ async def test_the_page_reconnects_and_rearms_its_watches_after_the_socket_close
     await api.create("orders")
     await page.navigate(str(api.client.make_url("/")))
     await wait_cell(page, "orders", "ready", "0")
-    for conn in list(api.app[watches.WATCHERS]["ws"]):
+    for conn in list(api.app[watches.WATCHERS].ws):
         conn.close(1012, "service restart")
     await page.wait_for("document.body.dataset.ws === 'closed'", within=5)
     await page.wait_for("document.body.dataset.ws === 'open'", within=5)

@@ -14,6 +14,8 @@ PURE = [
     "actors/core/*.py",
     "actors/errors.py",
     "actors/settings.py",
+    "watch/core.py",
+    "watch/frames.py",
 ]
 BANNED = {
     "ray",

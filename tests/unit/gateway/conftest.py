@@ -19,12 +19,13 @@ from typing import Any, NamedTuple, TypeVar
 import msgspec
 import pytest
 from aiohttp import web
-from aiohttp.test_utils import TestClient
+from aiohttp.test_utils import TestClient, TestServer
 from multidict import CIMultiDictProxy
 
 from actors.log.store import LocalDirStore, ObjectStore
 from gateway.app import AppOptions, make_app
 from gateway.directory import LocalDirectory
+from gateway.door import DoorRunner
 
 T = TypeVar("T")
 
@@ -240,6 +241,14 @@ class GatedStore:
 Serve = Callable[..., Awaitable[Api]]
 
 
+class DoorTestServer(TestServer):
+    """aiohttp's test server with the gateway's front door (gateway/door.py), as
+    ``evq serve`` runs it."""
+
+    async def _make_runner(self, **kwargs: Any) -> DoorRunner:
+        return DoorRunner(self.app, **kwargs)
+
+
 @pytest.fixture
 def data_dir(tmp_path: Path) -> Path:
     """Where the test's queues live (a second server on it sees the first one's queues)."""
@@ -265,8 +274,8 @@ def serve(aiohttp_client: Any, data_dir: Path) -> Iterator[Serve]:
             gated.append(store)
         directory = LocalDirectory(store or LocalDirStore(data_dir), count=2)
         # aiohttp's TestServer cancels the handler of a client that hangs up, as
-        # gateway/server.py asks of run_app (handler_cancellation=True).
-        client = await aiohttp_client(make_app(directory, options or AppOptions()))
+        # gateway/door.py asks of its runner (handler_cancellation=True).
+        client = await aiohttp_client(DoorTestServer(make_app(directory, options or AppOptions())))
         api = Api(client)
         if ready:
             await api.wait_ready()

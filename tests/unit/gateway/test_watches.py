@@ -269,10 +269,10 @@ async def test_10k_connect_disconnect_cycles_leave_nothing_behind(api: Api) -> N
     for start in range(0, 10_000, 200):
         await asyncio.gather(*(cycle(i) for i in range(start, start + 200)))
     await session.close()
-    await until(lambda: hub.table.watchers() == 0 and api.app[WATCHERS]["n"] == 0, within=10)
+    await until(lambda: hub.table.watchers() == 0 and api.app[WATCHERS].n == 0, within=10)
     assert hub.table.armed_keys() == []
     assert hub.interest() == {}
-    assert not api.app[WATCHERS]["ws"]
+    assert not api.app[WATCHERS].ws
 
 
 async def test_a_client_that_never_reads_is_closed_and_does_not_slow_the_others(
@@ -302,7 +302,7 @@ async def test_a_client_that_never_reads_is_closed_and_does_not_slow_the_others(
             closed_slow = True
             break
         await asyncio.sleep(0.005)
-        if len(api.app[WATCHERS]["ws"]) == 1:
+        if len(api.app[WATCHERS].ws) == 1:
             closed_slow = True
             break
     assert closed_slow, "the stuck client was not closed"

@@ -1,0 +1,262 @@
+"""The gateway's front door: each new connection's first request decides who serves it.
+
+Most connections are plain HTTP and go to aiohttp as they are. A WebSocket upgrade to a path
+registered in ``app[UPGRADES]`` (``/v1/ws``) may instead be taken over by that path's
+function, which answers the handshake and returns its own :class:`asyncio.Protocol` for
+the connection: a watcher then costs its transport and its protocol object, not aiohttp's
+request machinery (about 11 KiB per connection, measured in loadtest/RESULTS.md). When the
+function declines (a bad token, no room for another watcher, a malformed handshake) the
+connection goes to aiohttp with the bytes read so far, and aiohttp's route for the same path
+gives the usual error response — one place for every error.
+
+Only the first request of a connection is looked at; a WebSocket upgrade on a connection
+that already carried other requests is served by aiohttp's route (same behaviour, aiohttp's
+cost).
+
+:class:`DoorRunner` is an :class:`aiohttp.web.AppRunner` whose connections pass the door
+(any site works with it: TCP, a socket, a test server); :func:`run` serves an application
+with it until SIGINT/SIGTERM, as :func:`aiohttp.web.run_app` does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+from aiohttp import web
+
+__all__ = ["UPGRADES", "DoorRunner", "Head", "Upgrade", "parse_head", "run"]
+
+log = logging.getLogger(__name__)
+
+HEAD_LIMIT = 8192  # a longer request head is aiohttp's to refuse
+HEAD_TIMEOUT_S = 75.0  # a connection that says nothing is closed (aiohttp's keep-alive time)
+
+
+class Head(NamedTuple):
+    """The head of an HTTP/1.1 request: header names in lower case, repeated ones joined."""
+
+    method: str
+    path: str
+    query: str
+    version: str
+    headers: dict[str, str]
+
+
+def parse_head(data: bytes) -> Head | None:
+    """The request head in ``data`` (without the blank line), or None if malformed."""
+    try:
+        text = data.decode("ascii")
+    except UnicodeDecodeError:
+        return None
+    lines = text.split("\r\n")
+    parts = lines[0].split(" ")
+    if len(parts) != 3 or not parts[1].startswith("/"):
+        return None
+    method, target, version = parts
+    path, _, query = target.partition("?")
+    headers: dict[str, str] = {}
+    for line in lines[1:]:
+        name, sep, value = line.partition(":")
+        if not sep or not name or name != name.strip():
+            return None
+        name, value = name.lower(), value.strip()
+        headers[name] = f"{headers[name]}, {value}" if name in headers else value
+    return Head(method, path, query, version, headers)
+
+
+# (app, head, transport) -> the connection's protocol, after writing the handshake; or None
+Upgrade = Callable[[web.Application, Head, asyncio.Transport], "asyncio.Protocol | None"]
+UPGRADES = web.AppKey("door_upgrades", dict)  # {path: Upgrade}
+
+
+class Door(asyncio.Protocol):
+    """A new connection until its first request head says who serves it."""
+
+    __slots__ = ("_head", "_timer", "doorway", "transport")
+
+    def __init__(self, doorway: Doorway) -> None:
+        self.doorway = doorway
+        self.transport: asyncio.Transport | None = None
+        self._head = b""
+        self._timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        loop = asyncio.get_running_loop()
+        self._timer = loop.call_later(HEAD_TIMEOUT_S, transport.close)
+
+    def data_received(self, data: bytes) -> None:
+        head = self._head + data if self._head else data
+        if not self.doorway.may_upgrade(head):
+            self._hand_over(head)
+            return
+        end = head.find(b"\r\n\r\n")
+        if end < 0:
+            if len(head) > HEAD_LIMIT:
+                self._hand_over(head)
+            else:
+                self._head = head
+            return
+        try:
+            protocol = self.doorway.upgrade(parse_head(head[:end]), self.transport)
+        except Exception:
+            log.exception("taking over a connection failed: aiohttp serves it")
+            protocol = None
+        if protocol is None:
+            self._hand_over(head)
+            return
+        transport = self.transport
+        assert transport is not None
+        self._decided()
+        transport.set_protocol(protocol)
+        protocol.connection_made(transport)
+        rest = head[end + 4 :]
+        if rest:
+            protocol.data_received(rest)
+
+    def eof_received(self) -> bool:
+        return False  # a connection that ends before its first request: close it
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._decided()
+
+    def _decided(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self.transport = None
+        self._head = b""
+
+    def _hand_over(self, head: bytes) -> None:
+        transport = self.transport
+        assert transport is not None
+        self._decided()
+        handler = self.doorway.server()
+        transport.set_protocol(handler)
+        handler.connection_made(transport)
+        handler.data_received(head)
+
+
+class Doorway:
+    """The runner's protocol factory: a :class:`Door` per connection; the rest of aiohttp's
+    :class:`web.Server` (shutdown, connections) passes through."""
+
+    def __init__(self, server: web.Server, app: web.Application) -> None:
+        self.server = server
+        self.app = app
+        self._prefixes = [(f"GET {path}".encode(), path) for path in app.get(UPGRADES, {})]
+
+    def __call__(self) -> asyncio.Protocol:
+        if not self._prefixes:
+            return self.server()
+        return Door(self)
+
+    def may_upgrade(self, head: bytes) -> bool:
+        """Whether ``head`` may still be (the start of) a request to an upgrade path."""
+        for prefix, _ in self._prefixes:
+            if len(head) <= len(prefix):
+                if prefix.startswith(head):
+                    return True
+            elif head.startswith(prefix) and head[len(prefix)] in b" ?":
+                return True
+        return False
+
+    def upgrade(self, head: Head | None, transport: Any) -> asyncio.Protocol | None:
+        if head is None or head.method != "GET" or head.version != "HTTP/1.1":
+            return None
+        if head.headers.get("content-length", "0") != "0" or "transfer-encoding" in head.headers:
+            return None
+        upgrade: Upgrade | None = self.app[UPGRADES].get(head.path)
+        return upgrade(self.app, head, transport) if upgrade is not None else None
+
+    # What aiohttp's runner asks of its server.
+    def pre_shutdown(self) -> None:
+        self.server.pre_shutdown()
+
+    async def shutdown(self, timeout: float | None = None) -> None:  # noqa: ASYNC109 (aiohttp's)
+        await self.server.shutdown(timeout)
+
+    @property
+    def connections(self) -> list[Any]:
+        return self.server.connections
+
+
+class DoorRunner(web.AppRunner):
+    """An AppRunner whose connections pass the :class:`Door`."""
+
+    async def _make_server(self) -> web.Server:
+        server = await super()._make_server()
+        return Doorway(server, self.app)  # type: ignore[return-value]
+
+
+def run(
+    app: web.Application,
+    *,
+    host: str,
+    port: int,
+    reuse_port: bool = False,
+    backlog: int = 4096,
+    shutdown_timeout: float = 60.0,
+    on_listening: Callable[[], None] | None = None,
+) -> None:
+    """Serve ``app`` until SIGINT or SIGTERM, then shut it down gracefully."""
+    loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(loop)
+    main = loop.create_task(
+        _serve(app, host, port, reuse_port, backlog, shutdown_timeout, on_listening)
+    )
+    try:
+        loop.run_until_complete(main)
+    except (web.GracefulExit, KeyboardInterrupt):
+        pass
+    finally:
+        try:
+            if not main.done():
+                main.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    loop.run_until_complete(main)
+        finally:
+            _cancel_all(loop)
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.close()
+
+
+async def _serve(
+    app: web.Application,
+    host: str,
+    port: int,
+    reuse_port: bool,
+    backlog: int,
+    shutdown_timeout: float,
+    on_listening: Callable[[], None] | None,
+) -> None:
+    runner = DoorRunner(
+        app,
+        handle_signals=True,
+        access_log=None,
+        shutdown_timeout=shutdown_timeout,
+        # A client that hangs up cancels its handler: a waiting take must not go on
+        # waiting (and reserve a message) for a connection that is gone.
+        handler_cancellation=True,
+    )
+    await runner.setup()
+    try:
+        site = web.TCPSite(runner, host, port, backlog=backlog, reuse_port=reuse_port or None)
+        await site.start()
+        if on_listening is not None:
+            on_listening()
+        await asyncio.Event().wait()
+    finally:
+        await runner.cleanup()
+
+
+def _cancel_all(loop: asyncio.AbstractEventLoop) -> None:
+    tasks = asyncio.all_tasks(loop)
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
