@@ -1568,8 +1568,12 @@ async def _profile_serve(kind: str, port: int, control: int, trace: bool, workdi
         loop = asyncio.get_running_loop()
         server = await loop.create_server(LeanWs, "127.0.0.1", port, backlog=4096)
     else:
-        app = _profile_gateway_app(workdir) if kind == "gateway" else _profile_bare_app()
-        runners.append(web.AppRunner(app, access_log=None))
+        if kind == "gateway":  # as evq serve runs it: through the front door
+            from gateway.door import DoorRunner
+
+            runners.append(DoorRunner(_profile_gateway_app(workdir), access_log=None))
+        else:
+            runners.append(web.AppRunner(_profile_bare_app(), access_log=None))
     for runner, p in zip(runners, (control, port), strict=False):
         await runner.setup()
         await web.TCPSite(runner, "127.0.0.1", p, backlog=4096).start()
