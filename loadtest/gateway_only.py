@@ -8,14 +8,14 @@ own request handling costs compared with a trivial aiohttp endpoint.
 from __future__ import annotations
 
 import argparse
+import asyncio
 from typing import Any
-
-from aiohttp import web
 
 from actors.core import commands as cmd
 from actors.core import replies as rp
 from actors.settings import QueueSettings
 from actors.shard import ShardStatus
+from gateway import door
 from gateway.app import make_app
 
 
@@ -43,6 +43,13 @@ class InstantDirectory:
     ) -> tuple[bool, QueueSettings]:
         return True, settings
 
+    async def watch_key(self, key: str, version: int) -> rp.KeyView:
+        await asyncio.Event().wait()  # nothing ever changes here
+        raise AssertionError("unreachable")
+
+    async def metrics(self) -> list[Any]:
+        return []
+
     async def delete(self, name: str) -> None:
         return None
 
@@ -63,9 +70,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("port", type=int)
     args = ap.parse_args()
-    web.run_app(
-        make_app(InstantDirectory()), host="127.0.0.1", port=args.port, access_log=None, print=None
-    )
+    door.run(make_app(InstantDirectory()), host="127.0.0.1", port=args.port)  # as evq serve
 
 
 if __name__ == "__main__":
