@@ -30,15 +30,11 @@ from actors.settings import QueueSettings
 from actors.shard import placement
 from actors.spawn import NAMESPACE, ShardActor, ShardSpec, spawn_shards
 from gateway.directory import RayDirectory
+from tests.integration.local_ray import local_ray
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
 # Before Ray is imported or started: no token auth, everything on loopback.
-RAY_ENV = {
-    "RAY_AUTH_MODE": "disabled",
-    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-    "RAY_USAGE_STATS_ENABLED": "0",
-}
 COUNT = 2
 
 
@@ -58,26 +54,8 @@ class ProbeShard(ShardActor):
 @pytest.fixture(scope="module")
 def ray_runtime() -> Iterator[Any]:
     """A local Ray runtime for this module (never ``ray stop``: shutdown stops only ours)."""
-    saved = {k: os.environ.get(k) for k in RAY_ENV}
-    os.environ.update(RAY_ENV)
-    import ray
-
-    ray.init(
-        num_cpus=1,
-        include_dashboard=False,
-        namespace=NAMESPACE,
-        log_to_driver=False,
-        runtime_env={"env_vars": RAY_ENV},
-    )
-    try:
+    with local_ray(num_cpus=1, namespace=NAMESPACE) as ray:
         yield ray
-    finally:
-        ray.shutdown()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 @pytest.fixture(scope="module")

@@ -33,6 +33,7 @@ from actors.handlers.cluster import HandlerRun
 from gateway.client import Client
 from tests.integration import handler_funcs
 from tests.integration.conftest import Names
+from tests.integration.local_ray import local_ray
 from tests.integration.server import (
     EVQ,
     ROOT,
@@ -45,11 +46,6 @@ from tests.integration.server import (
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
 
-RAY_ENV = {
-    "RAY_AUTH_MODE": "disabled",
-    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-    "RAY_USAGE_STATS_ENABLED": "0",
-}
 FUNCS = "tests.integration.handler_funcs:"
 
 
@@ -64,33 +60,15 @@ class Cluster:
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """Ray in this process (never ``ray stop``), and ``evq serve`` joined to it."""
-    saved = {k: os.environ.get(k) for k in RAY_ENV}
-    os.environ.update(RAY_ENV)
-    import ray
-
-    ray.init(
-        num_cpus=2,
-        include_dashboard=False,
-        namespace="evq-handler-tests",
-        log_to_driver=False,
-        runtime_env={"env_vars": RAY_ENV},
-    )
-    address = ray.get_runtime_context().gcs_address
-    server = Server(tmp_path_factory.mktemp("evq") / "data", "--ray-address", address)
-    try:
-        server.start()
-        yield Cluster(address, server)
-    finally:
+    with local_ray(num_cpus=2, namespace="evq-handler-tests") as ray:
+        address = ray.get_runtime_context().gcs_address
+        server = Server(tmp_path_factory.mktemp("evq") / "data", "--ray-address", address)
         try:
+            server.start()
+            yield Cluster(address, server)
+        finally:
             if server.running():
                 server.stop(timeout=45)
-        finally:
-            ray.shutdown()
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
 
 
 @pytest.fixture
