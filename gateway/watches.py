@@ -403,9 +403,10 @@ def open_websocket(app: web.Application, head: Head, transport: Any) -> WsProtoc
     options = app[WATCH_OPTIONS]
     if watchers.n >= options.max_watchers or app[HUB].closed:
         return None
+    protocol = WsProtocol(transport, app[HUB], options, token, watchers)
     transport.write(reply)
     app[METRICS].observe("/v1/ws", "GET", 101, None)
-    return WsProtocol(transport, app[HUB], options, token, watchers)
+    return protocol
 
 
 @routes.get("/v1/ws")
