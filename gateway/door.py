@@ -44,6 +44,7 @@ class Head(NamedTuple):
     query: str
     version: str
     headers: dict[str, str]
+    raw: bytes  # as received, with the blank line: what aiohttp gets if it is handed over
 
 
 def parse_head(data: bytes) -> Head | None:
@@ -65,12 +66,14 @@ def parse_head(data: bytes) -> Head | None:
             return None
         name, value = name.lower(), value.strip()
         headers[name] = f"{headers[name]}, {value}" if name in headers else value
-    return Head(method, path, query, version, headers)
+    return Head(method, path, query, version, headers, data + b"\r\n\r\n")
 
 
-# (app, head, transport) -> the connection's protocol, after writing the handshake; or None
-Upgrade = Callable[[web.Application, Head, asyncio.Transport], "asyncio.Protocol | None"]
-UPGRADES = web.AppKey("door_upgrades", dict)  # {path: Upgrade}
+# (doorway, head, transport) -> the connection's protocol from now on (it has answered or
+# will answer the request), or None to let aiohttp serve the connection
+Upgrade = Callable[["Doorway", Head, asyncio.Transport], "asyncio.Protocol | None"]
+# {path: Upgrade}; a path ending in "/" takes every path under it
+UPGRADES = web.AppKey("door_upgrades", dict)
 
 
 class Door(asyncio.Protocol):
@@ -135,10 +138,7 @@ class Door(asyncio.Protocol):
         transport = self.transport
         assert transport is not None
         self._decided()
-        handler = self.doorway.server()
-        transport.set_protocol(handler)
-        handler.connection_made(transport)
-        handler.data_received(head)
+        self.doorway.hand_over(transport, head)
 
 
 class Doorway:
@@ -148,7 +148,8 @@ class Doorway:
     def __init__(self, server: web.Server, app: web.Application) -> None:
         self.server = server
         self.app = app
-        self._prefixes = [(f"GET {path}".encode(), path) for path in app.get(UPGRADES, {})]
+        self._upgrades: dict[str, Upgrade] = dict(app.get(UPGRADES, {}))
+        self._prefixes = [f"GET {path}".encode() for path in self._upgrades]
 
     def __call__(self) -> asyncio.Protocol:
         if not self._prefixes:
@@ -157,11 +158,11 @@ class Doorway:
 
     def may_upgrade(self, head: bytes) -> bool:
         """Whether ``head`` may still be (the start of) a request to an upgrade path."""
-        for prefix, _ in self._prefixes:
+        for prefix in self._prefixes:
             if len(head) <= len(prefix):
                 if prefix.startswith(head):
                     return True
-            elif head.startswith(prefix) and head[len(prefix)] in b" ?":
+            elif head.startswith(prefix) and (prefix.endswith(b"/") or head[len(prefix)] in b" ?"):
                 return True
         return False
 
@@ -170,8 +171,30 @@ class Doorway:
             return None
         if head.headers.get("content-length", "0") != "0" or "transfer-encoding" in head.headers:
             return None
-        upgrade: Upgrade | None = self.app[UPGRADES].get(head.path)
-        return upgrade(self.app, head, transport) if upgrade is not None else None
+        upgrade = self._upgrades.get(head.path)
+        if upgrade is None:
+            for path, under in self._upgrades.items():
+                if path.endswith("/") and head.path.startswith(path) and head.path != path:
+                    upgrade = under
+                    break
+        return upgrade(self, head, transport) if upgrade is not None else None
+
+    def hand_over(self, transport: asyncio.Transport, data: bytes) -> None:
+        """aiohttp serves ``transport`` from now on, starting with ``data``."""
+        handler = self.server()
+        transport.set_protocol(handler)
+        handler.connection_made(transport)
+        if data:
+            handler.data_received(data)
+
+    def reopen(self, transport: asyncio.Transport, data: bytes) -> None:
+        """The connection's next request passes the door again (keep-alive after a request
+        a taker served), starting with ``data`` already received."""
+        door = Door(self)
+        transport.set_protocol(door)
+        door.connection_made(transport)
+        if data:
+            door.data_received(data)
 
     # What aiohttp's runner asks of its server.
     def pre_shutdown(self) -> None:

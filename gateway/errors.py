@@ -77,15 +77,15 @@ def error_response(
     )
 
 
-_MSGPACK_TYPES = (MSGPACK, "application/x-msgpack")
+MSGPACK_TYPES = (MSGPACK, "application/x-msgpack")
 
 
 def wants_msgpack(request: web.Request) -> bool:
     """Whether the reply should be msgpack (the request's type, or Accept)."""
     accept = request.headers.get("Accept", "")
-    if any(t in accept for t in _MSGPACK_TYPES):
+    if any(t in accept for t in MSGPACK_TYPES):
         return True
-    return request.content_type in _MSGPACK_TYPES and "json" not in accept
+    return request.content_type in MSGPACK_TYPES and "json" not in accept
 
 
 @web.middleware

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import email.utils
 import logging
 import urllib.parse
 from typing import Any
@@ -24,8 +25,8 @@ from actors.errors import BadRequest, Overloaded, TooLarge
 from actors.keyspace import QUEUE_PREFIX, SYS_PREFIX, set_key_command
 from gateway import native
 from gateway.auth import AUTH, TOKEN, Token, may_read_key, presented
-from gateway.door import UPGRADES, Head
-from gateway.errors import MSGPACK, wants_msgpack
+from gateway.door import HEAD_LIMIT, UPGRADES, Doorway, Head
+from gateway.errors import MSGPACK, MSGPACK_TYPES, wants_msgpack
 from gateway.metrics import METRICS
 from watch.core import KeyState
 from watch.frames import (
@@ -49,11 +50,13 @@ __all__ = [
     "HUB",
     "WATCHERS",
     "WATCH_OPTIONS",
+    "PollConn",
     "WatchOptions",
     "Watchers",
     "WsConn",
     "WsProtocol",
     "close_watchers",
+    "open_long_poll",
     "open_websocket",
     "routes",
 ]
@@ -82,12 +85,13 @@ class WatchOptions(msgspec.Struct, frozen=True, kw_only=True):
 class Watchers:
     """The watchers a gateway process holds."""
 
-    __slots__ = ("door", "n", "ws")
+    __slots__ = ("door", "n", "polls", "ws")
 
     def __init__(self) -> None:
         self.n = 0  # WebSockets and long polls (against WatchOptions.max_watchers)
-        self.door = 0  # WebSockets served without aiohttp (not in aiohttp's connections)
+        self.door = 0  # watchers served without aiohttp (not in aiohttp's connections)
         self.ws: set[WsConn] = set()
+        self.polls: set[PollConn] = set()  # long polls served without aiohttp
 
 
 HUB = web.AppKey("watch_hub", Hub)
@@ -174,14 +178,19 @@ async def get_key(request: web.Request) -> web.Response:
 
 
 def _poll_args(request: web.Request) -> tuple[int, float]:
+    return poll_args(request.query.get("version"), request.query.get("timeout"))
+
+
+def poll_args(version: str | None, timeout: str | None) -> tuple[int, float]:
+    """A long poll's ``version`` and ``timeout`` from the query. Raises: BadRequest."""
     try:
-        version = int(request.query.get("version", "0"))
-        timeout = float(request.query.get("timeout", DEFAULT_TIMEOUT_S))
+        v = int(version if version is not None else "0")
+        t = float(timeout) if timeout is not None else DEFAULT_TIMEOUT_S
     except ValueError:
         raise BadRequest("version must be an integer and timeout a number of seconds") from None
-    if version < 0 or not 0 <= timeout <= MAX_TIMEOUT_S:
+    if v < 0 or not 0 <= t <= MAX_TIMEOUT_S:
         raise BadRequest(f"version must be >= 0 and timeout within 0..{MAX_TIMEOUT_S:g} s")
-    return version, timeout
+    return v, t
 
 
 @routes.get("/v1/watch/{key:.+}")
@@ -193,6 +202,140 @@ async def watch_key(request: web.Request) -> web.Response:
     if state is None:
         return web.Response(status=204)
     return _state_response(request, state)
+
+
+class PollConn(asyncio.Protocol):
+    """One long poll served without aiohttp (a :class:`watch.hub.Sink`): the front door
+    hands over a connection whose request is a valid ``GET /v1/watch/{key}``; the answer is
+    written here, and the connection's next request passes the door again (so a client that
+    polls on a keep-alive connection stays off aiohttp's request path, and any other request
+    goes to aiohttp). Waiting costs this object and a timer."""
+
+    __slots__ = ("close_after", "doorway", "kind", "pending", "timer", "transport", "waiting")
+
+    def __init__(self, doorway: Doorway, transport: Any, kind: str, close_after: bool) -> None:
+        self.doorway = doorway
+        self.transport = transport
+        self.kind = kind  # "json" or "msgpack"
+        self.close_after = close_after
+        self.pending = b""  # the client's next request(s), received while this one waits
+        self.timer: asyncio.TimerHandle | None = None
+        self.waiting = False
+
+    def start(self, hub: Hub, key: str, version: int, timeout: float) -> None:
+        """Arm ``key``: answer now if the client is behind, else when it changes or after
+        ``timeout`` seconds (204)."""
+        if self.transport is None:
+            return  # the client left before its poll started
+        state = hub.arm(self, key, version)
+        if state is not None or hub.closed:
+            self.answer(state)
+            return
+        self.waiting = True
+        watchers = self.doorway.app[WATCHERS]
+        watchers.n += 1
+        watchers.door += 1
+        watchers.polls.add(self)
+        self.timer = asyncio.get_running_loop().call_later(timeout, self.answer, None)
+
+    def deliver(self, state: KeyState) -> None:
+        self.answer(state)
+
+    def answer(self, state: KeyState | None) -> None:
+        """Write the answer (the state, or 204), then let the next request through."""
+        app = self.doorway.app
+        hub = app[HUB]
+        self._stop_waiting()
+        hub.drop(self)
+        t = self.transport
+        if t is None or t.is_closing():
+            return
+        date = _http_date(hub.clock.now_ms() / 1000)
+        close = "Connection: close\r\n" if self.close_after else ""
+        if state is None:
+            t.write(f"HTTP/1.1 204 No Content\r\nDate: {date}\r\n{close}\r\n".encode())
+            status = 204
+        else:
+            body = _encoded(state, self.kind)
+            ctype = MSGPACK if self.kind == "msgpack" else "application/json"
+            t.write(
+                f"HTTP/1.1 200 OK\r\nContent-Type: {ctype}\r\nContent-Length: {len(body)}\r\n"
+                f"Date: {date}\r\n{close}\r\n".encode()
+                + body
+            )
+            status = 200
+        app[METRICS].observe("/v1/watch/{key}", "GET", status, None)
+        self.transport = None
+        if self.close_after:
+            t.close()
+        else:
+            self.doorway.reopen(t, self.pending)
+
+    def _stop_waiting(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+        if self.waiting:
+            self.waiting = False
+            watchers = self.doorway.app[WATCHERS]
+            watchers.polls.discard(self)
+            watchers.n -= 1
+            watchers.door -= 1
+
+    def data_received(self, data: bytes) -> None:
+        self.pending += data  # a pipelined request: served after this answer
+        if len(self.pending) > 2 * HEAD_LIMIT:
+            self.transport.close()  # not a client that waits for its answer
+
+    def eof_received(self) -> bool:
+        return False
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._stop_waiting()
+        self.doorway.app[HUB].drop(self)
+        self.transport = None
+
+
+_date: list[Any] = ["", -1]
+
+
+def _http_date(now_s: float) -> str:
+    """The ``Date`` header's value, made once a second."""
+    if int(now_s) != _date[1]:
+        _date[0], _date[1] = email.utils.formatdate(now_s, usegmt=True), int(now_s)
+    return str(_date[0])
+
+
+def open_long_poll(doorway: Doorway, head: Head, transport: Any) -> PollConn | None:
+    """The front door's offer of a ``GET /v1/watch/{key}``: serve it, or None to let
+    aiohttp's route answer (every error, refusal and limit is answered there)."""
+    app = doorway.app
+    raw_key = head.path[len("/v1/watch/") :]
+    if "%" in raw_key or "%" in head.query:
+        return None  # percent-decoding is aiohttp's
+    query = urllib.parse.parse_qs(head.query, keep_blank_values=True)
+    if any(len(v) > 1 for v in query.values()):
+        return None
+    try:
+        key = validate_key(raw_key)
+        version, timeout = poll_args(
+            query.get("version", [None])[0], query.get("timeout", [None])[0]
+        )
+    except BadRequest:
+        return None
+    if app[WATCHERS].n >= app[WATCH_OPTIONS].max_watchers:
+        return None
+    auth = app[AUTH]
+    if auth.enabled:
+        token = auth.identify(presented(head.headers.get("authorization"), None))
+        if token is None or not may_read_key(token, key) or auth.admit(token) is not None:
+            return None
+    accept = head.headers.get("accept", "")
+    kind = "msgpack" if any(t in accept for t in MSGPACK_TYPES) else "json"
+    close = "close" in head.headers.get("connection", "").lower()
+    conn = PollConn(doorway, transport, kind, close)
+    asyncio.get_running_loop().call_soon(conn.start, app[HUB], key, version, timeout)
+    return conn
 
 
 @contextlib.contextmanager
@@ -386,9 +529,10 @@ class WsProtocol(WsConn, asyncio.Protocol):
             w.door -= 1
 
 
-def open_websocket(app: web.Application, head: Head, transport: Any) -> WsProtocol | None:
+def open_websocket(doorway: Doorway, head: Head, transport: Any) -> WsProtocol | None:
     """The front door's offer of a ``/v1/ws`` handshake: answer it and return the
     connection's protocol, or None to let aiohttp's route answer (it gives the error)."""
+    app = doorway.app
     reply = handshake_reply(head.headers)
     if reply is None:
         return None
@@ -441,6 +585,9 @@ async def close_watchers(app: web.Application) -> None:
     await hub.close()
     for conn in list(app[WATCHERS].ws):
         conn.close(CLOSE_GOING_AWAY, "server shutdown", linger=False)
+    for poll in list(app[WATCHERS].polls):
+        poll.close_after = True
+        poll.answer(None)
 
 
 def install(app: web.Application, options: WatchOptions | None = None) -> None:
@@ -449,5 +596,5 @@ def install(app: web.Application, options: WatchOptions | None = None) -> None:
     app[HUB] = Hub(directory.watch_key)
     app[WATCH_OPTIONS] = options or WatchOptions()
     app[WATCHERS] = Watchers()
-    app[UPGRADES] = {"/v1/ws": open_websocket}
+    app[UPGRADES] = {"/v1/ws": open_websocket, "/v1/watch/": open_long_poll}
     app.add_routes(routes)

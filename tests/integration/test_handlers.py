@@ -254,8 +254,11 @@ def test_free_cluster_resources_bound_the_concurrency(
     client.create_queue(queue)
     log = tmp_path / "log"
     run = handlers("nap", queue, num_cpus=1, max_concurrency=8, batch_size=1)
-    client.put(queue, bodies(log, 6, sleep=0.5))
-    final = wait_stats(run, lambda s: s.acked == 6, what="six acks")
+    # Enough work to outlast a look at the cluster that still counts a CPU held by an earlier
+    # test's task (resource reports lag by up to a second): the runtime looks again and
+    # grows to what is free, never past it.
+    client.put(queue, bodies(log, 12, sleep=0.5))
+    final = wait_stats(run, lambda s: s.acked == 12, what="twelve acks")
     assert final.peak_in_flight == 2  # the cluster has two CPUs
 
 

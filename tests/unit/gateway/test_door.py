@@ -12,6 +12,7 @@ import struct
 from typing import Any
 
 import aiohttp
+import msgspec
 import pytest
 
 from gateway import door
@@ -321,3 +322,120 @@ async def test_aiohttp_clients_work_through_the_door(api: Api) -> None:
             assert (await ws.receive_json(timeout=5)) == {"op": "pong", "id": 1}
             assert api.app[WATCHERS].door == 1
         await until(lambda: api.app[WATCHERS].door == 0)
+
+
+# ------------------------------------------------------------------ long polls
+
+
+def poll_head(key: str, query: str = "", **extra: str) -> bytes:
+    headers = {"Host": "127.0.0.1", **extra}
+    target = f"/v1/watch/{key}" + (f"?{query}" if query else "")
+    lines = [f"GET {target} HTTP/1.1", *(f"{k}: {v}" for k, v in headers.items())]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+async def test_long_polls_on_a_keep_alive_connection_stay_off_aiohttp(api: Api) -> None:
+    v = (await api.ok("PUT", "/v1/keys/app:p", {"value": "a"}))["version"]
+    raw = await Raw.connect(api)
+    # behind: answered at once
+    raw.writer.write(poll_head("app:p", "version=0"))
+    status, head = await raw.head()
+    assert status == 200
+    assert await raw.body(head) == {"key": "app:p", "version": v, "value": "a"}
+    # up to date: waits (served by the door), answered by the next change
+    raw.writer.write(poll_head("app:p", f"version={v}&timeout=10"))
+    watchers = api.app[WATCHERS]
+    await until(lambda: watchers.door == 1 and len(watchers.polls) == 1)
+    v2 = (await api.ok("PUT", "/v1/keys/app:p", {"value": "b"}))["version"]
+    status, head = await raw.head()
+    assert status == 200
+    assert (await raw.body(head))["version"] == v2
+    assert (watchers.n, watchers.door, len(watchers.polls)) == (0, 0, 0)
+    # nothing within the timeout: 204, no body
+    raw.writer.write(poll_head("app:p", f"version={v2}&timeout=0.2"))
+    status, head = await raw.head()
+    assert status == 204
+    assert b"content-length" not in head.lower() or b"content-length: 0" in head.lower()
+    # msgpack when asked for
+    raw.writer.write(poll_head("app:p", "version=0", Accept="application/msgpack"))
+    status, head = await raw.head()
+    assert status == 200
+    assert b"application/msgpack" in head
+    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+    body = msgspec.msgpack.decode(await raw.reader.readexactly(length))
+    assert body["value"] == "b"
+    # then any other request on the same connection: aiohttp's
+    raw.writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+    status, head = await raw.head()
+    assert status == 200
+    assert (await raw.body(head))["status"] == "ok"
+    assert api.app[HUB].table.watchers() == 0
+    raw.close()
+
+
+async def test_a_pipelined_request_waits_for_the_poll_before_it(api: Api) -> None:
+    v = (await api.ok("PUT", "/v1/keys/app:q", {"value": 1}))["version"]
+    raw = await Raw.connect(api)
+    raw.writer.write(
+        poll_head("app:q", f"version={v}&timeout=0.3") + b"GET /readyz HTTP/1.1\r\nHost: x\r\n\r\n"
+    )
+    status, _ = await raw.head()
+    assert status == 204
+    status, head = await raw.head()
+    assert status == 200
+    assert (await raw.body(head))["status"] == "ready"
+    raw.close()
+
+
+async def test_a_poller_that_leaves_costs_nothing_after(api: Api) -> None:
+    raw = await Raw.connect(api)
+    raw.writer.write(poll_head("app:gone", "version=5&timeout=30"))
+    watchers = api.app[WATCHERS]
+    await until(lambda: len(watchers.polls) == 1)
+    raw.close()
+    await until(lambda: (watchers.n, watchers.door, len(watchers.polls)) == (0, 0, 0))
+    assert api.app[HUB].table.watchers() == 0
+
+
+@pytest.mark.parametrize(
+    ("key", "query", "status"),
+    [
+        ("k", "version=-1", 400),
+        ("k", "timeout=301", 400),
+        ("k", "version=x", 400),
+        ("sp%20ace", "version=0&timeout=0", 204),  # percent-encoded: aiohttp decodes it
+    ],
+)
+async def test_polls_the_door_declines_get_aiohttps_answer(
+    api: Api, key: str, query: str, status: int
+) -> None:
+    raw = await Raw.connect(api)
+    raw.writer.write(poll_head(key, query))
+    got, _ = await raw.head()
+    assert got == status
+    raw.close()
+
+
+async def test_poll_tokens_and_limits_at_the_door(serve: Serve) -> None:
+    api = await serve(AppOptions(tokens=[READER], watch=WatchOptions(max_watchers=1)))
+    bearer = {"Authorization": f"Bearer {READER.token}"}
+    for key, extra, status in (
+        ("app:1", {}, 401),
+        ("other", bearer, 403),
+        ("app:1", {"Authorization": "Bearer nope-nope-nope-nope"}, 401),
+    ):
+        raw = await Raw.connect(api)
+        raw.writer.write(poll_head(key, "version=0&timeout=0", **extra))
+        got, _ = await raw.head()
+        assert got == status, (key, extra)
+        raw.close()
+    first = await Raw.connect(api)
+    first.writer.write(poll_head("app:1", "version=0&timeout=30", **bearer))
+    await until(lambda: len(api.app[WATCHERS].polls) == 1)
+    second = await Raw.connect(api)
+    second.writer.write(poll_head("app:2", "version=0&timeout=30", **bearer))
+    got, head = await second.head()
+    assert got == 429
+    assert (await second.body(head))["error"]["code"] == "Overloaded"
+    second.close()
+    first.close()
