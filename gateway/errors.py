@@ -15,7 +15,15 @@ from aiohttp import web
 
 from actors.errors import ErrorKind, QueueError
 
-__all__ = ["MAX_BODY", "STATUS", "error_middleware", "error_response", "status_of", "wants_msgpack"]
+__all__ = [
+    "MAX_BODY",
+    "STATUS",
+    "error_middleware",
+    "error_response",
+    "prefers_msgpack",
+    "status_of",
+    "wants_msgpack",
+]
 
 log = logging.getLogger(__name__)
 
@@ -82,10 +90,15 @@ MSGPACK_TYPES = (MSGPACK, "application/x-msgpack")
 
 def wants_msgpack(request: web.Request) -> bool:
     """Whether the reply should be msgpack (the request's type, or Accept)."""
-    accept = request.headers.get("Accept", "")
+    return prefers_msgpack(request.headers.get("Accept", ""), request.content_type)
+
+
+def prefers_msgpack(accept: str, content_type: str) -> bool:
+    """:func:`wants_msgpack` from the two header values (``content_type`` without
+    parameters)."""
     if any(t in accept for t in MSGPACK_TYPES):
         return True
-    return request.content_type in MSGPACK_TYPES and "json" not in accept
+    return content_type in MSGPACK_TYPES and "json" not in accept
 
 
 @web.middleware

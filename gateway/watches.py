@@ -26,7 +26,7 @@ from actors.keyspace import QUEUE_PREFIX, SYS_PREFIX, set_key_command
 from gateway import native
 from gateway.auth import AUTH, TOKEN, Token, may_read_key, presented
 from gateway.door import HEAD_LIMIT, UPGRADES, Doorway, Head
-from gateway.errors import MSGPACK, MSGPACK_TYPES, wants_msgpack
+from gateway.errors import MSGPACK, prefers_msgpack, wants_msgpack
 from gateway.metrics import METRICS
 from watch.core import KeyState
 from watch.frames import (
@@ -92,6 +92,23 @@ class Watchers:
         self.door = 0  # watchers served without aiohttp (not in aiohttp's connections)
         self.ws: set[WsConn] = set()
         self.polls: set[PollConn] = set()  # long polls served without aiohttp
+
+    def room(self, options: WatchOptions) -> bool:
+        """Whether this process may take one more watcher."""
+        return self.n < options.max_watchers
+
+    def enter_door(self, conns: set[Any], conn: Any) -> None:
+        """A watcher served by the front door (``conns``: ``ws`` or ``polls``) starts."""
+        conns.add(conn)
+        self.n += 1
+        self.door += 1
+
+    def leave_door(self, conns: set[Any], conn: Any) -> None:
+        """It ends (once, however often this is called)."""
+        if conn in conns:
+            conns.discard(conn)
+            self.n -= 1
+            self.door -= 1
 
 
 HUB = web.AppKey("watch_hub", Hub)
@@ -233,9 +250,7 @@ class PollConn(asyncio.Protocol):
             return
         self.waiting = True
         watchers = self.doorway.app[WATCHERS]
-        watchers.n += 1
-        watchers.door += 1
-        watchers.polls.add(self)
+        watchers.enter_door(watchers.polls, self)
         self.timer = asyncio.get_running_loop().call_later(timeout, self.answer, None)
 
     def deliver(self, state: KeyState) -> None:
@@ -278,9 +293,7 @@ class PollConn(asyncio.Protocol):
         if self.waiting:
             self.waiting = False
             watchers = self.doorway.app[WATCHERS]
-            watchers.polls.discard(self)
-            watchers.n -= 1
-            watchers.door -= 1
+            watchers.leave_door(watchers.polls, self)
 
     def data_received(self, data: bytes) -> None:
         self.pending += data  # a pipelined request: served after this answer
@@ -323,15 +336,15 @@ def open_long_poll(doorway: Doorway, head: Head, transport: Any) -> PollConn | N
         )
     except BadRequest:
         return None
-    if app[WATCHERS].n >= app[WATCH_OPTIONS].max_watchers:
+    if not app[WATCHERS].room(app[WATCH_OPTIONS]):
         return None
     auth = app[AUTH]
     if auth.enabled:
         token = auth.identify(presented(head.headers.get("authorization"), None))
         if token is None or not may_read_key(token, key) or auth.admit(token) is not None:
             return None
-    accept = head.headers.get("accept", "")
-    kind = "msgpack" if any(t in accept for t in MSGPACK_TYPES) else "json"
+    content_type = head.headers.get("content-type", "").partition(";")[0].strip().lower()
+    kind = "msgpack" if prefers_msgpack(head.headers.get("accept", ""), content_type) else "json"
     close = "close" in head.headers.get("connection", "").lower()
     conn = PollConn(doorway, transport, kind, close)
     asyncio.get_running_loop().call_soon(conn.start, app[HUB], key, version, timeout)
@@ -342,7 +355,7 @@ def open_long_poll(doorway: Doorway, head: Head, transport: Any) -> PollConn | N
 def _watcher_slot(request: web.Request) -> Any:
     """Count a watcher; 429 past the process's limit."""
     watchers = request.app[WATCHERS]
-    if watchers.n >= request.app[WATCH_OPTIONS].max_watchers:
+    if not watchers.room(request.app[WATCH_OPTIONS]):
         raise Overloaded("this server process holds as many watchers as it can; retry shortly")
     watchers.n += 1
     try:
@@ -389,18 +402,25 @@ class WsConn:
         self.send({"op": "error", "code": code, "message": message, "id": op_id, **fields})
 
     def close(self, code: int, reason: str, *, linger: bool = True) -> None:
-        """Close without waiting for the client: a close frame, then the connection."""
+        """A close frame, then the end of the connection (:meth:`_end`); at once when the
+        client does not read."""
         if self.closing:
             return
         self.closing = True
         self.hub.drop(self)
         t = self.transport
-        if t is not None and not t.is_closing():
-            if t.get_write_buffer_size() > self.options.send_buffer_limit:
-                t.abort()  # it does not read: it will not read the close frame either
-            else:
-                t.write(close_frame(code, reason))
-                t.close()
+        if t is None or t.is_closing():
+            return
+        if t.get_write_buffer_size() > self.options.send_buffer_limit:
+            t.abort()  # it does not read: it will not read the close frame either
+            return
+        t.write(close_frame(code, reason))
+        self._end(t, linger)
+
+    def _end(self, t: Any, linger: bool) -> None:
+        """After the close frame: aiohttp's connection closes without waiting for the
+        client."""
+        t.close()
 
     def on_text(self, data: bytes | str) -> None:
         """One text message from the client: ping, watch or unwatch."""
@@ -460,9 +480,7 @@ class WsProtocol(WsConn, asyncio.Protocol):
         self.reader = MessageReader(MAX_WS_MESSAGE)
         self.watchers = watchers
         self.linger: asyncio.TimerHandle | None = None
-        watchers.n += 1
-        watchers.door += 1
-        watchers.ws.add(self)
+        watchers.enter_door(watchers.ws, self)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.transport = transport
@@ -488,20 +506,9 @@ class WsProtocol(WsConn, asyncio.Protocol):
                 code = close_code(payload)
                 self.close(CLOSE_NORMAL if code == CLOSE_NO_STATUS else code, "")
 
-    def close(self, code: int, reason: str, *, linger: bool = True) -> None:
-        """A close frame, the end of our side, then wait for the client's (``linger``), or
-        close at once (the server is going away)."""
-        if self.closing:
-            return
-        self.closing = True
-        self.hub.drop(self)
-        t = self.transport
-        if t is None or t.is_closing():
-            return
-        if t.get_write_buffer_size() > self.options.send_buffer_limit:
-            t.abort()  # it does not read: it will not read the close frame either
-            return
-        t.write(close_frame(code, reason))
+    def _end(self, t: Any, linger: bool) -> None:
+        """After the close frame: the end of our side, then wait for the client's
+        (``linger``), or close at once (the server is going away)."""
         if not linger:
             t.close()
             return
@@ -522,11 +529,7 @@ class WsProtocol(WsConn, asyncio.Protocol):
         if self.linger is not None:
             self.linger.cancel()
             self.linger = None
-        w = self.watchers
-        if self in w.ws:
-            w.ws.discard(self)
-            w.n -= 1
-            w.door -= 1
+        self.watchers.leave_door(self.watchers.ws, self)
 
 
 def open_websocket(doorway: Doorway, head: Head, transport: Any) -> WsProtocol | None:
@@ -536,17 +539,17 @@ def open_websocket(doorway: Doorway, head: Head, transport: Any) -> WsProtocol |
     reply = handshake_reply(head.headers)
     if reply is None:
         return None
+    watchers = app[WATCHERS]
+    options = app[WATCH_OPTIONS]
+    if not watchers.room(options) or app[HUB].closed:
+        return None
     auth = app[AUTH]
     token = None
-    if auth.enabled:
+    if auth.enabled:  # last: a request admitted here is not refused after
         query = urllib.parse.parse_qs(head.query)
         token = auth.identify(presented(head.headers.get("authorization"), query.get("token")))
         if token is None or auth.admit(token) is not None:
             return None
-    watchers = app[WATCHERS]
-    options = app[WATCH_OPTIONS]
-    if watchers.n >= options.max_watchers or app[HUB].closed:
-        return None
     protocol = WsProtocol(transport, app[HUB], options, token, watchers)
     transport.write(reply)
     app[METRICS].observe("/v1/ws", "GET", 101, None)

@@ -364,6 +364,12 @@ async def test_long_polls_on_a_keep_alive_connection_stay_off_aiohttp(api: Api) 
     length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
     body = msgspec.msgpack.decode(await raw.reader.readexactly(length))
     assert body["value"] == "b"
+    # ... or when the request says it speaks msgpack, as aiohttp's route decides
+    raw.writer.write(poll_head("app:p", "version=0", **{"Content-Type": "application/msgpack"}))
+    status, head = await raw.head()
+    assert b"application/msgpack" in head
+    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+    assert msgspec.msgpack.decode(await raw.reader.readexactly(length))["value"] == "b"
     # then any other request on the same connection: aiohttp's
     raw.writer.write(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
     status, head = await raw.head()
