@@ -38,17 +38,18 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+# What Ray needs here, in a server subprocess or in the test process: no token auth, on
+# loopback, no usage reports.
+RAY_ENV = {
+    "RAY_AUTH_MODE": "disabled",
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+    "RAY_USAGE_STATS_ENABLED": "0",
+}
+
+
 def server_env(**extra: str) -> dict[str, str]:
     """The environment for a server subprocess (Ray without token auth, on loopback)."""
-    env = dict(os.environ)
-    env.update(
-        RAY_AUTH_MODE="disabled",
-        RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
-        RAY_USAGE_STATS_ENABLED="0",
-        PYTHONUNBUFFERED="1",
-    )
-    env.update(extra)
-    return env
+    return {**os.environ, **RAY_ENV, "PYTHONUNBUFFERED": "1", **extra}
 
 
 def session_pids(sid: int) -> list[int]:
