@@ -92,8 +92,11 @@ class HandlerRuntime:
 
     async def run(self) -> HandlerStats:
         """Handle messages until :meth:`drain` has finished; the final stats."""
+        limits = await self._until_answered(self.source.limits)
+        if limits is not None:
+            self._settler.limits = limits  # its log says what a last failed receive means
         if not self._vt:
-            self._vt = await self._until_answered(self.source.visibility_timeout) or 30.0
+            self._vt = limits.visibility_timeout if limits is not None else 30.0
         if self._draining.is_set():
             await self._stopped.wait()
             return self.snapshot()

@@ -31,7 +31,7 @@ from actors.handlers.plan import (
     backoff_delay,
     plan_outcome,
 )
-from actors.handlers.source import Item, Source, Taken
+from actors.handlers.source import Item, Limits, Source, Taken
 
 __all__ = ["Batch", "HandlerStats", "Settler", "chunks"]
 
@@ -98,6 +98,7 @@ class Settler:
         rng: random.Random,
     ) -> None:
         self.name = name
+        self.limits: Limits | None = None  # the queue's, once the runtime has asked
         self.options = options
         self.source = source
         self.stats = stats
@@ -154,15 +155,27 @@ class Settler:
         return backoff_delay(self.options.backoff, message.receive_count, self.rng.random())
 
     def _failed(self, message: Message, error: str, final: object) -> None:
-        delay = f"; again in {final.delay:.2f}s" if isinstance(final, Release) else ""
         log.warning(
             "handler %s: message %s (receive %d) failed: %s%s",
             self.name,
             message.id,
             message.receive_count,
             error,
-            delay,
+            self._next(message, final),
         )
+
+    def _next(self, message: Message, final: object) -> str:
+        """What becomes of a released message, for the log."""
+        if not isinstance(final, Release):
+            return ""
+        limits = self.limits
+        last = limits.max_receives if limits is not None else None
+        if limits is not None and last is not None and message.receive_count >= last:
+            # Its last delivery: the queue gives up on it as it is released.
+            where = limits.dead_letter_queue
+            gone = f"moves to {where}" if where is not None else "is dropped"
+            return f"; that was its last receive (max_receives {last}): it {gone}"
+        return f"; again in {final.delay:.2f}s"
 
     async def _cascade(self, batch: Batch, plans: list[Plan]) -> dict[str, str]:
         """Make every put durable; the ids of source messages whose puts failed, and why."""

@@ -21,7 +21,7 @@ from actors.core import replies as rp
 from actors.errors import MessageNotFound, QueueError, StaleLease, Unavailable
 from actors.handlers.api import Message, Put
 
-__all__ = ["DirectorySource", "HttpSource", "Source", "Taken", "Watched"]
+__all__ = ["DirectorySource", "HttpSource", "Limits", "Source", "Taken", "Watched"]
 
 log = logging.getLogger(__name__)
 
@@ -34,6 +34,15 @@ class Taken:
 
     message: Message
     lease: str
+
+
+@dataclass(frozen=True, slots=True)
+class Limits:
+    """What the queue's settings say about deliveries."""
+
+    visibility_timeout: float  # seconds a take reserves by default
+    max_receives: int | None  # deliveries before the queue gives up on a message
+    dead_letter_queue: str | None  # where it then goes (None: dropped)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,8 +64,8 @@ class Source(Protocol):
     queue: str
     transport: str
 
-    async def visibility_timeout(self) -> float:
-        """The queue's visibility timeout in seconds. Raises: QueueError."""
+    async def limits(self) -> Limits:
+        """The queue's visibility timeout and dead-letter settings. Raises: QueueError."""
         ...
 
     async def take(self, max: int, wait: float, visibility_timeout: float) -> list[Taken]:
@@ -172,9 +181,13 @@ class DirectorySource:
             raise result
         return result
 
-    async def visibility_timeout(self) -> float:
-        description: rp.Description = await self._run(cmd.Describe())
-        return description.settings.visibility_timeout_ms / 1000
+    async def limits(self) -> Limits:
+        settings = (await self._run(cmd.Describe())).settings
+        return Limits(
+            settings.visibility_timeout_ms / 1000,
+            settings.max_receives,
+            settings.dead_letter_queue,
+        )
 
     async def take(self, max: int, wait: float, visibility_timeout: float) -> list[Taken]:
         directory = await self._dir()
@@ -257,9 +270,13 @@ class HttpSource:
         self._client = AsyncClient(server, binary=True, token=token, timeout=30.0)
         self._key = f"queue:{queue}"
 
-    async def visibility_timeout(self) -> float:
-        info = await self._client.get_queue(self.queue)
-        return float(info.settings.visibility_timeout)
+    async def limits(self) -> Limits:
+        settings = (await self._client.get_queue(self.queue)).settings
+        return Limits(
+            float(settings.visibility_timeout),
+            settings.max_receives,
+            settings.dead_letter_queue,
+        )
 
     async def take(self, max: int, wait: float, visibility_timeout: float) -> list[Taken]:
         taken = await self._client.take(

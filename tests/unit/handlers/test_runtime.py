@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -127,8 +128,9 @@ async def test_every_message_is_handled_and_acked_once(directory, start) -> None
 
 
 async def test_a_failing_message_is_retried_with_backoff_then_dead_lettered(
-    directory, start
+    directory, start, caplog
 ) -> None:
+    caplog.set_level(logging.WARNING, logger="actors.handlers")
     await create(directory, "dead")
     await create(directory, "flaky", max_receives=3, dead_letter_queue="dead")
     [mid] = await put(directory, "flaky", [b"poison"])
@@ -152,6 +154,34 @@ async def test_a_failing_message_is_retried_with_backoff_then_dead_lettered(
     assert letter[0].attributes["evq.source_id"] == mid
     assert running.stats.released == 3
     assert running.stats.acked == 0
+    # The log says what becomes of each failure: retried twice, then dead-lettered.
+    failures = [r.getMessage() for r in caplog.records if "failed: RuntimeError" in r.getMessage()]
+    assert [f.split("; ", 1)[1] for f in failures] == [
+        "again in 0.20s",
+        "again in 0.40s",
+        "that was its last receive (max_receives 3): it moves to dead",
+    ]
+
+
+async def test_a_message_out_of_receives_without_a_dead_letter_queue_is_logged_dropped(
+    directory, start, caplog
+) -> None:
+    caplog.set_level(logging.WARNING, logger="actors.handlers")
+    await create(directory, "once", max_receives=1)
+    await put(directory, "once", [b"poison"])
+
+    def fail(message: Message) -> None:
+        raise RuntimeError("no")
+
+    running = start(make(fail, "once"))
+    await until(lambda: running.stats.released == 1, what="the release")
+
+    async def dropped() -> bool:
+        return (await stats(directory, "once")).total == 0
+
+    await until(dropped, what="the drop")
+    [failure] = [r.getMessage() for r in caplog.records if "failed: RuntimeError" in r.getMessage()]
+    assert failure.endswith("; that was its last receive (max_receives 1): it is dropped")
 
 
 async def _total(d: LocalDirectory, queue: str) -> int:
