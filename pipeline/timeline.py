@@ -4,10 +4,8 @@ The log records commands' events, not what time does: a message becoming ready, 
 running out, retention removing a message, a message dead-lettered when its last lease
 expires. Those follow from the events' timestamps (``QueueState.advance``). Rather than a
 second implementation of those rules, :class:`Timeline` feeds the events to the engine's own
-:class:`~actors.core.state.QueueState` and listens to the transitions it makes, through a
-subclass that wraps the engine's transition methods (``_expire_lease``,
-``_expire_retention``, ``_dead_letter``, ``_make_available``). If the engine renames them,
-the pipeline's tests that check lease expiry and retention fail.
+:class:`~actors.core.state.QueueState` and listens to the transitions it makes as its
+:class:`~actors.core.state.Observer`.
 
 Rows (``TIMELINE_SCHEMA``), by ``type``:
 
@@ -106,41 +104,10 @@ class TimelineRows:
         return [dict(zip(_NAMES, r, strict=True)) for r in zip(*self.columns.values(), strict=True)]
 
 
-class _Tracked(QueueState):
-    """The engine's state, telling its timeline about the transitions time makes."""
-
-    __slots__ = ("_lease_ending", "timeline")
-
-    def _expire_lease(self, m: Message) -> None:
-        self.timeline.lease_expired(m)
-        self._lease_ending = m.deadline_ms  # a dead letter made now is due to the lease
-        try:
-            super()._expire_lease(m)
-        finally:
-            self._lease_ending = 0
-
-    def _expire_retention(self) -> None:
-        m = self.arrivals[0]  # what the engine removes (it dropped gone ones before calling)
-        self.timeline.retention_expired(m, m.enqueued_at_ms + self.settings.retention_ms)
-        super()._expire_retention()
-
-    def _dead_letter(self, m: Message) -> None:
-        super()._dead_letter(m)
-        self.timeline.dead_lettered(m, self._lease_ending)
-
-    def _make_available(self, m: Message) -> None:
-        super()._make_available(m)
-        self.timeline.activity(m.activate_at_ms)
-
-
-def _tracked(state: QueueState, timeline: Timeline) -> _Tracked:
-    """``state``'s content in a tracked state (same objects; ``state`` is not used again)."""
-    t = _Tracked()
-    for name in QueueState.__slots__:
-        setattr(t, name, getattr(state, name))
-    t.timeline = timeline
-    t._lease_ending = 0
-    return t
+def _tracked(state: QueueState, timeline: Timeline) -> QueueState:
+    """``state``, telling ``timeline`` about the transitions time makes."""
+    state.observer = timeline
+    return state
 
 
 class Timeline:
@@ -291,6 +258,10 @@ class Timeline:
         )
 
     # ---------------------------------------------------------------- transitions
+
+    def made_available(self, m: Message) -> None:
+        """The engine makes a message ready."""
+        self.activity(m.activate_at_ms)
 
     def lease_expired(self, m: Message) -> None:
         """The engine ends a lease at its deadline."""

@@ -26,7 +26,7 @@ import enum
 import heapq
 from collections import deque
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
@@ -42,6 +42,7 @@ __all__ = [
     "Group",
     "Message",
     "MessageState",
+    "Observer",
     "QueueState",
 ]
 
@@ -93,6 +94,25 @@ class Group:
         self.busy = False
 
 
+class Observer(Protocol):
+    """Told about the transitions the engine makes by itself — as time passes, or as the
+    consequence of an event — for readers that narrate a log (the pipeline's timeline).
+    Called synchronously; must not change the state."""
+
+    def lease_expired(self, m: Message) -> None:
+        """``m``'s lease runs out at ``m.deadline_ms`` (called before it ends)."""
+
+    def retention_expired(self, m: Message, at_ms: int) -> None:
+        """``m`` is removed for being past retention at ``at_ms`` (called before)."""
+
+    def dead_lettered(self, m: Message, lease_deadline_ms: int) -> None:
+        """``m`` moved to the outbox because its last lease ran out at
+        ``lease_deadline_ms`` (0: because it was released)."""
+
+    def made_available(self, m: Message) -> None:
+        """``m`` became ready (at ``m.activate_at_ms``)."""
+
+
 class QueueState:
     """Everything one queue knows. Build it with ``QueueState()`` and apply events."""
 
@@ -115,6 +135,7 @@ class QueueState:
         "n_reserved",
         "name",
         "next_seq",
+        "observer",
         "outbox",
         "purged_total",
         "ready",
@@ -143,6 +164,7 @@ class QueueState:
         self.enqueued_total = self.purged_total = 0
         self.keys: dict[str, tuple[int, Any]] = {}  # watch keys of a key partition
         self.transitions = 0  # time-driven transitions made by advance (not part of snapshots)
+        self.observer: Observer | None = None  # not part of snapshots either
 
     @property
     def created(self) -> bool:
@@ -352,14 +374,18 @@ class QueueState:
 
     def _expire_retention(self) -> None:
         m = self.arrivals.popleft()
+        if self.observer is not None:
+            self.observer.retention_expired(m, m.enqueued_at_ms + self.settings.retention_ms)
         self._remove(m)
         self.expired_total += 1
 
     def _expire_lease(self, m: Message) -> None:
         deadline = m.deadline_ms
+        if self.observer is not None:
+            self.observer.lease_expired(m)
         self._end_lease(m)
         if self._exhausted(m):
-            self._dead_letter(m)
+            self._dead_letter(m, deadline)
         else:
             self._schedule(m, deadline, deadline)
 
@@ -388,6 +414,8 @@ class QueueState:
 
     def _make_available(self, m: Message) -> None:
         """A message just became ready: offer it to ``take`` unless its group holds it back."""
+        if self.observer is not None:
+            self.observer.made_available(m)
         if self.settings.fifo:
             group = self.groups[m.group]  # type: ignore[index]
             if group.busy or _head(group) is not m:
@@ -406,14 +434,17 @@ class QueueState:
         limit = self.settings.max_receives
         return limit is not None and m.receive_count >= limit
 
-    def _dead_letter(self, m: Message) -> None:
-        """Move a message whose lease just ended (no state count) to the outbox."""
+    def _dead_letter(self, m: Message, lease_deadline_ms: int = 0) -> None:
+        """Move a message whose lease just ended (no state count) to the outbox; the lease
+        ran out at ``lease_deadline_ms`` (0: it was released)."""
         m.state = DEAD
         del self.messages[m.id]
         self.outbox[m.seq] = m
         self.dead_lettered += 1
         if self.settings.fifo:
             self._refresh_group(m)
+        if self.observer is not None:
+            self.observer.dead_lettered(m, lease_deadline_ms)
 
     def _remove(self, m: Message) -> None:
         """Delete a live message from every index."""
