@@ -29,20 +29,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-RAY_ENV = {
-    "RAY_AUTH_MODE": "disabled",
-    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
-    "RAY_USAGE_STATS_ENABLED": "0",
-}
+from served import RAY_ENV, ROOT
+
 os.environ.update(RAY_ENV)
-ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import ray  # noqa: E402
+import ray
 
-from actors.handlers import Handler, HandlerOptions, Message, start  # noqa: E402
-from gateway.client import Client  # noqa: E402
-from tests.integration.server import Server  # noqa: E402
+from actors.handlers import Handler, HandlerOptions, Message, start
+from gateway.client import Client
+from tests.integration.server import Server
 
 
 def noop(message: Message) -> None:

@@ -30,7 +30,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+from served import ROOT, EvqServe
+
 BENCH = (ROOT / ".." / "shared" / "bench").resolve()
 
 
@@ -122,6 +123,7 @@ class Target:
     def __init__(self, kind: str, port: int) -> None:
         self.kind, self.port = kind, port
         self.proc: subprocess.Popen[bytes] | None = None
+        self.evq: EvqServe | None = None
         self.data: str | None = None
 
     @property
@@ -129,39 +131,29 @@ class Target:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        py = str(ROOT / ".venv" / "bin" / "python")
         if self.kind == "trivial":
-            cmd = [py, str(ROOT / "loadtest" / "trivial_server.py"), str(self.port)]
-            ready = "/healthz"
-        else:
-            self.data = tempfile.mkdtemp(prefix="evq-bench-")
-            cmd = [
-                str(ROOT / ".venv" / "bin" / "evq"),
-                "serve",
-                "--data",
-                self.data,
-                "--port",
-                str(self.port),
-                "--auto-create",
-                "--max-requests",
-                "100000",
-                "--max-connections",
-                "20000",
-                "--log-level",
-                "WARNING",
-            ]
-            ready = "/readyz"
-        self.proc = subprocess.Popen(
-            cmd,
-            cwd=ROOT,
-            start_new_session=True,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        _wait_http(self.url + ready, 120)
+            py = str(ROOT / ".venv" / "bin" / "python")
+            self.proc = subprocess.Popen(
+                [py, str(ROOT / "loadtest" / "trivial_server.py"), str(self.port)],
+                cwd=ROOT,
+                start_new_session=True,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+            _wait_http(self.url + "/healthz", 120)
+            return
+        self.data = tempfile.mkdtemp(prefix="evq-bench-")
+        extra = ["--auto-create", "--max-requests", "100000", "--max-connections", "20000"]
+        extra += ["--log-level", "WARNING"]
+        log_path = Path(self.data) / "evq-serve.log"
+        self.evq = EvqServe(Path(self.data) / "data", log_path, extra, port=self.port)
+        self.proc = self.evq.proc
+        self.evq.wait_ready(120)
 
     def stop(self) -> None:
-        if self.proc is not None:
+        if self.evq is not None:
+            self.evq.stop(60)
+        elif self.proc is not None:
             os.killpg(self.proc.pid, signal.SIGTERM)
             try:
                 self.proc.wait(60)

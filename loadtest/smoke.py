@@ -20,95 +20,14 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def get_json(url: str, timeout: float = 5) -> Any:
-    """GET a JSON document; None when it does not answer 200."""
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as r:
-            return json.loads(r.read() or b"null") if r.status == 200 else None
-    except (urllib.error.URLError, OSError, ValueError):
-        return None
-
-
-class LocalServer:
-    """``evq serve`` in a session of its own, so that stopping it stops its Ray too."""
-
-    def __init__(self, data: Path, log: Path, shards: int | None) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        command = [sys.executable, "-m", "gateway.cli", "serve", "--data", str(data)]
-        command += ["--host", "127.0.0.1", "--port", str(self.port)]
-        if shards:
-            command += ["--shards", str(shards)]
-        env = dict(
-            os.environ,
-            RAY_AUTH_MODE="disabled",
-            RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",  # keep Ray on loopback
-            RAY_USAGE_STATS_ENABLED="0",
-        )
-        self._log = log.open("wb")
-        self.proc = subprocess.Popen(
-            command,
-            cwd=ROOT,
-            env=env,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-    def wait_ready(self, timeout: float) -> None:
-        """Wait for /readyz. Raises: RuntimeError (exited or too slow)."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"evq serve exited with {self.proc.returncode}")
-            if get_json(f"{self.url}/readyz", timeout=2) is not None:
-                return
-            time.sleep(0.3)
-        raise RuntimeError(f"evq serve was not ready within {timeout} s")
-
-    def stop(self) -> int | None:
-        """SIGTERM and wait (60 s), then SIGKILL what is left of the session."""
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.proc.wait(60)
-        code = self.proc.poll()
-        for _ in range(100):
-            pids = [
-                p
-                for p in session_pids(self.proc.pid)
-                if p != self.proc.pid or self.proc.poll() is None
-            ]
-            if not pids:
-                break
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(0.2)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            self.proc.wait(10)
-        self._log.close()
-        return code
+from served import ROOT, EvqServe, get_json, session_pids
 
 
 def queue_counts(url: str) -> dict[str, int]:
@@ -149,16 +68,6 @@ def run_locust(args: argparse.Namespace, url: str, prefix: Path, summary: Path) 
         return 124
     finally:
         stop_session(proc.pid, grace=10)
-
-
-def session_pids(sid: int) -> list[int]:
-    """Processes of session ``sid``."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        with contextlib.suppress(OSError, ValueError):
-            if entry.isdigit() and os.getsid(int(entry)) == sid:
-                pids.append(int(entry))
-    return pids
 
 
 def stop_session(sid: int, grace: float) -> None:
@@ -222,14 +131,15 @@ def main() -> int:
     prefix, summary = args.reports / args.name, args.reports / f"{args.name}-summary.json"
     summary.unlink(missing_ok=True)
     data = Path(tempfile.mkdtemp(prefix="evq-loadtest-"))
-    server = LocalServer(data, args.reports / f"{args.name}-serve.log", args.shards)
+    shards = ["--shards", str(args.shards)] if args.shards else []
+    server = EvqServe(data, args.reports / f"{args.name}-serve.log", shards)
     try:
         server.wait_ready(120)
         print(f"evq serve ready on {server.url} (data {data})", flush=True)
         code = run_locust(args, server.url, prefix, summary)
         left = queue_counts(server.url)
     finally:
-        stopped = server.stop()
+        stopped = server.stop()["exit_code"]
         shutil.rmtree(data, ignore_errors=True)
     requests, failures, counters = report(prefix, summary, left)
     print(f"locust exit {code}; evq serve exit {stopped}; reports in {args.reports}/")

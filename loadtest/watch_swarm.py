@@ -88,6 +88,7 @@ from urllib.parse import urlsplit
 
 import msgspec
 import psutil
+from served import EvqServe, free_port, session_pids
 
 ROOT = Path(__file__).resolve().parents[1]
 IP_BIND_ADDRESS_NO_PORT = 24  # Linux: choose the source port at connect(), per 4-tuple
@@ -747,78 +748,15 @@ class Client:
 # ---------------------------------------------------------------------- server
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-class ServeProcess:
+def serve_process(args: argparse.Namespace, workdir: Path) -> EvqServe:
     """``evq serve`` started by the tool: own session, fresh data dir, SIGTERM at the end."""
-
-    def __init__(self, args: argparse.Namespace, workdir: Path) -> None:
-        self.port = args.port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.log_path = workdir / "evq-serve.log"
-        command = [sys.executable, "-m", "gateway.cli", "serve", "--data", str(workdir / "data")]
-        command += ["--host", "127.0.0.1", "--port", str(self.port)]
-        command += ["--workers", str(args.workers)]
-        if args.max_watchers:
-            command += ["--max-watchers", str(args.max_watchers)]
-        if args.shards:
-            command += ["--shards", str(args.shards)]
-        command += args.serve_arg
-        self.command = command
-        env = dict(os.environ)
-        env.update(
-            RAY_AUTH_MODE="disabled",
-            RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="0",
-            RAY_USAGE_STATS_ENABLED="0",
-            PYTHONUNBUFFERED="1",
-        )
-        self._log = open(self.log_path, "wb")  # noqa: SIM115 - lives as long as the server
-        self.proc = subprocess.Popen(
-            command,
-            cwd=ROOT,
-            env=env,
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def stop(self, timeout_s: float) -> dict[str, Any]:
-        """SIGTERM, wait, then SIGKILL whatever of its session is left."""
-        t0 = now()
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            code: int | None = self.proc.wait(timeout_s)
-        except subprocess.TimeoutExpired:
-            code = None
-        seconds = now() - t0
-        left = _session_pids(self.proc.pid)
-        for pid in left:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-        if code is None:
-            self.proc.kill()
-            self.proc.wait(10)
-        self._log.close()
-        return {"exit_code": code, "stop_seconds": round(seconds, 2), "killed_left": len(left)}
-
-
-def _session_pids(sid: int) -> list[int]:
-    pids = []
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError):
-                if os.getsid(int(entry)) == sid:
-                    pids.append(int(entry))
-    return pids
+    extra = ["--workers", str(args.workers)]
+    if args.max_watchers:
+        extra += ["--max-watchers", str(args.max_watchers)]
+    if args.shards:
+        extra += ["--shards", str(args.shards)]
+    extra += args.serve_arg
+    return EvqServe(workdir / "data", workdir / "evq-serve.log", extra, port=args.port or None)
 
 
 def server_processes(port: int, main_pid: int | None) -> list[psutil.Process]:
@@ -1012,7 +950,7 @@ class Run:
         if self.args.serve_proc is None:
             return []
         out = []
-        for pid in _session_pids(self.args.serve_proc.pid):
+        for pid in session_pids(self.args.serve_proc.pid):
             with contextlib.suppress(psutil.Error):
                 out.append(psutil.Process(pid))
         return out
@@ -2015,7 +1953,7 @@ def machine() -> dict[str, Any]:
     }
 
 
-async def wait_ready(http: Http, timeout_s: float, proc: ServeProcess | None) -> None:
+async def wait_ready(http: Http, timeout_s: float, proc: EvqServe | None) -> None:
     deadline = now() + timeout_s
     while now() < deadline:
         if proc is not None and proc.proc.poll() is not None:
@@ -2107,7 +2045,7 @@ def main(argv: list[str] | None = None) -> int:
     ok = False
     try:
         if args.serve:
-            args.serve_proc = ServeProcess(args, workdir)
+            args.serve_proc = serve_process(args, workdir)
             args.host, args.port = "127.0.0.1", args.serve_proc.port
             args.server_pid = args.serve_proc.pid
             log(f"started: {' '.join(args.serve_proc.command)} (pid {args.serve_proc.pid})")

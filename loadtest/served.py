@@ -1,0 +1,127 @@
+"""``evq serve`` as the load tools start it: a session of its own on 127.0.0.1, a fresh data
+directory, its output in a log file, SIGTERM at the end and SIGKILL for whatever of its
+session (Ray's processes) is left.
+
+The tools import this as a sibling module (``python loadtest/<tool>.py`` puts ``loadtest/``
+first on ``sys.path``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# Ray on loopback, without token auth or usage reports (as the tests run it).
+RAY_ENV = {
+    "RAY_AUTH_MODE": "disabled",
+    "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
+    "RAY_USAGE_STATS_ENABLED": "0",
+}
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def get_json(url: str, timeout: float = 5) -> Any:
+    """GET a JSON document; None when it does not answer 200."""
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as r:
+            return json.loads(r.read() or b"null") if r.status == 200 else None
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+
+
+def session_pids(sid: int) -> list[int]:
+    """Processes of session ``sid``."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        with contextlib.suppress(OSError, ValueError):
+            if entry.isdigit() and os.getsid(int(entry)) == sid:
+                pids.append(int(entry))
+    return pids
+
+
+class EvqServe:
+    """``evq serve --data DATA`` on 127.0.0.1 with ``extra`` arguments, in its own session."""
+
+    def __init__(
+        self, data: Path, log_path: Path, extra: Sequence[str] = (), port: int | None = None
+    ) -> None:
+        self.port = port or free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.log_path = log_path
+        self.command = [sys.executable, "-m", "gateway.cli", "serve", "--data", str(data)]
+        self.command += ["--host", "127.0.0.1", "--port", str(self.port), *extra]
+        env = {**os.environ, **RAY_ENV, "PYTHONUNBUFFERED": "1"}
+        self._log = open(log_path, "wb")  # noqa: SIM115 - lives as long as the server
+        self.proc = subprocess.Popen(
+            self.command,
+            cwd=ROOT,
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def wait_ready(self, timeout: float) -> None:
+        """Wait for ``/readyz``. Raises: RuntimeError (it exited, or was too slow)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"evq serve exited with {self.proc.returncode}")
+            if get_json(f"{self.url}/readyz", timeout=2) is not None:
+                return
+            time.sleep(0.3)
+        raise RuntimeError(f"evq serve was not ready within {timeout} s")
+
+    def stop(self, timeout: float = 60.0) -> dict[str, Any]:
+        """SIGTERM and wait up to ``timeout`` s, then SIGKILL what is left of the session.
+
+        Returns ``exit_code`` (None: it had to be killed), ``stop_seconds`` and
+        ``killed_left`` (processes of its session still there after the wait)."""
+        started = time.monotonic()
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            code: int | None = self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            code = None
+        seconds = time.monotonic() - started
+        left = 0
+        for attempt in range(100):
+            pids = [p for p in session_pids(self.proc.pid) if p != self.proc.pid]
+            if self.proc.poll() is None:
+                pids.append(self.proc.pid)
+            if not pids:
+                break
+            if attempt == 0:
+                left = len(pids)
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.2)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.proc.wait(10)
+        self._log.close()
+        return {"exit_code": code, "stop_seconds": round(seconds, 2), "killed_left": left}
