@@ -76,6 +76,15 @@ Upgrade = Callable[["Doorway", Head, asyncio.Transport], "asyncio.Protocol | Non
 UPGRADES = web.AppKey("door_upgrades", dict)
 
 
+def _switch(transport: asyncio.Transport, protocol: asyncio.Protocol, data: bytes) -> None:
+    """``protocol`` serves ``transport`` from now on, starting with ``data`` (bytes already
+    received that are its to read)."""
+    transport.set_protocol(protocol)
+    protocol.connection_made(transport)
+    if data:
+        protocol.data_received(data)
+
+
 class Door(asyncio.Protocol):
     """A new connection until its first request head says who serves it."""
 
@@ -115,11 +124,7 @@ class Door(asyncio.Protocol):
         transport = self.transport
         assert transport is not None
         self._decided()
-        transport.set_protocol(protocol)
-        protocol.connection_made(transport)
-        rest = head[end + 4 :]
-        if rest:
-            protocol.data_received(rest)
+        _switch(transport, protocol, head[end + 4 :])
 
     def eof_received(self) -> bool:
         return False  # a connection that ends before its first request: close it
@@ -181,20 +186,12 @@ class Doorway:
 
     def hand_over(self, transport: asyncio.Transport, data: bytes) -> None:
         """aiohttp serves ``transport`` from now on, starting with ``data``."""
-        handler = self.server()
-        transport.set_protocol(handler)
-        handler.connection_made(transport)
-        if data:
-            handler.data_received(data)
+        _switch(transport, self.server(), data)
 
     def reopen(self, transport: asyncio.Transport, data: bytes) -> None:
         """The connection's next request passes the door again (keep-alive after a request
         a taker served), starting with ``data`` already received."""
-        door = Door(self)
-        transport.set_protocol(door)
-        door.connection_made(transport)
-        if data:
-            door.data_received(data)
+        _switch(transport, Door(self), data)
 
     # What aiohttp's runner asks of its server.
     def pre_shutdown(self) -> None:
