@@ -75,6 +75,18 @@ def _alive(pid: int) -> bool:
     return stat[stat.rfind(b")") + 2 : stat.rfind(b")") + 3] not in (b"Z", b"X")
 
 
+def kill_until_gone(pids: Callable[[], list[int]], attempts: int = 100) -> None:
+    """SIGKILL the processes ``pids()`` names until it names none (or ``attempts`` runs out)."""
+    for _ in range(attempts):
+        left = pids()
+        if not left:
+            return
+        for pid in left:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.1)
+
+
 def cmdline(pid: int) -> str:
     """A process's command line ("" when it is gone)."""
     try:

@@ -40,6 +40,7 @@ from tests.integration.server import (
     Server,
     _alive,
     eventually,
+    kill_until_gone,
     server_env,
     session_pids,
 )
@@ -288,14 +289,7 @@ class Handle:
         return self.proc.wait(timeout)
 
     def reap(self) -> None:
-        for _ in range(100):
-            pids = [p for p in session_pids(self.proc.pid) if _alive(p)]
-            if not pids:
-                break
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(0.1)
+        kill_until_gone(lambda: [p for p in session_pids(self.proc.pid) if _alive(p)])
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(5)
 

@@ -25,7 +25,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -42,6 +41,7 @@ from tests.integration.server import (
     cmdline,
     eventually,
     free_port,
+    kill_until_gone,
     request,
     server_env,
     session_pids,
@@ -122,14 +122,7 @@ class RayNode:
         """SIGKILL every process of the node until none is left."""
         if self.proc is None:
             return
-        for _ in range(100):
-            pids = self.pids()
-            if not pids:
-                break
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(0.1)
+        kill_until_gone(self.pids)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(10)
 
