@@ -4,9 +4,15 @@
             each appending one event and waiting until it is durable, then the next; and
             the time from append to durable (p50/p99).
   recovery  time to recover a queue from a log of N events, with and without a snapshot.
+  floor     what bounds the writer on this disk: the local store's write path as raw
+            syscalls (create a temp file, write, fdatasync, link, directory fsync, unlink),
+            one segment at a time, timed step by step; the writer and its submitters with a
+            store that accepts every segment at once (their CPU alone); and the rate a closed
+            loop of N submitters could reach if the two only added up.
 
     .venv/bin/python loadtest/bench_log.py writer --submitters 1 16 64 256 --sizes 100 4096
     .venv/bin/python loadtest/bench_log.py recovery --events 1000000 10000000
+    .venv/bin/python loadtest/bench_log.py floor --submitters 64 --dir /work/bench-tmp
 
 Results are printed as JSON lines; loadtest/RESULTS.md quotes them.
 """
@@ -16,10 +22,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import shutil
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -30,7 +38,7 @@ from actors.core.state import QueueState
 from actors.log import keys
 from actors.log.codec import encode_payloads, encode_segment, encode_snapshot_object
 from actors.log.recovery import open_log
-from actors.log.store import LocalDirStore
+from actors.log.store import LocalDirStore, ObjectStore
 from actors.log.writer import GroupCommitWriter
 from actors.settings import QueueSettings
 
@@ -43,11 +51,10 @@ def _put_event(i: int, body: bytes) -> ev.MessagesPut:
 
 
 async def _writer_run(
-    root: Path, submitters: int, size: int, seconds: float, window: int = 1
+    store: ObjectStore, submitters: int, size: int, seconds: float, window: int = 1
 ) -> dict:
     """``submitters`` producers, each keeping ``window`` appends waiting for durability
     (1: append, wait, append — a closed loop)."""
-    store = LocalDirStore(root)
     writer = GroupCommitWriter(store, "bench", 1, 1)
     body = b"x" * size
     latencies: list[float] = []
@@ -80,12 +87,15 @@ async def _writer_run(
 def bench_writer(args: argparse.Namespace) -> None:
     for size in args.sizes:
         for n in args.submitters:
-            runs = []
-            for _ in range(args.runs):
-                root = Path(tempfile.mkdtemp(dir=args.dir))
-                try:
-                    runs.append(asyncio.run(_writer_run(root, n, size, args.seconds, args.window)))
-                finally:
+            # Deleted after all runs, for the reason given in bench_floor.
+            roots = [Path(tempfile.mkdtemp(dir=args.dir)) for _ in range(args.runs)]
+            try:
+                runs = [
+                    asyncio.run(_writer_run(LocalDirStore(r), n, size, args.seconds, args.window))
+                    for r in roots
+                ]
+            finally:
+                for root in roots:
                     shutil.rmtree(root, ignore_errors=True)
             med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
             print(
@@ -101,6 +111,118 @@ def bench_writer(args: argparse.Namespace) -> None:
                 ),
                 flush=True,
             )
+
+
+class _AcceptingStore:
+    """Takes every segment at once and keeps nothing: with it, the writer's rate is what the
+    writer and its submitters cost in CPU alone. For the floor measurement only."""
+
+    url = "accept://"
+    write_slots = 1
+
+    async def put_if_absent(self, key: str, data: bytes) -> bool:
+        return True
+
+    async def close(self) -> None:
+        pass
+
+
+_STEPS = ("create", "write+fdatasync", "link", "fsync dir", "unlink")
+
+
+def _syscall_floor(root: Path, data: bytes, segments: int, in_flight: int) -> dict[str, float]:
+    """Median milliseconds of each step of ``LocalDirStore.put_if_absent`` (same calls, same
+    order, no Python writer) over ``segments`` fresh objects of ``data`` per thread, with
+    ``in_flight`` threads writing at once into the same directory."""
+    tmp_dir, log_dir = root / ".tmp", root / "log"
+    tmp_dir.mkdir()
+    log_dir.mkdir()
+    times: dict[str, list[float]] = {step: [] for step in _STEPS}
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+
+    def write_segments(thread: int) -> None:
+        for i in range(segments):
+            tmp, final = tmp_dir / f"t{thread}-{i}", log_dir / f"{thread}-{i:020d}.seg"
+            t0 = time.perf_counter()
+            fd = os.open(tmp, flags, 0o644)
+            t1 = time.perf_counter()
+            os.write(fd, data)
+            os.fdatasync(fd)
+            os.close(fd)
+            t2 = time.perf_counter()
+            os.link(tmp, final)
+            t3 = time.perf_counter()
+            dfd = os.open(log_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+            os.fsync(dfd)
+            os.close(dfd)
+            t4 = time.perf_counter()
+            os.unlink(tmp)
+            t5 = time.perf_counter()
+            took = (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)
+            for step, ms in zip(_STEPS, took, strict=True):
+                times[step].append(ms * 1000)  # list.append is atomic under the GIL
+
+    threads = [threading.Thread(target=write_segments, args=(t,)) for t in range(in_flight)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return {step: statistics.median(v) for step, v in times.items()}
+
+
+def bench_floor(args: argparse.Namespace) -> None:
+    for size in args.sizes:
+        for n in args.submitters:
+            # A closed loop of n submitters puts at most n events in one segment.
+            payloads = encode_payloads([_put_event(i, b"x" * size) for i in range(n)])
+            data = encode_segment(1, 1, payloads)
+            cpu_runs = [
+                asyncio.run(_writer_run(_AcceptingStore(), n, size, args.seconds))
+                for _ in range(args.runs)
+            ]
+            # CPU per segment when every segment holds n events, from the rate without I/O.
+            cpu_ms = statistics.median(1000 * n / r["records_per_s"] for r in cpu_runs)
+            for k in args.in_flight:
+                # Deleted only after all runs: on ext4 without a journal, creating files
+                # right after many were deleted nearby is slower (RESULTS.md, "Where the
+                # writer's time goes"), and this measures the write path, not that.
+                roots = [Path(tempfile.mkdtemp(dir=args.dir)) for _ in range(args.runs)]
+                try:
+                    io_runs = [_syscall_floor(r, data, args.segments, k) for r in roots]
+                finally:
+                    for root in roots:
+                        shutil.rmtree(root, ignore_errors=True)
+                io_ms = statistics.median(sum(r.values()) for r in io_runs)
+                # k segments in flight share the n events, and each event waits at least
+                # for the write of its segment: n events per io_ms at most. With one
+                # segment in flight the submitters' CPU comes on top (they wait for the
+                # write, then run); with more, it may overlap another segment's write.
+                bound = n / (io_ms + cpu_ms) if k == 1 else n / io_ms
+                print(
+                    json.dumps(
+                        {
+                            "bench": "floor",
+                            "submitters": n,
+                            "size": size,
+                            "in_flight": k,
+                            "segment_bytes": len(data),
+                            "syscalls_ms": {
+                                s: round(statistics.median(r[s] for r in io_runs), 3)
+                                for s in _STEPS
+                            },
+                            "syscalls_ms_per_segment": round(io_ms, 3),
+                            "runs_syscalls_ms_per_segment": [
+                                round(sum(r.values()), 3) for r in io_runs
+                            ],
+                            "no_io_records_per_s": round(
+                                statistics.median(r["records_per_s"] for r in cpu_runs)
+                            ),
+                            "cpu_ms_per_segment_of_n": round(cpu_ms, 3),
+                            "bound_records_per_s": round(bound * 1000),
+                        }
+                    ),
+                    flush=True,
+                )
 
 
 def _make_log(root: Path, n_events: int, with_snapshot: bool) -> None:
@@ -213,12 +335,20 @@ def main() -> None:
     w.add_argument("--runs", type=int, default=3)
     w.add_argument("--window", type=int, default=1, help="appends each submitter keeps waiting")
     w.add_argument("--dir", default=None, help="where the temporary stores go (default: /tmp)")
+    f = sub.add_parser("floor")
+    f.add_argument("--submitters", type=int, nargs="+", default=[64])
+    f.add_argument("--sizes", type=int, nargs="+", default=[100])
+    f.add_argument("--in-flight", type=int, nargs="+", default=[1, 2, 4], help="threads at once")
+    f.add_argument("--segments", type=int, default=1000, help="objects per thread and run")
+    f.add_argument("--seconds", type=float, default=3.0, help="length of each no-I/O run")
+    f.add_argument("--runs", type=int, default=3)
+    f.add_argument("--dir", default=None, help="where the temporary directories go")
     r = sub.add_parser("recovery")
     r.add_argument("--events", type=int, nargs="+", default=[1_000_000, 10_000_000])
     r.add_argument("--runs", type=int, default=3)
     r.add_argument("--dir", default=None)
     args = ap.parse_args()
-    {"writer": bench_writer, "recovery": bench_recovery}[args.cmd](args)
+    {"writer": bench_writer, "recovery": bench_recovery, "floor": bench_floor}[args.cmd](args)
 
 
 if __name__ == "__main__":
