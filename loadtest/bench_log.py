@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import shutil
@@ -29,6 +30,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from actors.clock import SystemClock
@@ -38,7 +40,7 @@ from actors.core.state import QueueState
 from actors.log import keys
 from actors.log.codec import encode_payloads, encode_segment, encode_snapshot_object
 from actors.log.recovery import open_log
-from actors.log.store import LocalDirStore, ObjectStore
+from actors.log.store import LocalDirStore, ObjectStore, _fsync_dir
 from actors.log.writer import GroupCommitWriter
 from actors.settings import QueueSettings
 
@@ -84,19 +86,28 @@ async def _writer_run(
     }
 
 
+@contextlib.contextmanager
+def _scratch_dirs(count: int, parent: str | None) -> Iterator[list[Path]]:
+    """``count`` fresh directories under ``parent``, deleted together at the end. Deleting
+    only after all runs matters: on ext4 without a journal, creating files right after many
+    were deleted nearby is slower (RESULTS.md, "Where the writer's time goes"), and one
+    run's clean-up would slow the next run's writes."""
+    roots = [Path(tempfile.mkdtemp(dir=parent)) for _ in range(count)]
+    try:
+        yield roots
+    finally:
+        for root in roots:
+            shutil.rmtree(root, ignore_errors=True)
+
+
 def bench_writer(args: argparse.Namespace) -> None:
     for size in args.sizes:
         for n in args.submitters:
-            # Deleted after all runs, for the reason given in bench_floor.
-            roots = [Path(tempfile.mkdtemp(dir=args.dir)) for _ in range(args.runs)]
-            try:
+            with _scratch_dirs(args.runs, args.dir) as roots:
                 runs = [
                     asyncio.run(_writer_run(LocalDirStore(r), n, size, args.seconds, args.window))
                     for r in roots
                 ]
-            finally:
-                for root in roots:
-                    shutil.rmtree(root, ignore_errors=True)
             med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
             print(
                 json.dumps(
@@ -137,6 +148,7 @@ def _syscall_floor(root: Path, data: bytes, segments: int, in_flight: int) -> di
     tmp_dir, log_dir = root / ".tmp", root / "log"
     tmp_dir.mkdir()
     log_dir.mkdir()
+    log_dir_path = str(log_dir)
     times: dict[str, list[float]] = {step: [] for step in _STEPS}
     flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
 
@@ -152,9 +164,7 @@ def _syscall_floor(root: Path, data: bytes, segments: int, in_flight: int) -> di
             t2 = time.perf_counter()
             os.link(tmp, final)
             t3 = time.perf_counter()
-            dfd = os.open(log_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            os.fsync(dfd)
-            os.close(dfd)
+            _fsync_dir(log_dir_path)
             t4 = time.perf_counter()
             os.unlink(tmp)
             t5 = time.perf_counter()
@@ -183,16 +193,10 @@ def bench_floor(args: argparse.Namespace) -> None:
             # CPU per segment when every segment holds n events, from the rate without I/O.
             cpu_ms = statistics.median(1000 * n / r["records_per_s"] for r in cpu_runs)
             for k in args.in_flight:
-                # Deleted only after all runs: on ext4 without a journal, creating files
-                # right after many were deleted nearby is slower (RESULTS.md, "Where the
-                # writer's time goes"), and this measures the write path, not that.
-                roots = [Path(tempfile.mkdtemp(dir=args.dir)) for _ in range(args.runs)]
-                try:
+                with _scratch_dirs(args.runs, args.dir) as roots:
                     io_runs = [_syscall_floor(r, data, args.segments, k) for r in roots]
-                finally:
-                    for root in roots:
-                        shutil.rmtree(root, ignore_errors=True)
-                io_ms = statistics.median(sum(r.values()) for r in io_runs)
+                totals = [sum(r.values()) for r in io_runs]
+                io_ms = statistics.median(totals)
                 # k segments in flight share the n events, and each event waits at least
                 # for the write of its segment: n events per io_ms at most. With one
                 # segment in flight the submitters' CPU comes on top (they wait for the
@@ -211,9 +215,7 @@ def bench_floor(args: argparse.Namespace) -> None:
                                 for s in _STEPS
                             },
                             "syscalls_ms_per_segment": round(io_ms, 3),
-                            "runs_syscalls_ms_per_segment": [
-                                round(sum(r.values()), 3) for r in io_runs
-                            ],
+                            "runs_syscalls_ms_per_segment": [round(t, 3) for t in totals],
                             "no_io_records_per_s": round(
                                 statistics.median(r["records_per_s"] for r in cpu_runs)
                             ),

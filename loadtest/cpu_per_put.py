@@ -80,15 +80,13 @@ def _group(kind: str, pid: int, main_pid: int) -> str:
 
 def _snapshot(kind: str, main_pid: int, loadgen_pid: int) -> dict[int, tuple[str, float]]:
     """{pid: (group, CPU seconds)} for the target's session and the load generator's."""
+    groups = [(pid, _group(kind, pid, main_pid)) for pid in session_pids(main_pid)]
+    groups += [(pid, "loadgen") for pid in session_pids(loadgen_pid)]
     snap: dict[int, tuple[str, float]] = {}
-    for pid in session_pids(main_pid):
+    for pid, group in groups:
         cpu = _cpu_seconds(pid)
         if cpu is not None:
-            snap[pid] = (_group(kind, pid, main_pid), cpu)
-    for pid in session_pids(loadgen_pid):
-        cpu = _cpu_seconds(pid)
-        if cpu is not None:
-            snap[pid] = ("loadgen", cpu)
+            snap[pid] = (group, cpu)
     return snap
 
 
