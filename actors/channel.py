@@ -150,6 +150,8 @@ _REPLY_TYPES: dict[type, Any] = {
     cmd.ConfirmDeadLetters: int,
     cmd.SetKey: rp.KeyView,
     cmd.GetKey: rp.KeyView,
+    cmd.Checkpoint: None,
+    cmd.Drop: None,
 }
 _REPLY_TYPES.update(
     {

@@ -1,16 +1,15 @@
-"""One queue as a running thing: the engine, its log, its timers. A plain asyncio class.
+"""One queue as a running thing: the engine, its timers, its snapshots. A plain asyncio class.
 
 Commands run one at a time, in arrival order (the event loop is the serial command stream):
 each is decided and applied at once, so the next command sees its effects, and its events
-join the log writer's current batch. Its reply — even an error — is released only when every
-event decided before it is durable, so no reply ever tells of a change a crash could lose.
+join the shard log's current batch (:mod:`actors.log.shardlog`: every queue of a shard
+shares one log and one group commit). Its reply — even an error — is released only when every
+event this queue decided before it is durable, so no reply ever tells of a change a crash
+could lose.
 
-If a write fails, the commands whose events it held fail with ``Unavailable`` (their outcome
-is unknown: an ambiguous write may have landed). The queue then reloads its state from the
-log — so the in-memory state is again exactly what is durable — and decides again every
-command that was waiting behind the failed write. If the write failed because a newer
-incarnation owns the log, every waiting command fails with ``Fenced`` and this incarnation
-stops serving.
+The queue does not own the log: its host (the shard, :class:`QueueHost`) does, and handles
+failed writes for all of its queues at once (it reads the log again and hands each queue its
+recovered state, then decides again every command that was waiting behind the failed write).
 
 A timer sleeps until the engine's next due transition (activation, lease expiry, retention)
 and wakes whoever waits for changes; there is no periodic scan.
@@ -24,24 +23,22 @@ import logging
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Protocol
 
 from actors.clock import Clock
 from actors.core import commands as cmd
 from actors.core.decide import execute as execute_command
-from actors.core.events import MessagesReleased, MessagesTaken, QueueCreated
+from actors.core.events import MessagesReleased, MessagesTaken
 from actors.core.ids import IdSource
 from actors.core.state import Message, QueueState
-from actors.errors import Fenced, NotReady, QueueError, Unavailable
-from actors.log.recovery import open_log
-from actors.log.replay import Progress, RecoveryReport
-from actors.log.snapshots import encode_state, prune, write_snapshot
+from actors.errors import NotReady, QueueError, Unavailable
+from actors.log.shardlog import Batch, ShardLog
+from actors.log.snapshots import encode_state, prune_legacy, prune_snapshots, write_snapshot
 from actors.log.store import ObjectStore
-from actors.log.writer import Batch, GroupCommitWriter
 from actors.metrics import QueueCounters, QueueMetrics
 from actors.settings import LogSettings
 
-__all__ = ["DeadLetterRouter", "QueueActor"]
+__all__ = ["DeadLetterRouter", "QueueActor", "QueueHost"]
 
 log = logging.getLogger(__name__)
 
@@ -49,22 +46,23 @@ log = logging.getLogger(__name__)
 DeadLetterRouter = Callable[[str, str, list[Message]], Awaitable[None]]
 
 
-class _ProgressLog:
-    """Logs replay progress of a large log, at most every few seconds."""
+class QueueHost(Protocol):
+    """What a queue needs of the shard that hosts it."""
 
-    EVERY_S = 5.0
+    store: ObjectStore
+    clock: Clock
+    ids: IdSource
+    log_settings: LogSettings
+    wal: ShardLog  # the shard's log now (a new one after each reload)
+    log_ready: asyncio.Event  # clear while the shard reloads its log after a failed write
 
-    def __init__(self, queue: str) -> None:
-        self.queue = queue
-        self._last = time.perf_counter()  # a rate limit, not state time
+    async def route_dead_letters(self, source: str, target: str, letters: list[Message]) -> None:
+        """Put dead letters into ``target`` idempotently. Raises: QueueError."""
+        ...
 
-    def __call__(self, done: int, total: int, records: int) -> None:
-        now = time.perf_counter()
-        if now - self._last >= self.EVERY_S or (done == total and total > 100):
-            self._last = now
-            log.info(
-                "queue %s: replayed %d/%d segments, %d records", self.queue, done, total, records
-            )
+    def snapshot_taken(self, queue: QueueActor) -> None:
+        """``queue`` has a new snapshot (the log may be prunable)."""
+        ...
 
 
 def _resolve(fut: asyncio.Future[bool], value: bool) -> None:
@@ -72,18 +70,19 @@ def _resolve(fut: asyncio.Future[bool], value: bool) -> None:
         fut.set_result(value)
 
 
-class _Entry:
+class Entry:
     """A command waiting for its reply to become true (durable)."""
 
-    __slots__ = ("command", "error", "future", "has_events", "reply", "started")
+    __slots__ = ("command", "error", "future", "last_seq", "queue", "reply", "started")
 
-    def __init__(self, command: object, future: asyncio.Future[Any]) -> None:
+    def __init__(self, queue: QueueActor, command: object, future: asyncio.Future[Any]) -> None:
+        self.queue = queue
         self.command = command
         self.future = future
         self.started = time.perf_counter()  # for the time-to-durable histogram
         self.reply: Any = None
         self.error: QueueError | None = None
-        self.has_events = False
+        self.last_seq = 0  # the sequence number of its last event (0: it has none)
 
     def release(self) -> None:
         """Give the caller its outcome."""
@@ -100,121 +99,86 @@ class _Entry:
 
 
 class QueueActor:
-    """A queue that serves commands durably. ``open`` it, ``execute`` commands, ``close`` it."""
+    """A queue that serves commands durably through its host's log."""
 
     def __init__(
         self,
         name: str,
-        store: ObjectStore,
+        host: QueueHost,
+        state: QueueState,
+        next_seq: int,
         *,
-        clock: Clock,
-        ids: IdSource,
-        log_settings: LogSettings | None = None,
-        dead_letter_router: DeadLetterRouter | None = None,
-        progress: Progress | None = None,
+        snapshots: list[int] | None = None,
+        legacy: bool = False,
     ) -> None:
         self.name = name
-        self.store = store
-        self.clock = clock
-        self.ids = ids
-        self.log_settings = log_settings or LogSettings()
-        self.dead_letter_router = dead_letter_router
-        self.progress = progress or _ProgressLog(name)
-        self.state = QueueState()
-        self.report: RecoveryReport | None = None
+        self.host = host
+        self.state = state
+        self.next_seq = next_seq  # the sequence number of this queue's next event
+        self.durable_seq = next_seq - 1
+        self.snapshots = sorted(snapshots or [])  # its snapshots' sequence numbers
+        self.legacy = legacy  # version-1 segments of its own remain (pruned behind snapshots)
         self.listeners: list[Callable[[QueueActor], None]] = []
-        self._writer: GroupCommitWriter | None = None
-        self._ready = asyncio.Event()
+        self.counters = QueueCounters()
+        self.log_bytes = 0
+        self.log_commits = 0
+        self._last_batch: Batch | None = None  # the newest unreleased batch with our events
         self._stopped: QueueError | None = None
         self._timer: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._background: set[asyncio.Task[Any]] = set()
         self._snapshotting = False
-        self._snapshot_seq = 0
-        self._snapshot_at_ms = 0
+        self._snapshot_at_ms = host.clock.now_ms()
         self._routing = False
         self._takers: deque[asyncio.Future[bool]] = deque()  # long-poll takes, oldest first
-        self.counters = QueueCounters()
 
     # ---------------------------------------------------------------- lifecycle
 
-    async def open(self, create: cmd.Create | None = None) -> RecoveryReport:
-        """Recover the queue from its log (creating it if ``create`` is given and there is
-        no log yet) and start serving.
-
-        Raises:
-            QueueNotFound: no log and no ``create``.
-            QueueError: ``create`` is invalid, or the store failed.
-        """
-        await self.open_or_create(create)
-        if create is not None:
-            await self.execute(create)  # same settings → no event; other settings → QueueExists
-        return self.report  # type: ignore[return-value]
-
-    async def open_or_create(self, create: cmd.Create | None) -> RecoveryReport:
-        """Like :meth:`open`, but an existing queue opens whatever its settings.
-
-        Raises:
-            QueueNotFound: no log and no ``create``.
-            QueueError: ``create`` is invalid, or the store failed.
-        """
-        event = None
-        if create is not None:
-            create.settings.validate(create.name)
-            event = QueueCreated(self.clock.now_ms(), create.name, create.settings)
-        await self._load(event)
-        return self.report  # type: ignore[return-value]
-
-    async def _load(self, create: QueueCreated | None = None) -> None:
-        opened = await open_log(
-            self.store,
-            self.name,
-            self.clock,
-            create=create,
-            progress=self.progress,
-            writer_options={"max_batch_bytes": self.log_settings.max_batch_bytes},
-        )
-        self.state = opened.state
-        self.report = opened.report
-        self._snapshot_seq = opened.snapshot_seq
-        self._snapshot_at_ms = self.clock.now_ms()
-        opened.writer.on_durable = self._on_durable
-        opened.writer.on_broken = self._on_broken
-        opened.writer.on_failed = self._on_failed
-        self._writer = opened.writer
-        self._ready.set()
+    def start(self) -> None:
+        """Start the timer; the queue serves from now on."""
         if self._timer is None:
             self._timer = asyncio.get_running_loop().create_task(self._timer_loop())
         self._changed()
 
     async def close(self, *, snapshot: bool = True) -> None:
-        """Stop taking commands, finish the writes in flight, snapshot, stop the timer."""
+        """Stop taking commands, wait for the writes in flight, snapshot, stop the timer."""
         if self._stopped is None:
             self._stopped = NotReady(f"queue {self.name} is shutting down", queue=self.name)
         self._wake_takers(len(self._takers))  # they retry, see _stopped, and fail
-        if self._writer is not None and self._writer.failed is None:
-            with contextlib.suppress(QueueError):
-                await self._writer.drain()
-                if snapshot and self._writer.durable_seq > self._snapshot_seq:
-                    await self.snapshot()
-        for task in [self._timer, *self._background]:
-            if task is not None:
-                task.cancel()
-        for task in [self._timer, *self._background]:
-            if task is not None:
-                with contextlib.suppress(asyncio.CancelledError, QueueError):
-                    await task
+        batch = self._last_batch
+        with contextlib.suppress(QueueError):
+            if batch is not None:
+                await batch.wait()
+            if (
+                snapshot
+                and self.host.wal.failed is None
+                and self.durable_seq
+                not in (
+                    0,
+                    *self.snapshots[-1:],
+                )
+            ):
+                await self.snapshot()
+        await self._stop_tasks()
+
+    async def _stop_tasks(self) -> None:
+        tasks = [t for t in [self._timer, *self._background] if t is not None]
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, QueueError):
+                await task
         self._timer = None
+
+    def stop(self, error: QueueError) -> None:
+        """Serve nothing more (the shard lost its log): waiting takes end with ``error``."""
+        self._stopped = error
+        self._wake_takers(len(self._takers))
 
     @property
     def epoch(self) -> int:
-        """This incarnation's epoch (0 before open)."""
-        return self._writer.epoch if self._writer is not None else 0
-
-    @property
-    def writer(self) -> GroupCommitWriter | None:
-        """The log writer (for metrics and tests)."""
-        return self._writer
+        """The shard log's epoch (this incarnation of the shard)."""
+        return self.host.wal.epoch
 
     # ---------------------------------------------------------------- commands
 
@@ -238,41 +202,59 @@ class QueueActor:
         return results
 
     async def _wait_ready(self) -> None:
+        ready = self.host.log_ready
         while True:
             if self._stopped is not None:
                 raise self._stopped
-            if self._ready.is_set():
+            if ready.is_set():
                 return
-            await self._ready.wait()
+            await ready.wait()
 
     def _submit(self, command: object) -> asyncio.Future[Any]:
-        entry = _Entry(command, asyncio.get_running_loop().create_future())
-        self._decide(entry)
+        entry = Entry(self, command, asyncio.get_running_loop().create_future())
+        self.decide(entry)
         return entry.future
 
-    def _decide(self, entry: _Entry) -> None:
+    def decide(self, entry: Entry) -> None:
         """Decide and apply now; release the reply when everything before it is durable."""
-        writer = self._writer
-        assert writer is not None
         try:
             events, entry.reply = execute_command(
-                self.state, entry.command, self.clock.now_ms(), self.ids
+                self.state, entry.command, self.host.clock.now_ms(), self.host.ids
             )
         except QueueError as exc:
             events, entry.error = [], exc
         if events:
-            entry.has_events = True
             self._count(events, entry.reply)
-            batch = writer.append(events)
+            batch = self._last_batch = self.host.wal.append(self.name, self.next_seq, events)
+            self.next_seq += len(events)
+            entry.last_seq = self.next_seq - 1
             self._wake.set()
         else:
-            batch = writer.last_batch()
+            batch = self._last_batch
         if batch is None:
             entry.release()
         else:
             batch.entries.append(entry)
 
-    # ---------------------------------------------------------------- log callbacks
+    def durable(self, batch: Batch) -> None:
+        """``batch``, which holds events of this queue, is durable (with all before it)."""
+        self.durable_seq = batch.last_seq(self.name)
+        self.log_commits += 1
+        if self._last_batch is batch:
+            self._last_batch = None
+        self._changed()
+        self._maybe_snapshot()
+
+    def reloaded(self, state: QueueState, next_seq: int, snapshots: list[int]) -> None:
+        """The shard read its log again after a failed write: this is what is durable."""
+        self.state = state
+        self.next_seq = next_seq
+        self.durable_seq = next_seq - 1
+        self.snapshots = snapshots
+        self._last_batch = None
+        self._changed()
+
+    # ---------------------------------------------------------------- figures
 
     def _count(self, events: list[Any], reply: Any) -> None:
         counters = self.counters
@@ -285,10 +267,14 @@ class QueueActor:
             elif kind is MessagesReleased:
                 counters.released += len(event.ids)
 
+    def observe_durable(self, entry: Entry, now: float) -> None:
+        """Time from the command's arrival until its events were durable."""
+        self.counters.durable.observe(now - entry.started)
+
     def metrics(self) -> QueueMetrics:
         """This queue's figures now (for /metrics)."""
-        s, c, w = self.state, self.counters, self._writer
-        now = self.clock.now_ms()
+        s, c = self.state, self.counters
+        now = self.host.clock.now_ms()
         oldest = s.oldest_ready_ms()
         return QueueMetrics(
             queue=self.name,
@@ -305,73 +291,11 @@ class QueueActor:
             released=c.released,
             receives=c.receives,
             durable=c.durable,
-            log_bytes=w.bytes_written if w is not None else 0,
-            log_segments=w.segments_written if w is not None else 0,
+            log_bytes=self.log_bytes,
+            log_segments=self.log_commits,
             snapshot_age_s=(now - self._snapshot_at_ms) / 1000 if self._snapshot_at_ms else None,
-            recovery_s=(self.report.duration_ms / 1000) if self.report is not None else 0.0,
+            recovery_s=0.0,
         )
-
-    def _on_durable(self, batch: Batch) -> None:
-        now = time.perf_counter()
-        durable = self.counters.durable
-        for entry in batch.entries:
-            if entry.has_events:
-                durable.observe(now - entry.started)
-            entry.release()
-        self._changed()
-        self._maybe_snapshot()
-
-    def _on_broken(self, exc: QueueError) -> None:
-        """A write failed: decide nothing more until the log has been reloaded."""
-        self._ready.clear()
-
-    def _on_failed(self, failed: Batch, later: list[Batch], exc: QueueError) -> None:
-        """Every write has settled after a failure: fail what the failed write held, then
-        reload and sort out the rest (see :meth:`_reload`)."""
-        if isinstance(exc, Fenced):
-            log.error("queue %s: fenced, stopping: %s", self.name, exc)
-            self._stopped = exc
-            for entry in [*failed.entries, *(e for b in later for e in b.entries)]:
-                entry.fail(exc)
-            self._ready.set()  # waiters see _stopped
-            return
-        log.error("queue %s: log write failed, reloading: %s", self.name, exc)
-        lost = Unavailable(
-            f"queue {self.name}: the log write failed; the command may or may not have happened",
-            queue=self.name,
-        )
-        for entry in failed.entries:
-            if entry.has_events:
-                entry.fail(lost)
-        unsure = [Batch(failed.first_seq)]  # the failed batch's read-only commands
-        unsure[0].entries = [e for e in failed.entries if not e.has_events]
-        self._spawn(self._reload([*unsure, *later]))
-
-    async def _reload(self, unsure: list[Batch]) -> None:
-        """Rebuild the state from the log; then release the commands of batches the log
-        holds, and decide again those of batches it does not."""
-        delay = 0.05
-        while self._stopped is None:
-            try:
-                await self._load()
-                break
-            except QueueError as exc:
-                log.error("queue %s: reload failed (%s); retrying in %.2fs", self.name, exc, delay)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
-        entries = [e for b in unsure for e in b.entries]
-        if self._stopped is not None:
-            for entry in entries:
-                entry.fail(self._stopped)
-            return
-        durable = self.report.last_seq if self.report is not None else 0
-        for batch in unsure:
-            for entry in batch.entries:
-                if batch.payloads and batch.last_seq <= durable:
-                    entry.release()  # it landed: its reply is true
-                else:
-                    entry.has_events, entry.reply, entry.error = False, None, None
-                    self._decide(entry)
 
     # ---------------------------------------------------------------- time and changes
 
@@ -381,7 +305,7 @@ class QueueActor:
         self._wake.set()
         if self._takers and self.state.n_ready:
             self._wake_takers(self.state.n_ready)
-        if self.state.outbox and not self._routing:
+        if self.state.outbox and not self._routing and self._stopped is None:
             self._spawn(self._route_dead_letters())
         for listener in self.listeners:
             listener(self)
@@ -425,21 +349,22 @@ class QueueActor:
     async def _timer_loop(self) -> None:
         """Sleep until the next due transition (or a change), then advance the clock."""
         loop = asyncio.get_running_loop()
+        clock = self.host.clock
         while True:
             self._wake.clear()
             due = self.state.next_due_ms()
             alarm = None
             if due is not None:
-                delay = max(0.0, (due - self.clock.now_ms()) / 1000)
+                delay = max(0.0, (due - clock.now_ms()) / 1000)
                 alarm = loop.call_later(delay, self._wake.set)
             try:
                 await self._wake.wait()  # not wait_for: its cancellation can hang on 3.11
             finally:
                 if alarm is not None:
                     alarm.cancel()
-            if self._ready.is_set() and self._stopped is None:
+            if self.host.log_ready.is_set() and self._stopped is None:
                 before = self.state.transitions
-                self.state.advance(self.clock.now_ms())
+                self.state.advance(clock.now_ms())
                 if self.state.transitions != before:
                     self._changed()
 
@@ -454,10 +379,8 @@ class QueueActor:
                 letters = list(self.state.outbox.values())
                 target = self.state.settings.dead_letter_queue
                 try:
-                    if target is not None and self.dead_letter_router is not None:
-                        await self.dead_letter_router(self.name, target, letters)
-                    elif target is not None:
-                        raise Unavailable(f"no router for dead-letter queue {target}")
+                    if target is not None:
+                        await self.host.route_dead_letters(self.name, target, letters)
                     await self.execute(cmd.ConfirmDeadLetters([m.seq for m in letters]))
                     delay = 0.2
                 except QueueError as exc:
@@ -477,14 +400,12 @@ class QueueActor:
     # ---------------------------------------------------------------- snapshots
 
     def _maybe_snapshot(self) -> None:
-        writer = self._writer
-        if writer is None or self._snapshotting or self._stopped is not None:
+        if self._snapshotting or self._stopped is not None:
             return
-        since = writer.durable_seq - self._snapshot_seq
-        due_by_time = (
-            self.clock.now_ms() - self._snapshot_at_ms >= self.log_settings.snapshot_every_ms
-        )
-        if since >= self.log_settings.snapshot_every_records or (since > 0 and due_by_time):
+        settings = self.host.log_settings
+        since = self.durable_seq - (self.snapshots[-1] if self.snapshots else 0)
+        due_by_time = self.host.clock.now_ms() - self._snapshot_at_ms >= settings.snapshot_every_ms
+        if since >= settings.snapshot_every_records or (since > 0 and due_by_time):
             self._spawn(self._snapshot_in_background())
 
     async def _snapshot_in_background(self) -> None:
@@ -500,26 +421,60 @@ class QueueActor:
         Raises:
             QueueError: the log or the store failed.
         """
-        writer = self._writer
-        if writer is None or self._snapshotting:
+        if self._snapshotting:
             return None
         self._snapshotting = True
         try:
-            seq = writer.next_seq - 1
-            data = encode_state(self.state, writer.epoch, seq)
-            batch = writer.last_batch()
+            seq = self.next_seq - 1
+            if seq == 0 or seq in self.snapshots:
+                return None
+            data = encode_state(self.state, self.host.wal.epoch, seq)
+            batch = self._last_batch
             if batch is not None:
                 await batch.wait()
-            key = await write_snapshot(self.store, self.name, seq, data)
-            if key is not None:
-                self._snapshot_seq = max(self._snapshot_seq, seq)
-                self._snapshot_at_ms = self.clock.now_ms()
-                await prune(self.store, self.name)
+            store = self.host.store
+            key = await write_snapshot(store, self.name, seq, data)
+            if key is None:
+                return None
+            self._snapshot_at_ms = self.host.clock.now_ms()
+            self.snapshots = await prune_snapshots(store, self.name, sorted({*self.snapshots, seq}))
+            if self.legacy:
+                self.legacy = await prune_legacy(store, self.name, self.snapshots)
+            self.host.snapshot_taken(self)
             return key
         finally:
             self._snapshotting = False
+
+    async def checkpoint(self, upto: int) -> None:
+        """Take snapshots until both kept ones cover record ``upto`` (so the shard log up to
+        it can go); a marker record first when the newest snapshot already covers the last
+        record (an idle queue cannot take a second snapshot of the same record).
+
+        Raises:
+            QueueError: the log or the store failed.
+        """
+        for _ in range(2):
+            if self.snapshot_floor >= upto or self._stopped is not None:
+                return
+            if self.snapshots and self.snapshots[-1] == self.next_seq - 1:
+                await self.execute(cmd.Checkpoint())
+            await self.snapshot()
+
+    @property
+    def snapshot_floor(self) -> int:
+        """The sequence number that both kept snapshots cover (the shard log may drop this
+        queue's records up to it; a damaged newest snapshot falls back to the older one)."""
+        return self.snapshots[-2] if len(self.snapshots) >= 2 else 0
 
     def _spawn(self, coro: Awaitable[Any]) -> None:
         task = asyncio.ensure_future(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+
+def unavailable(queue: str) -> Unavailable:
+    """The error of a command whose write failed: it may or may not have happened."""
+    return Unavailable(
+        f"queue {queue}: the log write failed; the command may or may not have happened",
+        queue=queue,
+    )

@@ -129,8 +129,13 @@ def _check_meta(meta: object) -> None:
 
 
 class LogSettings(msgspec.Struct, frozen=True, kw_only=True):
-    """How a queue actor uses its log (server-wide, not stored in the log)."""
+    """How a shard and its queues use the log (server-wide, not stored in the log)."""
 
     snapshot_every_records: int = 200_000
     snapshot_every_ms: int = 300_000
     max_batch_bytes: int = 16 * 1024 * 1024
+    # The shard log keeps at most about this many records behind its queues' snapshots:
+    # past it, the queues that hold its oldest segment take snapshots (bounds recovery time).
+    retain_records: int = 400_000
+    segment_bytes: int = 16 * 1024 * 1024  # a local log's segment files
+    segment_roll_ms: int = 300_000  # a local log's segment is closed after this long

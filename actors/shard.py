@@ -1,22 +1,30 @@
-"""A shard: many queues in one process, each an independent :class:`QueueActor`.
+"""A shard: many queues in one process, each an independent :class:`QueueActor`, sharing one
+log.
 
 A Ray actor is a whole process (~50 MiB here), so queues share a few shard processes; a
 queue lives on shard ``placement(name, count)``. A shard is a plain asyncio class: Ray wraps
 it only where it is spawned (:mod:`actors.spawn`), and the tests use it directly.
 
-On start a shard opens every queue of the store that hashes to it, so a restarted shard
-process (or its replacement on another node) serves its queues again from their logs.
-Deleting a queue writes a tombstone first, so a crash half-way through the deletion is
-finished by the next start instead of leaving a damaged log behind.
+The shard owns the log its queues write to (:mod:`actors.log.shardlog`: one group commit,
+one write and one fsync for all of them). On start it recovers every queue from the queues'
+snapshots and the log (:mod:`actors.log.shard_recovery`), so a restarted shard process (or
+its replacement on another node) serves its queues again. When a write fails it reads the
+log again and sorts out the commands that were waiting (see :meth:`QueueShard._on_failed`).
+It prunes the log behind its queues' snapshots, and asks the queues that hold the oldest
+segment for snapshots when the log grows past ``LogSettings.retain_records``.
+
+Deleting a queue writes a record that ends its history, then removes its snapshots; a crash
+half-way is finished by the next start.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
-import zlib
+from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -26,15 +34,26 @@ from actors.clock import Clock, SystemClock
 from actors.core import commands as cmd
 from actors.core import replies as rp
 from actors.core.ids import IdSource
-from actors.core.state import Message
-from actors.errors import NotReady, Overloaded, QueueError, QueueExists, QueueNotFound
+from actors.core.state import Message, QueueState
+from actors.errors import Fenced, NotReady, Overloaded, QueueError, QueueExists, QueueNotFound
 from actors.ids import RandomIds
 from actors.keyspace import ShardKeys, is_partition, partition_of
 from actors.log import keys
+from actors.log.device import LogDevice, open_device
 from actors.log.replay import RecoveryReport
-from actors.log.store import KeyNotFound, ObjectStore
+from actors.log.shard_recovery import (
+    SHARD_STREAM,
+    OpenedShard,
+    Progress,
+    SegmentInfo,
+    ShardReport,
+    open_shard_log,
+    placement,
+)
+from actors.log.shardlog import Batch, ShardLog
+from actors.log.store import ObjectStore
 from actors.metrics import QueueMetrics
-from actors.queue_actor import QueueActor
+from actors.queue_actor import Entry, QueueActor, unavailable
 from actors.settings import LogSettings, QueueSettings, validate_queue_name
 
 __all__ = ["QueueShard", "ShardStatus", "placement"]
@@ -45,17 +64,13 @@ log = logging.getLogger(__name__)
 Forward = Callable[[str, list[object]], Awaitable[list[Any]]]
 
 
-def placement(name: str, count: int) -> int:
-    """The shard that owns queue ``name`` among ``count`` shards (stable across processes)."""
-    return zlib.crc32(name.encode()) % count
-
-
 def _tombstone(name: str) -> str:
     return f"{keys.queue_prefix(name)}DELETED"
 
 
 class ShardStatus(msgspec.Struct):
-    """Whether a shard has recovered its queues, and what recovery found."""
+    """Whether a shard has recovered its queues, and what recovery found (in each queue's
+    snapshots and own version-1 segments, and in the shard's log)."""
 
     index: int
     ready: bool
@@ -63,10 +78,11 @@ class ShardStatus(msgspec.Struct):
     recovering: int
     reports: list[RecoveryReport]
     failed: dict[str, str]
+    log: ShardReport | None = None
 
 
 class QueueShard:
-    """Hosts the queues that hash to ``index`` out of ``count``."""
+    """Hosts the queues that hash to ``index`` out of ``count``, and their log."""
 
     def __init__(
         self,
@@ -79,8 +95,11 @@ class QueueShard:
         ids: IdSource | None = None,
         forward: Forward | None = None,
         memory_budget_bytes: int | None = None,
+        device: LogDevice | None = None,
+        progress: Progress | None = None,
     ) -> None:
         self.index = index
+        self.progress = progress or _ProgressLog(index)
         # Past this resident size, puts are refused (Overloaded) until takes and acks free
         # memory: a full shard answers 429 instead of dying of out-of-memory.
         self.memory = MemoryBudget(memory_budget_bytes)
@@ -90,62 +109,244 @@ class QueueShard:
         self.clock = clock or SystemClock()
         self.ids = ids or RandomIds()
         self.forward = forward  # set by the spawner: routes dead letters to other shards
+        self.device = device or open_device(
+            store,
+            index,
+            clock=self.clock,
+            segment_bytes=self.log_settings.segment_bytes,
+            roll_after_ms=self.log_settings.segment_roll_ms,
+        )
         self.queues: dict[str, QueueActor] = {}
         self.listeners: list[Callable[[QueueActor], None]] = []
-        self._opening: dict[str, asyncio.Future[QueueActor]] = {}
+        self.wal: ShardLog = ShardLog(self.device, 0, 1)  # replaced by start()
+        self.log_ready = asyncio.Event()
+        self.report: ShardReport | None = None
+        self.reports: list[RecoveryReport] = []  # what recovery found per queue
+        self._segments: deque[SegmentInfo] = deque()  # the log's segments, oldest first
+        self._deleted: dict[str, int] = {}  # queue -> seq of its deletion record
+        self._erased: set[str] = set()  # deleted queues whose objects are gone
+        self._stream_seq = 1
         self._ready = False
         self._recovering = 0
-        self._reports: list[RecoveryReport] = []
         self._failed: dict[str, str] = {}
         self._closed = False
-        self._created_here: frozenset[str] = frozenset()
+        self._stopped: QueueError | None = None
+        self._background: set[asyncio.Task[Any]] = set()
+        self._pruning = False
+        self._checkpointing: set[str] = set()
         self.keys = ShardKeys(self.clock, self._get_app_key, self._get_stats)
         self.listeners.append(self._queue_changed)
 
     # ---------------------------------------------------------------- lifecycle
 
     async def start(self) -> ShardStatus:
-        """Open every queue of the store that belongs here; return the status."""
-        names = await self._stored_names()
-        mine = [n for n in names if placement(n, self.count) == self.index]
-        self._recovering = len(mine)
-        log.info("shard %d/%d: recovering %d queue(s)", self.index, self.count, len(mine))
-        for name in mine:
-            try:
-                await self._open(name)
-            except QueueNotFound:
-                pass  # a queue whose deletion was finished, or nothing valid survived
-            except QueueError as exc:
-                self._failed[name] = str(exc)
-                log.error("shard %d: queue %s did not recover: %s", self.index, name, exc)
-            finally:
-                self._recovering -= 1
+        """Recover the shard's queues from their snapshots and the log; return the status."""
+        self._recovering = 1
+        log.info("shard %d/%d: recovering", self.index, self.count)
+        try:
+            opened = await self._open_log()
+        finally:
+            self._recovering = 0
+        self._install(opened)
+        for name in list(self._deleted):
+            await self._erase(name, self._deleted[name])
+        for name in opened.tombstoned:
+            await self._erase_all(name)
+        for queue in self.queues.values():
+            if queue.legacy:  # its own version-1 segments go once snapshots cover them
+                self._spawn(queue.checkpoint(queue.next_seq - 1))
         self._ready = True
         return self.status()
+
+    async def _open_log(self) -> OpenedShard:
+        return await open_shard_log(
+            self.store,
+            self.device,
+            self.index,
+            self.count,
+            self.clock,
+            progress=self.progress,
+            max_batch_bytes=self.log_settings.max_batch_bytes,
+        )
+
+    def _install(self, opened: OpenedShard) -> None:
+        """Serve from ``opened``: its queues' states, its log."""
+        self.report = opened.report
+        self.reports = opened.reports
+        wal = opened.wal
+        wal.on_durable = self._on_durable
+        wal.on_broken = self._on_broken
+        wal.on_failed = self._on_failed
+        self.wal = wal
+        self._segments = deque(opened.segments)
+        self._deleted = dict(opened.deleted)
+        self._erased -= set(self._deleted)
+        self._stream_seq = opened.stream_seq
+        for name, recovered in opened.queues.items():
+            queue = self.queues.get(name)
+            if queue is None:
+                queue = self._new_queue(name, recovered.state, recovered.next_seq)
+                queue.snapshots = recovered.snapshots
+                queue.legacy = recovered.legacy
+                self._attach(queue)
+            else:
+                queue.reloaded(recovered.state, recovered.next_seq, recovered.snapshots)
+        for name, queue in self.queues.items():
+            if name not in opened.queues:  # created in a write that did not land
+                queue.reloaded(QueueState(), self._deleted.get(name, 0) + 1, [])
+        self.log_ready.set()
+
+    def _new_queue(self, name: str, state: QueueState, next_seq: int) -> QueueActor:
+        return QueueActor(name, self, state, next_seq)
+
+    def _attach(self, queue: QueueActor) -> None:
+        queue.listeners.extend(self.listeners)
+        self.queues[queue.name] = queue
+        queue.start()
 
     def status(self) -> ShardStatus:
         """Readiness and recovery reports."""
         return ShardStatus(
             self.index,
             self._ready,
-            len(self.queues),
+            sum(1 for n, q in self.queues.items() if q.state.created and not is_partition(n)),
             self._recovering,
-            self._reports,
+            list(self.reports),
             self._failed,
+            self.report,
         )
 
-    async def close(self) -> None:
-        """Close every queue: finish writes, snapshot, stop timers."""
+    async def close(self, *, snapshot: bool = True) -> None:
+        """Close every queue: finish writes, snapshot (unless told not to), stop timers; let
+        go of the log."""
         self._closed = True
         self.keys.close()
-        await asyncio.gather(*(q.close() for q in self.queues.values()))
+        await asyncio.gather(*(q.close(snapshot=snapshot) for q in self.queues.values()))
+        with contextlib.suppress(QueueError):
+            await self.wal.drain()
+        for task in list(self._background):
+            task.cancel()
+        await asyncio.gather(*self._background, return_exceptions=True)
+        await self.device.close()
 
-    async def _stored_names(self) -> list[str]:
-        seen = set()
-        for key in await self.store.list(keys.ROOT):
-            name = key[len(keys.ROOT) :].split("/", 1)[0]
-            seen.add(name)
-        return sorted(seen)
+    # ---------------------------------------------------------------- the log
+
+    def _on_durable(self, batch: Batch) -> None:
+        now = time.perf_counter()
+        for entry in batch.entries:
+            if entry.last_seq:
+                entry.queue.observe_durable(entry, now)
+            entry.release()
+        info = self._segments[-1] if self._segments else None
+        if info is None or info.key != batch.segment:
+            info = SegmentInfo(batch.segment, batch.first_lsn)
+            self._segments.append(info)
+        queues = self.queues
+        for name, (first, records) in batch.groups.items():
+            info.queues[name] = first + len(records) - 1
+            queue = queues.get(name)
+            if queue is not None:
+                queue.log_bytes += sum(map(len, records))
+                queue.durable(batch)
+
+    def _on_broken(self, exc: QueueError) -> None:
+        """A write failed: decide nothing more until the log has been read again."""
+        self.log_ready.clear()
+
+    def _on_failed(self, failed: Batch, later: list[Batch], exc: QueueError) -> None:
+        """Every write has settled after a failure: fail what the failed write held, then
+        read the log again and sort out the rest (see :meth:`_reload`)."""
+        if isinstance(exc, Fenced):
+            log.error("shard %d: fenced, stopping: %s", self.index, exc)
+            self._stopped = exc
+            for queue in self.queues.values():
+                queue.stop(exc)
+            for entry in [*failed.entries, *(e for b in later for e in b.entries)]:
+                entry.fail(exc)
+            self.log_ready.set()  # waiters see that their queue stopped
+            return
+        log.error("shard %d: log write failed, reading the log again: %s", self.index, exc)
+        for entry in failed.entries:
+            if entry.last_seq:
+                entry.fail(unavailable(entry.queue.name))
+        unsure = [e for e in failed.entries if not e.last_seq]  # read-only: decide again
+        unsure.extend(e for b in later for e in b.entries)
+        self._spawn(self._reload(unsure))
+
+    async def _reload(self, unsure: list[Entry]) -> None:
+        """Rebuild every queue's state from the log; then release the commands whose events
+        the log holds, and decide again those whose events it does not."""
+        delay = 0.05
+        while self._stopped is None and not self._closed:
+            try:
+                opened = await self._open_log()
+                break
+            except QueueError as exc:
+                log.error("shard %d: reload failed (%s); retrying in %.2fs", self.index, exc, delay)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+        else:
+            for entry in unsure:
+                entry.fail(self._stopped or NotReady(f"shard {self.index} is shutting down"))
+            return
+        self._install(opened)
+        for entry in unsure:
+            if entry.last_seq and entry.last_seq <= entry.queue.durable_seq:
+                entry.release()  # it landed: its reply is true
+            else:
+                entry.reply, entry.error, entry.last_seq = None, None, 0
+                entry.queue.decide(entry)
+
+    def snapshot_taken(self, queue: QueueActor) -> None:
+        """A queue has a new snapshot: drop the segments that snapshots now cover."""
+        if not self._pruning:
+            self._spawn(self._prune())
+
+    async def _prune(self) -> None:
+        """Delete the oldest segments while every record in them is covered by two snapshots
+        of its queue (or its queue is gone); when too much of the log is kept, ask the queues
+        that hold its oldest segment for snapshots."""
+        self._pruning = True
+        try:
+            segments = self._segments
+            while len(segments) > 1 and segments[0].key != self.device.active():
+                if self._pinning(segments[0]):
+                    break
+                await self.device.delete(segments[0].key)
+                segments.popleft()
+            if segments and self.wal.next_lsn - segments[0].first_lsn > (
+                self.log_settings.retain_records
+            ):
+                for name, seq in self._pinning(segments[0]).items():
+                    queue = self.queues.get(name)
+                    if queue is not None and name not in self._checkpointing:
+                        self._spawn(self._checkpoint(queue, seq))
+        except QueueError as exc:  # pruning is retried at the next snapshot
+            log.error("shard %d: pruning the log failed: %s", self.index, exc)
+        finally:
+            self._pruning = False
+
+    def _pinning(self, segment: SegmentInfo) -> dict[str, int]:
+        """The queues whose records in ``segment`` are not yet covered by two snapshots, and
+        the last such record of each. A deleted queue pins too until its objects are erased:
+        its deletion record must outlive its snapshots."""
+        pins = {}
+        for name, seq in segment.queues.items():
+            if name == SHARD_STREAM or name in self._erased:
+                continue
+            queue = self.queues.get(name)
+            if queue is None or queue.snapshot_floor < seq:
+                pins[name] = seq
+        return pins
+
+    async def _checkpoint(self, queue: QueueActor, upto: int) -> None:
+        self._checkpointing.add(queue.name)
+        try:
+            await queue.checkpoint(upto)
+        except QueueError as exc:
+            log.error("shard %d: checkpoint of queue %s failed: %s", self.index, queue.name, exc)
+        finally:
+            self._checkpointing.discard(queue.name)
 
     # ---------------------------------------------------------------- queues
 
@@ -160,37 +361,60 @@ class QueueShard:
             QueueExists: it exists and a given setting differs.
             BadRequest: invalid name or settings.
         """
-        validate_queue_name(name)
+        validate_queue_name(name, internal=True)
         settings.validate(name)
         self._check_open()
         queue = self.queues.get(name)
-        created = False
-        if queue is None:
-            queue = await self._open(name, cmd.Create(name, settings), lenient=True)
-            # Exactly one of several concurrent creators sees the flag.
-            created, self._created_here = name in self._created_here, self._created_here - {name}
-        existing = queue.state.settings
-        if not created:
+        if queue is not None and queue.state.created:
+            # Asked through the queue, so the answer waits until its creation is durable.
+            existing = (await queue.execute(cmd.Describe())).settings
             differ = [f for f in given if getattr(existing, f) != getattr(settings, f)]
             if differ:
                 raise QueueExists(f"queue {name} exists with other {', '.join(differ)}", queue=name)
-        return created, existing
+            return False, existing
+        if queue is None:
+            queue = self._new_queue(name, QueueState(), self._deleted.get(name, 0) + 1)
+            self._attach(queue)
+        created = await queue.execute(cmd.Create(name, settings))
+        self._deleted.pop(name, None)
+        self._erased.discard(name)
+        if created:  # created here: nothing to recover
+            self._forget_report(name)
+            self.reports.append(RecoveryReport(queue=name, epoch=self.wal.epoch))
+        return bool(created), queue.state.settings
 
     async def delete(self, name: str) -> None:
-        """Delete the queue and its whole log.
+        """Delete the queue: a record that ends its history, then its snapshots.
 
         Raises:
             QueueNotFound: no such queue.
         """
         queue = await self.get(name)
+        await queue.execute(cmd.Drop())
+        del self.queues[name]
         await queue.close(snapshot=False)
-        self.queues.pop(name, None)
-        await self.store.put(_tombstone(name), b"")
-        await self._erase(name)
+        self._deleted[name] = queue.next_seq - 1
+        self._forget_report(name)
+        await self._erase(name, queue.next_seq - 1)
         self.keys.queue_gone(name)
 
-    async def _erase(self, name: str) -> None:
-        """Remove every object of the queue, the tombstone last."""
+    def _forget_report(self, name: str) -> None:
+        self.reports = [r for r in self.reports if r.queue != name]
+
+    async def _erase(self, name: str, upto: int) -> None:
+        """Remove the objects of queue ``name`` up to its deletion record ``upto``: its
+        snapshots (not those of a queue of the same name created since), reports, and
+        version-1 segments. The deletion record may be pruned from then on."""
+        snap = keys.snapshot_prefix(name)
+        for key in await self.store.list(keys.queue_prefix(name)):
+            if key.startswith(snap) and keys.seq_of(key) > upto:
+                continue
+            await self.store.delete(key)
+        if name in self._deleted:
+            self._erased.add(name)
+
+    async def _erase_all(self, name: str) -> None:
+        """Finish a version-1 deletion: every object of the queue, the tombstone last."""
         tomb = _tombstone(name)
         for key in await self.store.list(keys.queue_prefix(name)):
             if key != tomb:
@@ -199,85 +423,37 @@ class QueueShard:
 
     async def names(self) -> list[str]:
         """The queues this shard serves (not the server's own key partitions)."""
-        return sorted(n for n in self.queues if not is_partition(n))
+        return sorted(n for n, q in self.queues.items() if q.state.created and not is_partition(n))
 
     async def get(self, name: str) -> QueueActor:
-        """The queue actor for ``name``, opened from the store if needed.
+        """The queue actor for ``name``.
 
         Raises:
             QueueNotFound: no such queue.
+            NotReady: the shard is still recovering or is closing.
         """
         queue = self.queues.get(name)
-        if queue is not None:
+        if queue is not None and queue.state.created:
             return queue
         self._check_open()
         if not self._ready:
             raise NotReady(f"shard {self.index} is still recovering", queue=name)
         validate_queue_name(name, internal=True)
         if is_partition(name):  # key partitions come into being when first used
-            return await self._open(name, cmd.Create(name, QueueSettings()), lenient=True)
-        return await self._open(name)
+            await self.create(name, QueueSettings(), [])
+            return self.queues[name]
+        if queue is not None:
+            return queue  # being created: its commands wait for the creation's write
+        raise QueueNotFound("no such queue", queue=name)
 
-    async def _open(
-        self, name: str, create: cmd.Create | None = None, lenient: bool = False
-    ) -> QueueActor:
-        """Open a queue once, however many callers ask at the same time."""
-        pending = self._opening.get(name)
-        if pending is not None:
-            return await asyncio.shield(pending)
-        fut: asyncio.Future[QueueActor] = asyncio.get_running_loop().create_future()
-        self._opening[name] = fut
-        try:
-            queue = await self._open_now(name, create, lenient)
-        except BaseException as exc:
-            fut.set_exception(exc)
-            fut.exception()
-            raise
-        else:
-            fut.set_result(queue)
-            return queue
-        finally:
-            del self._opening[name]
-
-    async def _open_now(self, name: str, create: cmd.Create | None, lenient: bool) -> QueueActor:
-        existing = self.queues.get(name)
-        if existing is not None:
-            return existing
-        if await self._tombstoned(name):
-            await self._erase(name)  # finish a deletion a crash interrupted
-        queue = QueueActor(
-            name,
-            self.store,
-            clock=self.clock,
-            ids=self.ids,
-            log_settings=self.log_settings,
-            dead_letter_router=self._route_dead_letters,
-        )
-        if create is not None and lenient:
-            # Creation must not fail on "other settings" here: create() compares only the
-            # settings the client gave.
-            report = await queue.open_or_create(create)
-            if report.last_seq == 0:  # nothing was there: this call created it
-                self._created_here = self._created_here | {name}
-        else:
-            await queue.open(create)
-        queue.listeners.extend(self.listeners)
-        self.queues[name] = queue
-        if queue.report is not None:
-            self._reports.append(queue.report)
-            del self._reports[:-1000]
-        return queue
-
-    async def _tombstoned(self, name: str) -> bool:
-        try:
-            await self.store.get(_tombstone(name))
-        except KeyNotFound:
-            return False
-        return True
+    def _spawn(self, coro: Awaitable[Any]) -> None:
+        _spawn_in(self._background, coro)
 
     def _check_open(self) -> None:
         if self._closed:
             raise NotReady(f"shard {self.index} is shutting down")
+        if self._stopped is not None:
+            raise self._stopped
 
     # ---------------------------------------------------------------- commands
 
@@ -348,7 +524,7 @@ class QueueShard:
 
     # ---------------------------------------------------------------- dead letters
 
-    async def _route_dead_letters(self, source: str, target: str, letters: list[Message]) -> None:
+    async def route_dead_letters(self, source: str, target: str, letters: list[Message]) -> None:
         """Put dead letters into ``target``, idempotently (a retry finds them there)."""
         put = cmd.Put([_redelivery(source, m) for m in letters], redelivery=True)
         if placement(target, self.count) == self.index or self.forward is None:
@@ -357,6 +533,30 @@ class QueueShard:
             [result] = await self.forward(target, [put])
         if isinstance(result, QueueError):
             raise result
+
+
+class _ProgressLog:
+    """Logs replay progress of a large log, at most every few seconds."""
+
+    EVERY_S = 5.0
+
+    def __init__(self, shard: int) -> None:
+        self.shard = shard
+        self._last = time.perf_counter()  # a rate limit, not state time
+
+    def __call__(self, done: int, total: int, records: int) -> None:
+        now = time.perf_counter()
+        if now - self._last >= self.EVERY_S or (done == total and total > 100):
+            self._last = now
+            log.info(
+                "shard %d: replayed %d/%d segments, %d records", self.shard, done, total, records
+            )
+
+
+def _spawn_in(tasks: set[asyncio.Task[Any]], coro: Awaitable[Any]) -> None:
+    task = asyncio.ensure_future(coro)
+    tasks.add(task)
+    task.add_done_callback(tasks.discard)
 
 
 class MemoryBudget:

@@ -1,14 +1,18 @@
-"""Benchmarks of the durable log on the local store (fsync'd).
+"""Benchmarks of the durable log: a shard's log on the local disk (fsync'd).
 
-  writer    durable records/s through the group-commit writer with N concurrent submitters,
-            each appending one event and waiting until it is durable, then the next; and
-            the time from append to durable (p50/p99).
-  recovery  time to recover a queue from a log of N events, with and without a snapshot.
-  floor     what bounds the writer on this disk: the local store's write path as raw
-            syscalls (create a temp file, write, fdatasync, link, directory fsync, unlink),
-            one segment at a time, timed step by step; the writer and its submitters with a
-            store that accepts every segment at once (their CPU alone); and the rate a closed
-            loop of N submitters could reach if the two only added up.
+  writer    durable records/s through the shard log's group commit with N concurrent
+            submitters, each appending one event and waiting until it is durable, then the
+            next; and the time from append to durable (p50/p99). ``--queues`` spreads the
+            submitters over that many queues of the one shard log; ``--layout objects``
+            writes one object per commit through the local object store instead (the
+            object-store layout, version 1's write path).
+  recovery  time to recover a shard of one queue from a log of N events, with and without
+            a snapshot.
+  floor     what bounds the writer on this disk: the local log's write path as raw
+            syscalls (pwrite of one block into a zero-filled segment, fdatasync), timed; the
+            writer and its submitters with a device that accepts every block at once (their
+            CPU alone); and the rate a closed loop of N submitters could reach if the two
+            only added up.
 
     .venv/bin/python loadtest/bench_log.py writer --submitters 1 16 64 256 --sizes 100 4096
     .venv/bin/python loadtest/bench_log.py recovery --events 1000000 10000000
@@ -22,13 +26,13 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import shutil
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,12 +41,15 @@ from actors.clock import SystemClock
 from actors.core import events as ev
 from actors.core.snapshot import encode_snapshot, snapshot
 from actors.core.state import QueueState
+from actors.ids import SequentialIds
 from actors.log import keys
-from actors.log.codec import encode_payloads, encode_segment, encode_snapshot_object
-from actors.log.recovery import open_log
-from actors.log.store import LocalDirStore, ObjectStore, _fsync_dir
-from actors.log.writer import GroupCommitWriter
+from actors.log.codec import encode_snapshot_object
+from actors.log.device import LocalLogDevice, LogDevice, ObjectLogDevice
+from actors.log.shardlog import ShardLog
+from actors.log.store import LocalDirStore
+from actors.log.wal import encode_block, encode_record, encode_wal_header
 from actors.settings import QueueSettings
+from actors.shard import QueueShard
 
 # Recent timestamps: recovery advances the clock to now, and old messages would expire.
 T0 = int(time.time() * 1000) - 3_600_000
@@ -52,37 +59,46 @@ def _put_event(i: int, body: bytes) -> ev.MessagesPut:
     return ev.MessagesPut(T0 + i // 1000, [ev.PutItem(i + 1, body, T0)])
 
 
+def _device(root: Path, layout: str) -> LogDevice:
+    store = LocalDirStore(root)
+    return LocalLogDevice(store, 0) if layout == "local" else ObjectLogDevice(store, 0)
+
+
 async def _writer_run(
-    store: ObjectStore, submitters: int, size: int, seconds: float, window: int = 1
+    device: LogDevice, submitters: int, size: int, seconds: float, window: int = 1, queues: int = 1
 ) -> dict:
-    """``submitters`` producers, each keeping ``window`` appends waiting for durability
-    (1: append, wait, append — a closed loop)."""
-    writer = GroupCommitWriter(store, "bench", 1, 1)
+    """``submitters`` producers over ``queues`` queues, each keeping ``window`` appends
+    waiting for durability (1: append, wait, append — a closed loop)."""
+    await device.open()
+    await device.begin(1, 1)
+    wal = ShardLog(device, 1, 1)
     body = b"x" * size
     latencies: list[float] = []
     done = 0
     stop = time.perf_counter() + seconds
-    counter = iter(range(10**12))
+    counter = itertools.count()
+    seqs = [itertools.count(1) for _ in range(queues)]
 
-    async def submitter() -> None:
+    async def submitter(queue: int) -> None:
         nonlocal done
+        name = f"q{queue}"
         while time.perf_counter() < stop:
             t = time.perf_counter()
-            await writer.append_and_wait([_put_event(next(counter), body)])
+            await wal.append(name, next(seqs[queue]), [_put_event(next(counter), body)]).wait()
             latencies.append(time.perf_counter() - t)
             done += 1
 
     started = time.perf_counter()
-    await asyncio.gather(*(submitter() for _ in range(submitters * window)))
+    await asyncio.gather(*(submitter(i % queues) for i in range(submitters * window)))
     elapsed = time.perf_counter() - started
-    await store.close()
+    await device.close()
     latencies.sort()
     return {
         "records_per_s": done / elapsed,
         "p50_ms": 1000 * latencies[len(latencies) // 2],
         "p99_ms": 1000 * latencies[int(len(latencies) * 0.99)],
-        "segments": writer.segments_written,
-        "records_per_segment": done / max(1, writer.segments_written),
+        "blocks": wal.blocks_written,
+        "records_per_block": done / max(1, wal.blocks_written),
     }
 
 
@@ -105,7 +121,16 @@ def bench_writer(args: argparse.Namespace) -> None:
         for n in args.submitters:
             with _scratch_dirs(args.runs, args.dir) as roots:
                 runs = [
-                    asyncio.run(_writer_run(LocalDirStore(r), n, size, args.seconds, args.window))
+                    asyncio.run(
+                        _writer_run(
+                            _device(r, args.layout),
+                            n,
+                            size,
+                            args.seconds,
+                            args.window,
+                            args.queues,
+                        )
+                    )
                     for r in roots
                 ]
             med = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
@@ -113,6 +138,8 @@ def bench_writer(args: argparse.Namespace) -> None:
                 json.dumps(
                     {
                         "bench": "writer",
+                        "layout": args.layout,
+                        "queues": args.queues,
                         "submitters": n,
                         "size": size,
                         "seconds": args.seconds,
@@ -124,113 +151,102 @@ def bench_writer(args: argparse.Namespace) -> None:
             )
 
 
-class _AcceptingStore:
-    """Takes every segment at once and keeps nothing: with it, the writer's rate is what the
+class _AcceptingDevice:
+    """Takes every block at once and keeps nothing: with it, the writer's rate is what the
     writer and its submitters cost in CPU alone. For the floor measurement only."""
 
     url = "accept://"
     write_slots = 1
 
-    async def put_if_absent(self, key: str, data: bytes) -> bool:
-        return True
+    async def open(self) -> None:
+        pass
+
+    async def begin(self, epoch: int, next_lsn: int) -> None:
+        pass
+
+    async def write(self, epoch: int, first_lsn: int, block: bytes) -> str:
+        return "accepted"
 
     async def close(self) -> None:
         pass
 
 
-_STEPS = ("create", "write+fdatasync", "link", "fsync dir", "unlink")
-
-
-def _syscall_floor(root: Path, data: bytes, segments: int, in_flight: int) -> dict[str, float]:
-    """Median milliseconds of each step of ``LocalDirStore.put_if_absent`` (same calls, same
-    order, no Python writer) over ``segments`` fresh objects of ``data`` per thread, with
-    ``in_flight`` threads writing at once into the same directory."""
-    tmp_dir, log_dir = root / ".tmp", root / "log"
-    tmp_dir.mkdir()
-    log_dir.mkdir()
-    log_dir_path = str(log_dir)
-    times: dict[str, list[float]] = {step: [] for step in _STEPS}
-    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
-
-    def write_segments(thread: int) -> None:
-        for i in range(segments):
-            tmp, final = tmp_dir / f"t{thread}-{i}", log_dir / f"{thread}-{i:020d}.seg"
+def _syscall_floor(root: Path, block: bytes, blocks: int) -> dict[str, float]:
+    """Median milliseconds of the local log's write path (same calls, no Python writer):
+    ``pwrite`` of ``block`` after the previous one into a zero-filled segment, then
+    ``fdatasync``; ``blocks`` times."""
+    path = root / "segment"
+    size = len(block) * blocks + 4096
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        zero = bytes(1 << 20)
+        for off in range(0, size, len(zero)):
+            os.pwrite(fd, zero[: size - off], off)
+        os.fdatasync(fd)
+        writes, syncs = [], []
+        pos = 32
+        for _ in range(blocks):
             t0 = time.perf_counter()
-            fd = os.open(tmp, flags, 0o644)
+            os.pwrite(fd, block, pos)
             t1 = time.perf_counter()
-            os.write(fd, data)
             os.fdatasync(fd)
-            os.close(fd)
             t2 = time.perf_counter()
-            os.link(tmp, final)
-            t3 = time.perf_counter()
-            _fsync_dir(log_dir_path)
-            t4 = time.perf_counter()
-            os.unlink(tmp)
-            t5 = time.perf_counter()
-            took = (t1 - t0, t2 - t1, t3 - t2, t4 - t3, t5 - t4)
-            for step, ms in zip(_STEPS, took, strict=True):
-                times[step].append(ms * 1000)  # list.append is atomic under the GIL
-
-    threads = [threading.Thread(target=write_segments, args=(t,)) for t in range(in_flight)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return {step: statistics.median(v) for step, v in times.items()}
+            pos += len(block)
+            writes.append((t1 - t0) * 1000)
+            syncs.append((t2 - t1) * 1000)
+    finally:
+        os.close(fd)
+    return {"pwrite": statistics.median(writes), "fdatasync": statistics.median(syncs)}
 
 
 def bench_floor(args: argparse.Namespace) -> None:
     for size in args.sizes:
         for n in args.submitters:
-            # A closed loop of n submitters puts at most n events in one segment.
-            payloads = encode_payloads([_put_event(i, b"x" * size) for i in range(n)])
-            data = encode_segment(1, 1, payloads)
+            # A closed loop of n submitters puts at most n events in one block.
+            records = [encode_record(_put_event(i, b"x" * size)) for i in range(n)]
+            block = encode_block(1, 1, [("q0", 1, records)])
             cpu_runs = [
-                asyncio.run(_writer_run(_AcceptingStore(), n, size, args.seconds))
+                asyncio.run(_writer_run(_AcceptingDevice(), n, size, args.seconds))  # type: ignore[arg-type]
                 for _ in range(args.runs)
             ]
-            # CPU per segment when every segment holds n events, from the rate without I/O.
+            # CPU per block when every block holds n events, from the rate without I/O.
             cpu_ms = statistics.median(1000 * n / r["records_per_s"] for r in cpu_runs)
-            for k in args.in_flight:
-                with _scratch_dirs(args.runs, args.dir) as roots:
-                    io_runs = [_syscall_floor(r, data, args.segments, k) for r in roots]
-                totals = [sum(r.values()) for r in io_runs]
-                io_ms = statistics.median(totals)
-                # k segments in flight share the n events, and each event waits at least
-                # for the write of its segment: n events per io_ms at most. With one
-                # segment in flight the submitters' CPU comes on top (they wait for the
-                # write, then run); with more, it may overlap another segment's write.
-                bound = n / (io_ms + cpu_ms) if k == 1 else n / io_ms
-                print(
-                    json.dumps(
-                        {
-                            "bench": "floor",
-                            "submitters": n,
-                            "size": size,
-                            "in_flight": k,
-                            "segment_bytes": len(data),
-                            "syscalls_ms": {
-                                s: round(statistics.median(r[s] for r in io_runs), 3)
-                                for s in _STEPS
-                            },
-                            "syscalls_ms_per_segment": round(io_ms, 3),
-                            "runs_syscalls_ms_per_segment": [round(t, 3) for t in totals],
-                            "no_io_records_per_s": round(
-                                statistics.median(r["records_per_s"] for r in cpu_runs)
-                            ),
-                            "cpu_ms_per_segment_of_n": round(cpu_ms, 3),
-                            "bound_records_per_s": round(bound * 1000),
-                        }
-                    ),
-                    flush=True,
-                )
+            with _scratch_dirs(args.runs, args.dir) as roots:
+                io_runs = [_syscall_floor(r, block, args.segments) for r in roots]
+            totals = [sum(r.values()) for r in io_runs]
+            io_ms = statistics.median(totals)
+            # Each event waits at least for the write of its block, and the submitters run
+            # between writes (the write is made on their event loop): n events per
+            # io_ms + cpu_ms at most.
+            bound = n / (io_ms + cpu_ms)
+            print(
+                json.dumps(
+                    {
+                        "bench": "floor",
+                        "submitters": n,
+                        "size": size,
+                        "block_bytes": len(block),
+                        "syscalls_ms": {
+                            s: round(statistics.median(r[s] for r in io_runs), 3)
+                            for s in io_runs[0]
+                        },
+                        "syscalls_ms_per_block": round(io_ms, 3),
+                        "runs_syscalls_ms_per_block": [round(t, 3) for t in totals],
+                        "no_io_records_per_s": round(
+                            statistics.median(r["records_per_s"] for r in cpu_runs)
+                        ),
+                        "cpu_ms_per_block_of_n": round(cpu_ms, 3),
+                        "bound_records_per_s": round(bound * 1000),
+                    }
+                ),
+                flush=True,
+            )
 
 
 def _make_log(root: Path, n_events: int, with_snapshot: bool) -> None:
-    """A log of ``n_events`` single-message events: puts, then takes and acks of half of
-    them, in segments of 10,000 records. With a snapshot covering all but the last 1 %."""
-    store_root = root
+    """Shard 0's log holding one queue's ``n_events`` single-message events: puts, then
+    takes and acks of half of them, in blocks of 100 records and segments of 10,000. With a
+    snapshot covering all but the last 1 %."""
     queue = "bench"
     settings = QueueSettings(retention_ms=30 * 24 * 3600 * 1000)
     body = b"y" * 100
@@ -241,23 +257,24 @@ def _make_log(root: Path, n_events: int, with_snapshot: bool) -> None:
     events += [ev.MessagesTaken(T0 + 10_000, [i + 1], [7], T0 + 10_000_000) for i in range(n_take)]
     events += [ev.MessagesAcked(T0 + 10_001, [i + 1]) for i in range(n_events - len(events))]
     cut = len(events) - len(events) // 100 if with_snapshot else None
-    per = 10_000
-    (store_root / "queues" / queue / "log").mkdir(parents=True)
-    (store_root / "queues" / queue / "snap").mkdir(parents=True)
+    per, per_block = 10_000, 100
+    (root / keys.wal_prefix(0)).mkdir(parents=True)
+    (root / keys.snapshot_prefix(queue)).mkdir(parents=True)
     state = QueueState() if with_snapshot else None
     for start in range(0, len(events), per):
         chunk = events[start : start + per]
-        seq = start + 1
-        data = encode_segment(1, seq, encode_payloads(chunk))
-        (store_root / keys.segment_key(queue, seq)).write_bytes(data)
+        parts = [encode_wal_header(1, start + 1, 0)]
+        for b in range(0, len(chunk), per_block):
+            records = [encode_record(e) for e in chunk[b : b + per_block]]
+            parts.append(encode_block(1, start + b + 1, [(queue, start + b + 1, records)]))
+        (root / keys.wal_segment_key(0, start + 1)).write_bytes(b"".join(parts))
         if state is not None:
-            for e in chunk:
+            for seq, e in enumerate(chunk, start + 1):
                 state.apply(e)
-                if cut is not None and seq == cut:
+                if seq == cut:
                     body_bytes = encode_snapshot(snapshot(state))
                     obj = encode_snapshot_object(1, cut, body_bytes)
-                    (store_root / keys.snapshot_key(queue, cut)).write_bytes(obj)
-                seq += 1
+                    (root / keys.snapshot_key(queue, cut)).write_bytes(obj)
         print(
             f"  wrote {min(start + per, len(events)):,}/{len(events):,} events",
             file=sys.stderr,
@@ -313,16 +330,21 @@ async def _recover(root: Path) -> dict:
             last[0] = now
             print(f"  replaying: {done}/{total} segments, {records:,} records", file=sys.stderr)
 
+    shard = QueueShard(0, 1, store, clock=SystemClock(), ids=SequentialIds(), progress=progress)
     t = time.perf_counter()
-    opened = await open_log(store, "bench", SystemClock(), progress=progress)
+    await shard.start()
     seconds = time.perf_counter() - t
+    queue = shard.queues["bench"]
+    report = next(r for r in shard.reports if r.queue == "bench")
+    result = {
+        "seconds": seconds,
+        "records": report.records_replayed,
+        "messages": len(queue.state.messages),
+    }
+    await shard.close(snapshot=False)
     await store.close()
     shutil.rmtree(copy, ignore_errors=True)
-    return {
-        "seconds": seconds,
-        "records": opened.report.records_replayed,
-        "messages": len(opened.state.messages),
-    }
+    return result
 
 
 def main() -> None:
@@ -337,11 +359,12 @@ def main() -> None:
     w.add_argument("--runs", type=int, default=3)
     w.add_argument("--window", type=int, default=1, help="appends each submitter keeps waiting")
     w.add_argument("--dir", default=None, help="where the temporary stores go (default: /tmp)")
+    w.add_argument("--queues", type=int, default=1, help="queues the submitters spread over")
+    w.add_argument("--layout", choices=["local", "objects"], default="local")
     f = sub.add_parser("floor")
     f.add_argument("--submitters", type=int, nargs="+", default=[64])
     f.add_argument("--sizes", type=int, nargs="+", default=[100])
-    f.add_argument("--in-flight", type=int, nargs="+", default=[1, 2, 4], help="threads at once")
-    f.add_argument("--segments", type=int, default=1000, help="objects per thread and run")
+    f.add_argument("--segments", type=int, default=1000, help="blocks written per run")
     f.add_argument("--seconds", type=float, default=3.0, help="length of each no-I/O run")
     f.add_argument("--runs", type=int, default=3)
     f.add_argument("--dir", default=None, help="where the temporary directories go")

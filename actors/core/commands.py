@@ -16,10 +16,12 @@ from actors.settings import QueueSettings
 __all__ = [
     "Ack",
     "ChangeSettings",
+    "Checkpoint",
     "Command",
     "ConfirmDeadLetters",
     "Create",
     "Delete",
+    "Drop",
     "GetKey",
     "LeaseRef",
     "NewMessage",
@@ -207,6 +209,15 @@ class GetKey(msgspec.Struct, frozen=True, tag=True):
     key: str
 
 
+class Checkpoint(msgspec.Struct, frozen=True, tag=True):
+    """Record nothing but a marker, so that one more snapshot of an idle queue covers it all
+    (the shard log is pruned behind two snapshots; shard-internal)."""
+
+
+class Drop(msgspec.Struct, frozen=True, tag=True):
+    """End the queue's history (its deletion; shard-internal: ``DELETE /v1/queues/{name}``)."""
+
+
 Command = (
     Create
     | ChangeSettings
@@ -227,4 +238,6 @@ Command = (
     | ConfirmDeadLetters
     | SetKey
     | GetKey
+    | Checkpoint
+    | Drop
 )

@@ -565,6 +565,14 @@ def _delete(state: QueueState, c: cmd.Delete, now: int, ids: IdSource) -> Decisi
 MAX_KEY_LEN = 256
 
 
+def _checkpoint(state: QueueState, c: cmd.Checkpoint, now: int, ids: IdSource) -> Decision:
+    return [ev.Checkpoint(now)], None
+
+
+def _drop(state: QueueState, c: cmd.Drop, now: int, ids: IdSource) -> Decision:
+    return [ev.QueueDeleted(now)], None
+
+
 def validate_key(key: object) -> str:
     """A watch key: 1-256 printable characters.
 
@@ -608,4 +616,6 @@ _DECIDE: dict[type, Callable[[QueueState, Any, int, IdSource], Decision]] = {
     cmd.ConfirmDeadLetters: _confirm_dead_letters,
     cmd.SetKey: _set_key,
     cmd.GetKey: _get_key,
+    cmd.Checkpoint: _checkpoint,
+    cmd.Drop: _drop,
 }

@@ -26,6 +26,7 @@ import msgspec
 from actors.settings import QueueSettings
 
 __all__ = [
+    "Checkpoint",
     "DeadLettersRouted",
     "Event",
     "LeasesExtended",
@@ -38,6 +39,7 @@ __all__ = [
     "MessagesTaken",
     "PutItem",
     "QueueCreated",
+    "QueueDeleted",
     "QueuePurged",
     "SettingsChanged",
     "WriterStarted",
@@ -147,6 +149,16 @@ class DeadLettersRouted(_Base, tag="dlq"):
     seqs: list[int]
 
 
+class QueueDeleted(_Base, tag="dropped"):
+    """The queue was deleted: its history ends here (shard logs, FORMAT.md). A later
+    ``QueueCreated`` of the same name starts a new queue whose records continue the numbering."""
+
+
+class Checkpoint(_Base, tag="checkpoint"):
+    """No change: a record that lets one more snapshot of an idle queue cover everything the
+    queue has in the shard log, so the log can be pruned behind two snapshots."""
+
+
 class KeySet(_Base, tag="key"):
     """An application watch key took a new version and value (key partitions only)."""
 
@@ -169,6 +181,8 @@ Event = (
     | DeadLettersRouted
     | WriterStarted
     | KeySet
+    | QueueDeleted
+    | Checkpoint
 )
 
 _encoder = msgspec.msgpack.Encoder()

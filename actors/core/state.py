@@ -308,8 +308,13 @@ class QueueState:
     def _apply_key(self, e: ev.KeySet) -> None:
         self.keys[e.key] = (e.version, e.value)
 
-    def _apply_writer(self, e: ev.WriterStarted) -> None:
-        pass  # fencing marker: only its timestamp (applied by advance) matters
+    def _apply_writer(self, e: ev.WriterStarted | ev.Checkpoint) -> None:
+        pass  # markers (fencing, checkpoints): only their timestamps (applied by advance) matter
+
+    def _apply_dropped(self, e: ev.QueueDeleted) -> None:
+        observer = self.observer
+        QueueState.__init__(self)  # a deleted queue is as if it never was
+        self.observer = observer
 
     # ---------------------------------------------------------------- time
 
@@ -541,4 +546,6 @@ _APPLY: dict[type, Callable[[QueueState, Any], None]] = {
     ev.DeadLettersRouted: QueueState._apply_dlq,
     ev.WriterStarted: QueueState._apply_writer,
     ev.KeySet: QueueState._apply_key,
+    ev.QueueDeleted: QueueState._apply_dropped,
+    ev.Checkpoint: QueueState._apply_writer,
 }

@@ -14,9 +14,15 @@ __all__ = [
     "seq_of",
     "snapshot_key",
     "snapshot_prefix",
+    "wal_damaged_key",
+    "wal_prefix",
+    "wal_report_key",
+    "wal_segment_key",
 ]
 
 ROOT = "queues/"
+WAL_ROOT = "wal/"
+LAYOUT = f"{WAL_ROOT}LAYOUT"  # the shard count the logs under wal/ were written with
 _SEQ_WIDTH = 20
 
 
@@ -55,6 +61,27 @@ def damaged_key(key: str, epoch: int) -> str:
 def report_key(queue: str, epoch: int) -> str:
     """The recovery report of incarnation ``epoch``."""
     return f"{ROOT}{queue}/reports/{epoch:010d}.json"
+
+
+def wal_prefix(shard: int) -> str:
+    """Prefix of shard ``shard``'s log (format version 2: the log its queues share)."""
+    return f"{WAL_ROOT}{shard:04d}/"
+
+
+def wal_segment_key(shard: int, first_lsn: int) -> str:
+    """Name of the shard log segment whose first record is ``first_lsn``."""
+    return f"{WAL_ROOT}{shard:04d}/{first_lsn:0{_SEQ_WIDTH}d}.seg"
+
+
+def wal_report_key(shard: int, epoch: int) -> str:
+    """The recovery report of the shard's incarnation ``epoch``."""
+    return f"{WAL_ROOT}{shard:04d}/reports/{epoch:010d}.json"
+
+
+def wal_damaged_key(key: str, epoch: int) -> str:
+    """Where recovery of incarnation ``epoch`` keeps a copy of the damaged segment ``key``."""
+    head, _, name = key.rpartition("/")
+    return f"{head}/damaged/{name}.{epoch}"
 
 
 def seq_of(key: str) -> int:

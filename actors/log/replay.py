@@ -5,7 +5,7 @@ segments in order and stops at the first damage — a damaged header, a bad reco
 tail, or a gap in sequence numbers — keeping every record before it. What was discarded is
 described exactly (queue, object, byte offset, records) in a :class:`RecoveryReport`, which
 the caller logs and keeps. Nothing here writes to the store: acting on the report (moving
-damaged objects aside, claiming an epoch) is :mod:`actors.log.recovery`'s job.
+damaged objects aside, claiming an epoch) is :mod:`actors.log.shard_recovery`'s job.
 """
 
 from __future__ import annotations
@@ -78,8 +78,16 @@ class Replayed(msgspec.Struct):
         return self.report.last_seq
 
 
-async def replay(store: ObjectStore, queue: str, *, progress: Progress | None = None) -> Replayed:
-    """Rebuild ``queue``'s state from its newest valid snapshot and the segments after it.
+async def replay(
+    store: ObjectStore,
+    queue: str,
+    *,
+    progress: Progress | None = None,
+    listing: list[str] | None = None,
+) -> Replayed:
+    """Rebuild ``queue``'s state from its newest valid snapshot and the segments after it
+    (format version 1: a log per queue). ``listing``: every key under the queue's prefix,
+    when the caller has listed them already.
 
     Raises:
         StoreError: the store could not be read (nothing is decided on partial listings).
@@ -87,8 +95,10 @@ async def replay(store: ObjectStore, queue: str, *, progress: Progress | None = 
     started = time.perf_counter()  # a duration for the report; state time comes from events
     report = RecoveryReport(queue=queue)
     damaged: list[str] = []
-    state, snap_seq, max_epoch = await _newest_snapshot(store, queue, report, damaged)
-    seg_keys = await store.list(keys.log_prefix(queue))
+    if listing is None:
+        listing = await store.list(keys.queue_prefix(queue))
+    state, snap_seq, max_epoch = await _newest_snapshot(store, queue, report, damaged, listing)
+    seg_keys = [k for k in listing if k.startswith(keys.log_prefix(queue))]
     found = bool(seg_keys) or report.snapshot is not None or bool(damaged)
     segments = _segments_after(seg_keys, snap_seq)
     expected = snap_seq + 1
@@ -152,11 +162,12 @@ async def replay(store: ObjectStore, queue: str, *, progress: Progress | None = 
 
 
 async def _newest_snapshot(
-    store: ObjectStore, queue: str, report: RecoveryReport, damaged: list[str]
+    store: ObjectStore, queue: str, report: RecoveryReport, damaged: list[str], listing: list[str]
 ) -> tuple[QueueState, int, int]:
     """The newest snapshot that passes every check, restored; older damaged ones reported."""
+    prefix = keys.snapshot_prefix(queue)
     snap_keys = sorted(
-        (k for k in await store.list(keys.snapshot_prefix(queue)) if _is_log_name(k)),
+        (k for k in listing if k.startswith(prefix) and _is_log_name(k)),
         key=keys.seq_of,
         reverse=True,
     )

@@ -8,17 +8,26 @@ without a gap (FORMAT.md, "Snapshot").
 
 from __future__ import annotations
 
-import itertools
 import logging
 
 from actors.core.snapshot import encode_snapshot, snapshot
 from actors.core.state import QueueState
 from actors.errors import DataError
 from actors.log import keys
-from actors.log.codec import decode_snapshot_object, encode_snapshot_object
-from actors.log.store import ObjectStore
+from actors.log.codec import (
+    decode_segment_header,
+    decode_snapshot_object,
+    encode_snapshot_object,
+)
+from actors.log.store import KeyNotFound, ObjectStore
 
-__all__ = ["KEEP_SNAPSHOTS", "encode_state", "prune", "write_snapshot"]
+__all__ = [
+    "KEEP_SNAPSHOTS",
+    "encode_state",
+    "prune_legacy",
+    "prune_snapshots",
+    "write_snapshot",
+]
 
 log = logging.getLogger(__name__)
 
@@ -50,24 +59,46 @@ async def write_snapshot(store: ObjectStore, queue: str, seq: int, data: bytes) 
     return key
 
 
-async def prune(store: ObjectStore, queue: str) -> tuple[int, int]:
-    """Delete snapshots beyond the newest two and segments the older of those covers;
-    return (snapshots deleted, segments deleted).
+async def prune_snapshots(store: ObjectStore, queue: str, seqs: list[int]) -> list[int]:
+    """Delete the queue's snapshots beyond the newest two (``seqs``: the sequence numbers of
+    its snapshots, oldest first); return the ones kept.
 
     Raises:
         StoreError: the store failed (pruning is retried at the next snapshot).
     """
-    snaps = sorted(await store.list(keys.snapshot_prefix(queue)), key=keys.seq_of)
-    if len(snaps) < KEEP_SNAPSHOTS:
-        return 0, 0
-    keep = snaps[-KEEP_SNAPSHOTS:]
-    floor = keys.seq_of(keep[0])  # segments wholly at or below this are covered twice
-    for key in snaps[:-KEEP_SNAPSHOTS]:
-        await store.delete(key)
+    for seq in seqs[:-KEEP_SNAPSHOTS]:
+        await store.delete(keys.snapshot_key(queue, seq))
+    return seqs[-KEEP_SNAPSHOTS:]
+
+
+async def prune_legacy(store: ObjectStore, queue: str, seqs: list[int]) -> bool:
+    """Delete the queue's version-1 segments that the older of its two kept snapshots
+    covers; return whether any remain.
+
+    Raises:
+        StoreError: the store failed.
+    """
     segs = sorted((keys.seq_of(k), k) for k in await store.list(keys.log_prefix(queue)))
-    deleted = 0
-    for (_, key), (next_first, _) in itertools.pairwise(segs):
-        if next_first - 1 <= floor:  # its last record is next_first - 1
+    if len(seqs) < KEEP_SNAPSHOTS:
+        return bool(segs)
+    floor = seqs[-KEEP_SNAPSHOTS]  # segments wholly at or below this are covered twice
+    kept = 0
+    for i, (_, key) in enumerate(segs):
+        # A segment's last record is the next one's first minus one; the last segment's is in
+        # its header (it cannot grow: nothing writes version 1 any more).
+        last = segs[i + 1][0] - 1 if i + 1 < len(segs) else await _last_record(store, key)
+        if last <= floor:
             await store.delete(key)
-            deleted += 1
-    return len(snaps) - KEEP_SNAPSHOTS, deleted
+        else:
+            kept += 1
+    return kept > 0
+
+
+async def _last_record(store: ObjectStore, key: str) -> int:
+    """The sequence number of the last record of the version-1 segment ``key`` (a damaged
+    or vanished one counts as never covered)."""
+    try:
+        header = decode_segment_header(await store.get(key))
+    except (DataError, KeyNotFound):
+        return 1 << 62
+    return header.first_seq + header.count - 1

@@ -45,6 +45,7 @@ __all__ = [
     "ObstoreStore",
     "StoreError",
     "check_key",
+    "fsync_dir",
     "open_store",
 ]
 
@@ -152,8 +153,9 @@ def _store_error(op: str, key: str, exc: BaseException, *, ambiguous: bool) -> S
 _T = TypeVar("_T")
 
 
-def _fsync_dir(path: str) -> None:
-    # A new or removed directory entry is durable only once the directory itself is fsync'd.
+def fsync_dir(path: str) -> None:
+    """Make the directory's entries durable (a new or removed entry is durable only once the
+    directory itself is fsync'd). Raises: OSError."""
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     try:
         os.fsync(fd)
@@ -272,7 +274,7 @@ class LocalDirStore:
         tmp = self._write_temp(op, key, data)
         try:
             try:
-                self._make_durable_dir(parent)
+                self.make_durable_dir(parent)
             except NotADirectoryError:
                 raise _clash(key) from None
             except OSError as e:  # nothing is visible yet: safe to retry
@@ -291,7 +293,7 @@ class LocalDirStore:
                 # Conservative: the call that publishes the object failed in an unknown way.
                 raise _store_error(op, key, e, ambiguous=True) from e
             try:
-                _fsync_dir(parent)
+                fsync_dir(parent)
             except OSError as e:  # visible now, but maybe not after a crash
                 raise _store_error(op, key, e, ambiguous=True) from e
             return True
@@ -307,7 +309,7 @@ class LocalDirStore:
         except OSError as e:
             raise _store_error("delete", key, e, ambiguous=True) from e
         try:
-            _fsync_dir(os.path.dirname(final))
+            fsync_dir(os.path.dirname(final))
         except OSError as e:
             raise _store_error("delete", key, e, ambiguous=True) from e
 
@@ -345,7 +347,7 @@ class LocalDirStore:
         tmp = os.path.join(self._tmp, f"{os.getpid()}-{next(self._names)}-{secrets.token_hex(4)}")
         try:
             if self._tmp not in self._durable_dirs:
-                self._make_durable_dir(self._root)
+                self.make_durable_dir(self._root)
                 # The temp directory itself needs no fsync: after a crash its contents are
                 # garbage anyway.
                 os.makedirs(self._tmp, exist_ok=True)
@@ -364,10 +366,14 @@ class LocalDirStore:
             raise _store_error(op, key, e, ambiguous=False) from e
         return tmp
 
-    def _make_durable_dir(self, path: str) -> None:
-        # Create ``path`` if needed and make every directory entry from it up to the root
-        # durable; fsync parents also when another process created the directories, because
-        # it may not have fsync'd yet when our object is acknowledged.
+    def make_durable_dir(self, path: str) -> None:
+        """Create the directory ``path`` (under the root) if needed and make every directory
+        entry from it up to the root durable.
+
+        Raises: OSError (NotADirectoryError: a file is in the way).
+        """
+        # fsync parents also when another process created the directories, because it may
+        # not have fsync'd yet when our object is acknowledged.
         if path in self._durable_dirs:
             return
         missing = []
@@ -387,7 +393,7 @@ class LocalDirStore:
             probe = os.path.dirname(probe)
             to_sync.add(probe)
         for directory in sorted(to_sync, key=len, reverse=True):
-            _fsync_dir(directory)
+            fsync_dir(directory)
         self._durable_dirs.add(path)
 
 

@@ -87,5 +87,6 @@ def _shard_doc(s: ShardStatus) -> dict[str, Any]:
         "queues": s.queues,
         "recovering": s.recovering,
         "failed": dict(s.failed),
+        "log": None if s.log is None else msgspec.to_builtins(s.log),
         "reports": reports,
     }

@@ -252,6 +252,28 @@
     );
   }
 
+  // The shard's log itself (every queue of the shard writes to it): what its recovery read
+  // and what it discarded or cut, as one more row above the shard's queues.
+  function logRow(shard, log) {
+    const kind = log.discarded.length ? "damaged" : "";
+    const repaired = log.repaired.length ? ` (cut: ${log.repaired.join("; ")})` : "";
+    const cell = discardedCell({ clean: !log.discarded.length, discarded: log.discarded });
+    if (repaired) cell.append(repaired);
+    return el(
+      "tr",
+      { class: `${kind} log`, "data-report": `log-${shard.index}` },
+      el("td", {}, shard.index),
+      el("td", { class: "name" }, `shard ${shard.index} log`),
+      el("td", {}, log.epoch),
+      el("td", {}, ""),
+      el("td", {}, log.segments),
+      el("td", { "data-field": "records_replayed" }, log.records),
+      el("td", {}, ""),
+      el("td", {}, `${log.duration_ms} ms`),
+      cell,
+    );
+  }
+
   function shardCard(shard) {
     const card = el("div", { class: "shard", "data-shard": shard.index });
     const badge = el("span", { class: `badge ${shard.ready ? "ok" : "warn"}` });
@@ -270,6 +292,7 @@
     document.getElementById("shards").replaceChildren(...doc.shards.map(shardCard));
     const rows = [];
     for (const shard of doc.shards) {
+      if (shard.log) rows.push(logRow(shard, shard.log));
       const sorted = [...shard.reports].sort((a, b) => a.queue.localeCompare(b.queue));
       for (const r of sorted) rows.push(reportRow(shard, r));
     }

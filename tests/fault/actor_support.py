@@ -1,9 +1,10 @@
-"""Helpers for the fault, fencing and crash tests: open a queue actor, look at its log,
-compare its in-memory state with what recovery rebuilds from the store.
+"""Helpers for the fault, fencing and crash tests: open a queue on a shard of its own, look
+at the shard's log, compare the queue's in-memory state with what recovery rebuilds from
+the store.
 
-Everything here goes through real stores and the actor's public surface, except
-:func:`settle`, which waits for the actor's background tasks (snapshots) so a test can look
-at the store without racing them.
+Everything here goes through real stores and the public surface of the shard and the queue,
+except :func:`settle`, which waits for background tasks (snapshots, reloads) so a test can
+look at the store without racing them.
 """
 
 from __future__ import annotations
@@ -20,13 +21,13 @@ from actors.core import events as ev
 from actors.core.ids import IdSource, SequentialIds
 from actors.core.snapshot import snapshot
 from actors.core.state import QueueState
-from actors.log import keys
-from actors.log.codec import SegmentRead, decode_segment
-from actors.log.faults import FaultyStore
-from actors.log.replay import replay
+from actors.log.device import LogDevice, open_device
+from actors.log.shard_recovery import SHARD_STREAM, read_shard
 from actors.log.store import ObjectStore
+from actors.log.wal import decode_groups, decode_record, scan_segment
 from actors.queue_actor import QueueActor
 from actors.settings import LogSettings, QueueSettings
+from actors.shard import QueueShard
 
 NAME = "q"
 CLIENT_IDS = QueueSettings(id_mode="client")
@@ -60,12 +61,20 @@ async def open_actor(
     settings: QueueSettings | None = CLIENT_IDS,
     log_settings: LogSettings | None = None,
 ) -> QueueActor:
-    """A running queue actor; ``settings=None`` opens an existing queue without creating."""
-    actor = QueueActor(
-        name, store, clock=clock, ids=ids or SequentialIds(), log_settings=log_settings
+    """A running queue on a shard of its own (shard 0 of 1, ``actor.host``);
+    ``settings=None`` opens an existing queue without creating it."""
+    shard = QueueShard(
+        0, 1, store, clock=clock, ids=ids or SequentialIds(), log_settings=log_settings
     )
-    await actor.open(cmd.Create(name, settings) if settings is not None else None)
-    return actor
+    await shard.start()
+    if settings is not None:
+        await shard.create(name, settings, list(QueueSettings.__struct_fields__))
+    return await shard.get(name)
+
+
+async def close(actor: QueueActor, *, snapshot: bool = True) -> None:
+    """Close the actor's whole shard (every queue, the log)."""
+    await actor.host.close(snapshot=snapshot)  # type: ignore[attr-defined]
 
 
 async def wait_until(predicate: Callable[[], bool], what: str, within: float = 10.0) -> None:
@@ -80,7 +89,7 @@ async def wait_until(predicate: Callable[[], bool], what: str, within: float = 1
         await asyncio.sleep(0 if turns < 50 else 0.005)
 
 
-async def write_started(store: FaultyStore, before: int) -> None:
+async def write_started(store: Any, before: int) -> None:
     """Wait until a segment write (``put_if_absent``) beyond the first ``before`` has begun."""
     await wait_until(
         lambda: store.calls["put_if_absent"] > before, f"put_if_absent #{before + 1} started"
@@ -88,12 +97,16 @@ async def write_started(store: FaultyStore, before: int) -> None:
 
 
 async def settle(actor: QueueActor, within: float = 10.0) -> None:
-    """Wait until the actor's writer is idle and its background tasks (snapshots, reloads)
-    have finished."""
+    """Wait until the shard's log is idle and the background tasks of the queue and the
+    shard (snapshots, reloads, pruning) have finished."""
+    shard: Any = actor.host
     await wait_until(
         lambda: (
-            actor.writer is not None and actor.writer.idle and not actor._background
-        ),  # the only private attribute the tests read
+            shard.log_ready.is_set()
+            and shard.wal.idle
+            and not actor._background
+            and not shard._background
+        ),  # the only private attributes the tests read
         "the actor settled",
         within,
     )
@@ -108,10 +121,22 @@ def state_view(state: QueueState, now_ms: int) -> Any:
     return msgspec.to_builtins(snapshot(state))
 
 
+def device_of(store: ObjectStore) -> LogDevice:
+    """A device to read shard 0's log in ``store`` (a local directory's files, or objects)."""
+    return open_device(store, 0)
+
+
+async def recovered(store: ObjectStore, name: str = NAME) -> QueueState:
+    """The state a recovery from ``store`` rebuilds for ``name`` (read-only: no repair, no
+    epoch claimed); an empty state if there is no such queue."""
+    queues, _ = await read_shard(store, device_of(store), 0, 1)
+    found = queues.get(name)
+    return found.state if found is not None else QueueState()
+
+
 async def durable_view(store: ObjectStore, now_ms: int, name: str = NAME) -> Any:
     """What a recovery from ``store`` rebuilds (read-only: claims no epoch)."""
-    replayed = await replay(store, name)
-    return state_view(replayed.state, now_ms)
+    return state_view(await recovered(store, name), now_ms)
 
 
 async def assert_state_is_durable(actor: QueueActor, store: ObjectStore, now_ms: int) -> None:
@@ -121,17 +146,42 @@ async def assert_state_is_durable(actor: QueueActor, store: ObjectStore, now_ms:
     assert state_view(actor.state, now_ms) == await durable_view(store, now_ms, actor.name)
 
 
-async def read_log(store: ObjectStore, name: str = NAME) -> list[tuple[str, SegmentRead]]:
-    """Every segment of the queue, decoded, in order."""
-    return [(key, decode_segment(await store.get(key))) for key in await segment_keys(store, name)]
+class Segment(msgspec.Struct):
+    """A segment of shard 0's log as these tests look at it: its epoch, first LSN and number
+    of records, and the events of one queue and of the shard's own stream (its claims), in
+    order. On an object store a segment is one block: one group commit."""
+
+    epoch: int
+    first_lsn: int
+    count: int
+    events: list[ev.Event]
+    seqs: list[int]  # the queue sequence number of each event (0 for the shard's claims)
+
+
+async def read_log(store: ObjectStore, name: str = NAME) -> list[tuple[str, Segment]]:
+    """Every segment of shard 0's log, decoded, in order."""
+    device = device_of(store)
+    out = []
+    for _, key in await device.segments():
+        read = scan_segment(await device.read(key))
+        events: list[ev.Event] = []
+        seqs: list[int] = []
+        for block in read.blocks:
+            for queue, first, records in decode_groups(block):
+                if queue in (name, SHARD_STREAM):
+                    events.extend(decode_record(r) for r in records)
+                    seqs.extend(range(first, first + len(records)) if queue else [0] * len(records))
+        epoch = read.blocks[-1].epoch if read.blocks else read.header.epoch
+        out.append((key, Segment(epoch, read.header.first_lsn, read.records, events, seqs)))
+    return out
 
 
 async def segment_keys(store: ObjectStore, name: str = NAME) -> list[str]:
-    """The queue's segment keys, in order."""
-    return sorted(await store.list(keys.log_prefix(name)), key=keys.seq_of)
+    """The keys of shard 0's log segments, in order."""
+    return [key for _, key in await device_of(store).segments()]
 
 
-def put_ids(segments: list[tuple[str, SegmentRead]]) -> list[str]:
+def put_ids(segments: list[tuple[str, Segment]]) -> list[str]:
     """Every message id put in these segments, once per put (duplicates show twice)."""
     return [
         str(item.id)
@@ -142,7 +192,7 @@ def put_ids(segments: list[tuple[str, SegmentRead]]) -> list[str]:
     ]
 
 
-def segment_with(segments: list[tuple[str, SegmentRead]], match: Callable[[ev.Event], bool]) -> str:
+def segment_with(segments: list[tuple[str, Segment]], match: Callable[[ev.Event], bool]) -> str:
     """The key of the one segment holding an event that ``match`` accepts."""
     found = [key for key, read in segments if any(match(e) for e in read.events)]
     assert len(found) == 1, f"expected one segment with such an event, found {found}"

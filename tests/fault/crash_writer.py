@@ -2,7 +2,9 @@
 
     python -m tests.fault.crash_writer <store-dir> <run> <seed>
 
-Opens (creating or recovering) the queue ``crash`` on a LocalDirStore and runs 64 producers
+Opens (creating or recovering) the queue ``crash`` on a shard over a LocalDirStore (its
+local log: preallocated segments appended to, small ones here, so kills also land in
+rolls) and runs 64 producers
 (puts of 1-10 messages with unique client ids) and 16 consumers (takes, then acks or,
 sometimes, releases) until the parent kills it. It reports on stdout, one line each, written
 with one ``os.write`` (no buffering, nothing lost to the kill but the line being written):
@@ -32,11 +34,12 @@ from actors.ids import RandomIds
 from actors.log.store import LocalDirStore
 from actors.queue_actor import QueueActor
 from actors.settings import LogSettings, QueueSettings
+from actors.shard import QueueShard
 
 QUEUE = "crash"
 # Leases outlive any test run: a message taken before the kill stays reserved, not redelivered.
 SETTINGS = QueueSettings(id_mode="client", visibility_timeout_ms=3_600_000)
-LOG_SETTINGS = LogSettings(snapshot_every_records=300)
+LOG_SETTINGS = LogSettings(snapshot_every_records=300, segment_bytes=256 * 1024)
 PRODUCERS = 64
 CONSUMERS = 16
 LIFETIME_S = 60.0  # a child whose parent is gone must not run forever
@@ -100,14 +103,17 @@ async def consumer(actor: QueueActor, rng: random.Random) -> None:
 
 async def main(root: str, run: int, seed: int) -> None:
     rng = random.Random(seed)
-    actor = QueueActor(
-        QUEUE,
+    shard = QueueShard(
+        0,
+        1,
         LocalDirStore(root),
         clock=SystemClock(),
         ids=RandomIds(random.Random(seed)),
         log_settings=LOG_SETTINGS,
     )
-    await actor.open(cmd.Create(QUEUE, SETTINGS))
+    await shard.start()
+    await shard.create(QUEUE, SETTINGS, [])
+    actor = await shard.get(QUEUE)
     emit(["ready"])
     tasks = [
         *(

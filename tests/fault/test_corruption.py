@@ -1,11 +1,12 @@
-"""Damaged logs on a real disk: torn tails, flipped bits, broken headers, gaps, bad snapshots.
+"""Damaged shard logs on a real disk: torn tails at every byte, flipped bits, broken headers,
+gaps, misnamed segments, bad snapshots.
 
-Each test writes a queue's log with the real actor and writer into a :class:`LocalDirStore`
-under ``tmp_path`` (ManualClock, SequentialIds), keeps that directory as the pristine copy,
-damages a copy of it with ordinary file operations, and recovers with the real
-:func:`~actors.log.replay.replay` and :meth:`QueueActor.open`. Expectations come from the
-pristine log: its events are decoded segment by segment, and the state recovery must
-rebuild is the fold of exactly the events before the damage. No mocks.
+Each test writes a shard's log with the real shard, queue and local log (small segments, so
+the log has several) into a :class:`LocalDirStore` under ``tmp_path`` (ManualClock,
+SequentialIds), keeps that directory as the pristine copy, damages a copy of it with
+ordinary file operations, and recovers it with a real shard. Expectations come from the
+pristine log, read with the byte layout of FORMAT.md (``tests/unit/log/layout.py``): the
+state recovery must rebuild is the fold of exactly the records before the damage. No mocks.
 """
 
 from __future__ import annotations
@@ -29,11 +30,13 @@ from actors.core.state import QueueState
 from actors.errors import QueueError
 from actors.ids import SequentialIds
 from actors.log import keys
-from actors.log.codec import decode_segment
-from actors.log.replay import Discarded, RecoveryReport, replay
+from actors.log.replay import Discarded
+from actors.log.shard_recovery import SHARD_STREAM, ShardReport, StoredReport
 from actors.log.store import LocalDirStore
+from actors.log.wal import decode_record
 from actors.queue_actor import QueueActor
-from actors.settings import QueueSettings
+from actors.settings import LogSettings, QueueSettings
+from actors.shard import QueueShard
 from tests.unit.log import layout
 
 pytestmark = pytest.mark.fault
@@ -41,19 +44,24 @@ pytestmark = pytest.mark.fault
 Q = "q"
 T0 = 1_700_000_000_000
 SETTINGS = QueueSettings(visibility_timeout_ms=600_000)
+# Segments of 450 bytes hold two to four blocks of these tests: the log has several.
+LOG = LogSettings(segment_bytes=450, snapshot_every_records=10**9, snapshot_every_ms=10**12)
 
 
 # ================================================================ writing and reading logs
 
 
-def new_actor(root: Path, clock: ManualClock, **options: Any) -> tuple[QueueActor, LocalDirStore]:
-    store = LocalDirStore(root)
-    return QueueActor(Q, store, clock=clock, ids=SequentialIds(), **options), store
+async def open_shard(root: Path, clock: ManualClock, **options: Any) -> QueueShard:
+    shard = QueueShard(
+        0, 1, LocalDirStore(root), clock=clock, ids=SequentialIds(), log_settings=LOG, **options
+    )
+    await shard.start()
+    return shard
 
 
-async def stop(actor: QueueActor, store: LocalDirStore) -> None:
-    await actor.close(snapshot=False)
-    await store.close()
+async def stop(shard: QueueShard) -> None:
+    await shard.close(snapshot=False)
+    await shard.store.close()
 
 
 def ok(results: list[Any]) -> list[Any]:
@@ -63,10 +71,10 @@ def ok(results: list[Any]) -> list[Any]:
 
 
 class History:
-    """Drives an actor through rounds of commands; every round is one segment on disk."""
+    """Drives a queue through rounds of commands; every round is one block on disk."""
 
-    def __init__(self, actor: QueueActor, clock: ManualClock) -> None:
-        self.actor, self.clock = actor, clock
+    def __init__(self, queue: QueueActor, clock: ManualClock) -> None:
+        self.queue, self.clock = queue, clock
         self.rounds = 0
         self.pending: list[Any] = []  # deliveries of the last take, acked by the next round
 
@@ -80,30 +88,31 @@ class History:
         ]
         if self.pending:
             commands.append(c.Ack([c.LeaseRef(d.id, d.lease) for d in self.pending]))
-        results = ok(await self.actor.execute_many(commands))
+        results = ok(await self.queue.execute_many(commands))
         self.pending = results[1]
         self.rounds += 1
 
     async def single(self, command: object) -> Any:
-        """One command on its own: one segment of one record."""
+        """One command on its own: one block of one record."""
         self.clock.advance(10)
-        return await self.actor.execute(command)
+        return await self.queue.execute(command)
 
 
 async def write_log(
-    root: Path, script: Callable[[History], Awaitable[None]], **options: Any
+    root: Path, script: Callable[[History], Awaitable[None]]
 ) -> tuple[ManualClock, bytes]:
     """Create queue ``q`` under ``root``, run ``script``, close without a final snapshot.
 
-    Returns the clock and the closed actor's state (as bytes at the clock's time), which
-    must equal what a recovery of the log rebuilds."""
+    Returns the clock and the closed queue's state (as bytes at the clock's time), which must
+    equal what a recovery of the log rebuilds."""
     clock = ManualClock(T0)
-    actor, store = new_actor(root, clock, **options)
-    await actor.open(c.Create(Q, SETTINGS))
-    await script(History(actor, clock))
-    await actor.execute(c.Stats())  # everything decided is durable
-    live = state_bytes(actor.state, clock.now_ms())
-    await stop(actor, store)
+    shard = await open_shard(root, clock)
+    await shard.create(Q, SETTINGS, [])
+    queue = await shard.get(Q)
+    await script(History(queue, clock))
+    await queue.execute(c.Stats())  # everything decided is durable
+    live = state_bytes(queue.state, clock.now_ms())
+    await stop(shard)
     return clock, live
 
 
@@ -111,43 +120,61 @@ async def write_log(
 class Segment:
     key: str
     path: Path
-    first_seq: int
-    count: int
+    first_lsn: int
     epoch: int
-    events: list[ev.Event]
-    frames: list[layout.Frame]
+    blocks: list[layout.BlockAt]
+    records: list[tuple[int, ev.Event]]  # queue q's (seq, event), in order
+
+    @property
+    def count(self) -> int:
+        return sum(b.count for b in self.blocks)
+
+
+def block_records(block: layout.BlockAt) -> list[tuple[str, int, ev.Event]]:
+    """(queue, seq, event) of every record of a block."""
+    out = []
+    for queue, first, records in msgspec.msgpack.decode(block.body):
+        for i, raw in enumerate(records):
+            out.append((queue, first + i, decode_record(msgspec.msgpack.encode(raw))))
+    return out
 
 
 def segments(root: Path) -> list[Segment]:
-    """The queue's segments on disk, decoded, in order (they must be intact)."""
+    """The shard's log segments on disk, read with FORMAT.md's layout, in order."""
     out = []
-    for path in sorted((root / "queues" / Q / "log").glob("*.seg")):
+    for path in sorted((root / keys.wal_prefix(0)).glob("*.seg")):
         data = path.read_bytes()
-        read = decode_segment(data)
-        assert read.damage is None
+        header = layout.wal_header(data)
         key = path.relative_to(root).as_posix()
-        assert keys.seq_of(key) == read.header.first_seq
-        out.append(
-            Segment(
-                key,
-                path,
-                read.header.first_seq,
-                read.header.count,
-                read.header.epoch,
-                read.events,
-                layout.frames(data),
-            )
-        )
+        assert keys.seq_of(key) == header.first_lsn
+        found = layout.blocks(data)
+        records = [(s, e) for b in found for q, s, e in block_records(b) if q == Q]
+        out.append(Segment(key, path, header.first_lsn, header.epoch, found, records))
     return out
 
 
 def events_of(segs: list[Segment]) -> list[ev.Event]:
-    """The events of contiguous segments, checked to be numbered 1, 2, 3 ..."""
+    """Queue q's events in these contiguous segments, checked to be numbered 1, 2, 3 …"""
+    lsn = segs[0].first_lsn
     events: list[ev.Event] = []
     for seg in segs:
-        assert seg.first_seq == len(events) + 1
-        events.extend(seg.events)
+        assert seg.first_lsn == lsn
+        lsn += seg.count
+        for seq, event in seg.records:
+            assert seq == len(events) + 1
+            events.append(event)
     return events
+
+
+def before(segs: list[Segment], block: layout.BlockAt) -> list[ev.Event]:
+    """Queue q's events in the blocks before ``block`` (an LSN tells where it is)."""
+    kept = []
+    for seg in segs:
+        for b in seg.blocks:
+            if b.first_lsn >= block.first_lsn:
+                return kept
+            kept.extend(e for q, _, e in block_records(b) if q == Q)
+    return kept
 
 
 def fold(events: list[ev.Event]) -> QueueState:
@@ -164,9 +191,9 @@ def state_bytes(state: QueueState, now_ms: int) -> bytes:
     return msgspec.msgpack.encode(snapshot(state))
 
 
-def listing(root: Path, folder: str) -> list[str]:
-    where = root / "queues" / Q / folder
-    return sorted(p.relative_to(root).as_posix() for p in where.glob("*")) if where.exists() else []
+def damaged_copies(root: Path) -> list[str]:
+    where = root / keys.wal_prefix(0) / "damaged"
+    return sorted(p.name for p in where.glob("*")) if where.exists() else []
 
 
 def copy(pristine: Path, tmp_path: Path, name: str) -> Path:
@@ -175,41 +202,40 @@ def copy(pristine: Path, tmp_path: Path, name: str) -> Path:
     return root
 
 
-async def replay_of(root: Path) -> Any:
-    store = LocalDirStore(root)
-    try:
-        return await replay(store, Q)
-    finally:
-        await store.close()
+def stored_report(root: Path, epoch: int) -> ShardReport:
+    """What the shard's incarnation ``epoch`` stored about its log's recovery."""
+    data = (root / keys.wal_report_key(0, epoch)).read_bytes()
+    return msgspec.json.decode(data, type=StoredReport).log
 
 
-def stored_report(root: Path, epoch: int) -> RecoveryReport:
-    data = (root / keys.report_key(Q, epoch)).read_bytes()
-    return msgspec.json.decode(data, type=RecoveryReport)
+async def recover(root: Path, clock: ManualClock, **options: Any) -> tuple[QueueShard, bytes]:
+    """Open a shard on ``root``; return it and queue q's state at the clock's time."""
+    shard = await open_shard(root, clock, **options)
+    return shard, state_bytes((await shard.get(Q)).state, clock.now_ms())
 
 
 async def write_and_recover_again(root: Path, clock: ManualClock, epoch: int) -> None:
     """After a recovery: a new message can be put, and a further recovery is clean and
     keeps it."""
-    actor, store = new_actor(root, clock)
-    await actor.open()
-    assert actor.epoch == epoch
+    shard = await open_shard(root, clock)
+    assert shard.wal.epoch == epoch
     clock.advance(7)
-    [created] = await actor.execute(c.Put([c.NewMessage(body=b"after the repair")]))
+    [created] = await (await shard.get(Q)).execute(c.Put([c.NewMessage(body=b"after")]))
     assert created.status == "created"
-    live = state_bytes(actor.state, clock.now_ms())
-    await stop(actor, store)
+    live = state_bytes((await shard.get(Q)).state, clock.now_ms())
+    await stop(shard)
 
-    actor, store = new_actor(root, clock)
+    shard = await open_shard(root, clock)
     try:
-        report = await actor.open()
-        assert report.clean, report.discarded
-        assert actor.epoch == epoch + 1
-        view = await actor.execute(c.Peek(created.id))
-        assert view.body == b"after the repair"
-        assert state_bytes(actor.state, clock.now_ms()) == live
+        assert shard.report is not None
+        assert shard.report.clean, shard.report
+        assert shard.report.repaired == []
+        assert shard.wal.epoch == epoch + 1
+        queue = await shard.get(Q)
+        assert (await queue.execute(c.Peek(created.id))).body == b"after"
+        assert state_bytes(queue.state, clock.now_ms()) == live
     finally:
-        await stop(actor, store)
+        await stop(shard)
 
 
 # ================================================================ torn tail
@@ -218,69 +244,80 @@ async def write_and_recover_again(root: Path, clock: ManualClock, epoch: int) ->
 async def _rounds_then(last: str, history: History) -> None:
     for _ in range(3):
         await history.round()
-    if last == "alone":  # the last segment is the one record
+    if last == "alone":  # the last block is the one record
         taken = await history.single(c.Take(max=1))
         await history.single(c.Ack([c.LeaseRef(d.id, d.lease) for d in taken]))
-    else:  # the last record ends a segment of three
+    else:  # the last block holds three records
         await history.round()
 
 
-@pytest.mark.parametrize("last", ["alone", "third-of-three"])
-async def test_a_torn_last_record_at_every_byte_offset(tmp_path: Path, last: str) -> None:
+def _tear(path: Path, cut: int, end: int, how: str) -> None:
+    """The write of the block ending at ``end`` reached only byte ``cut``: the rest of the
+    file is cut off, or left as the zeros the segment was preallocated with."""
+    if how == "cut-off":
+        os.truncate(path, cut)
+    else:
+        data = bytearray(path.read_bytes())
+        data[cut:end] = bytes(end - cut)
+        data += bytes(layout.BLOCK_HEADER)  # and some of the preallocated zeros after it
+        path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("how", ["cut-off", "zeros-after"])
+@pytest.mark.parametrize("last", ["alone", "three-records"])
+async def test_a_torn_last_block_at_every_byte_offset(tmp_path: Path, last: str, how: str) -> None:
     pristine = tmp_path / "pristine"
     clock, live = await write_log(pristine, lambda h: _rounds_then(last, h))
     segs = segments(pristine)
     events = events_of(segs)
     assert state_bytes(fold(events), clock.now_ms()) == live  # the log is the live state
     tail = segs[-1]
-    assert tail.count == (1 if last == "alone" else 3)
-    assert isinstance(tail.events[-1], ev.MessagesAcked)
-    record = tail.frames[-1]
-    size = tail.path.stat().st_size
-    assert record.end == size
-    kept = events[:-1]
-    assert (events[-1], len(kept)) == (tail.events[-1], tail.first_seq + tail.count - 2)
+    block = tail.blocks[-1]
+    assert block.count == (1 if last == "alone" else 3)
+    assert block.end == tail.path.stat().st_size  # a closed segment is cut to its blocks
+    kept = before(segs, block)
+    assert len(kept) == len(events) - block.count
 
-    for cut in range(record.offset, size):  # from the frame's first byte to the last one
+    for cut in range(block.offset, block.end):  # from the block's first byte to its last
         root = copy(pristine, tmp_path, f"cut-{cut}")
-        os.truncate(root / tail.key, cut)
-        torn = (root / tail.key).read_bytes()
+        _tear(root / tail.key, cut, block.end, how)
         clock.advance(1)
-        actor, store = new_actor(root, clock)
+        shard, state = await recover(root, clock)
         try:
-            report = await actor.open()
-            # exactly the records before the torn one, as a fold of those events
-            expected = state_bytes(fold(kept), clock.now_ms())
-            assert state_bytes(actor.state, clock.now_ms()) == expected, f"cut at {cut}"
+            # exactly the records before the torn block, as a fold of those events
+            assert state == state_bytes(fold(kept), clock.now_ms()), f"cut at {cut}"
+            report = shard.report
+            assert report is not None
+            assert report.discarded == [], (cut, report)
+            if any((pristine / tail.key).read_bytes()[block.offset : cut]):
+                assert report.repaired == [f"{tail.key}: torn tail cut at offset {block.offset}"]
+            else:  # nothing but zeros was written: the segment just ends there
+                assert report.repaired == []
+            assert (report.epoch, shard.wal.epoch) == (2, 2)
+            assert stored_report(root, 2).repaired == report.repaired
+            assert (await shard.get(Q)).next_seq == len(kept) + 1
         finally:
-            await stop(actor, store)
-
-        assert report.last_seq == len(kept), cut
-        assert report.records_replayed == len(kept), cut
-        [discarded] = report.discarded
-        assert discarded == Discarded(tail.key, record.offset, 1, discarded.reason), cut
-        assert discarded.reason.startswith("torn tail"), (cut, discarded.reason)
-        assert (report.epoch, actor.epoch) == (2, 2)
-        assert stored_report(root, 2) == report
-        # moved aside, unchanged; what was kept is in a snapshot; the new epoch's claim
-        # starts right after it
-        assert listing(root, "damaged") == [keys.damaged_key(tail.key, 2)]
-        assert (root / keys.damaged_key(tail.key, 2)).read_bytes() == torn
-        assert keys.snapshot_key(Q, len(kept)) in listing(root, "snap")
+            await stop(shard)
+        # The torn bytes are gone (the segment ends at its last whole block, or is gone when
+        # the torn block was its first), nothing was moved aside, and the new epoch's claim
+        # starts a segment of its own right after.
+        if block.offset > layout.WAL_HEADER:
+            assert (root / tail.key).stat().st_size == block.offset
+        assert damaged_copies(root) == []
         now = segments(root)
-        assert now[-1].first_seq == len(kept) + 1
-        [claim] = now[-1].events
+        assert now[-1].first_lsn == block.first_lsn
         assert now[-1].epoch == 2
+        [claim] = [e for b in now[-1].blocks for q, _, e in block_records(b) if q == SHARD_STREAM]
         assert isinstance(claim, ev.WriterStarted)
         assert claim.epoch == 2
         assert claim.nonce != 0  # every claim is unique
         assert all(s.epoch == 1 for s in now[:-1])
-
-        await write_and_recover_again(root, clock, epoch=3)
+        if cut in (block.offset, block.offset + 5, block.end - 1):
+            await write_and_recover_again(root, clock, epoch=3)
         shutil.rmtree(root)
 
 
-# ================================================================ bit flips in a middle record
+# ================================================================ bit flips in a middle block
 
 
 async def _rounds(n: int, history: History) -> None:
@@ -289,14 +326,16 @@ async def _rounds(n: int, history: History) -> None:
 
 
 FLIPS = {
-    "length-bit-0": lambda f: f.offset * 8,
-    "length-bit-9": lambda f: f.offset * 8 + 9,
-    "length-bit-31": lambda f: f.offset * 8 + 31,
-    "crc-bit-17": lambda f: (f.offset + 4) * 8 + 17,
-    "flags-bit-0": lambda f: (f.offset + 8) * 8,
-    "flags-bit-5": lambda f: (f.offset + 8) * 8 + 5,
-    "payload-first-bit": lambda f: (f.offset + 9) * 8,
-    "payload-last-bit": lambda f: f.end * 8 - 1,
+    "length-bit-0": lambda b: b.offset * 8,
+    "length-bit-9": lambda b: b.offset * 8 + 9,
+    "length-bit-31": lambda b: b.offset * 8 + 31,
+    "crc-bit-17": lambda b: (b.offset + 4) * 8 + 17,
+    "epoch-bit-0": lambda b: (b.offset + 8) * 8,
+    "lsn-bit-1": lambda b: (b.offset + 16) * 8 + 1,
+    "count-bit-0": lambda b: (b.offset + 24) * 8,
+    "flags-bit-3": lambda b: (b.offset + 28) * 8 + 3,
+    "body-first-bit": lambda b: (b.offset + layout.BLOCK_HEADER) * 8,
+    "body-last-bit": lambda b: b.end * 8 - 1,
 }
 
 
@@ -304,7 +343,7 @@ FLIPS = {
 class Pristine:
     root: Path
     now_ms: int  # the clock when the log was closed
-    live: bytes  # the closed actor's state at now_ms
+    live: bytes  # the closed queue's state at now_ms
 
     def clock(self) -> ManualClock:
         return ManualClock(self.now_ms)
@@ -312,63 +351,58 @@ class Pristine:
 
 @pytest.fixture(scope="module")
 def rounds_log(tmp_path_factory: pytest.TempPathFactory) -> Pristine:
-    """A pristine log, shared read-only: the create segment and seven of 2-3 records."""
+    """A pristine log, shared read-only: the claim, the creation and eleven rounds, in several
+    segments of two or more blocks."""
     root = tmp_path_factory.mktemp("rounds") / "pristine"
-    clock, live = asyncio.run(write_log(root, lambda h: _rounds(7, h)))
+    clock, live = asyncio.run(write_log(root, lambda h: _rounds(11, h)))
     segs = segments(root)
-    assert [s.count for s in segs] == [2, 2, 3, 3, 3, 3, 3, 3]
+    assert len(segs) >= 4, [len(s.blocks) for s in segs]
+    assert all(len(s.blocks) >= 2 for s in segs[:-1]), [len(s.blocks) for s in segs]
     assert state_bytes(fold(events_of(segs)), clock.now_ms()) == live  # the log is the state
     return Pristine(root, clock.now_ms(), live)
 
 
+def _middle(segs: list[Segment]) -> int:
+    return len(segs) // 2
+
+
 @pytest.mark.parametrize("where", list(FLIPS))
-async def test_a_flipped_bit_in_a_middle_record_of_a_middle_segment(
+async def test_a_flipped_bit_in_a_middle_block_of_a_middle_segment(
     tmp_path: Path, rounds_log: Pristine, where: str
 ) -> None:
     pristine, clock = rounds_log.root, rounds_log.clock()
     segs = segments(pristine)
-    events = events_of(segs)
-    middle = len(segs) // 2
+    middle = _middle(segs)
     hit = segs[middle]
-    assert hit.count == 3
-    record = hit.frames[1]
+    block = hit.blocks[1]
     root = copy(pristine, tmp_path, "damaged")
     data = (root / hit.key).read_bytes()
-    (root / hit.key).write_bytes(layout.flip_bit(data, FLIPS[where](record)))
+    (root / hit.key).write_bytes(layout.flip_bit(data, FLIPS[where](block)))
 
-    kept = hit.first_seq  # records 1 .. first_seq: every earlier segment and one record
+    kept = before(segs, block)
     later = segs[middle + 1 :]
-    expected_discarded = [
-        Discarded(hit.key, record.offset, 2, "?"),
-        *[Discarded(s.key, 0, s.count, f"after damage in {hit.key}") for s in later],
-    ]
-
-    replayed = await replay_of(root)
-    report = replayed.report
-    assert [msgspec.structs.replace(d, reason="?") for d in report.discarded[:1]] == (
-        expected_discarded[:1]
-    )
-    assert report.discarded[1:] == expected_discarded[1:]
-    assert replayed.damaged == [hit.key, *[s.key for s in later]]
-    assert (report.last_seq, report.records_replayed) == (kept, kept)
-    now = clock.now_ms()
-    assert state_bytes(replayed.state, now) == state_bytes(fold(events[:kept]), now)
-
-    actor, store = new_actor(root, clock)
+    shard, state = await recover(root, clock)
     try:
-        report = await actor.open()
-        assert (report.discarded[0].object, report.discarded[0].offset) == (hit.key, record.offset)
-        assert report.discarded[0].records == 2
-        assert report.discarded[1:] == expected_discarded[1:]
-        assert state_bytes(actor.state, now) == state_bytes(fold(events[:kept]), now)
+        now = clock.now_ms()
+        assert state == state_bytes(fold(kept), now)
+        report = shard.report
+        assert report is not None
+        [first, *rest] = report.discarded
+        assert (first.object, first.offset, first.records) == (hit.key, block.offset, None)
+        assert first.reason
+        assert rest == [Discarded(s.key, 0, None, f"after damage in {hit.key}") for s in later]
     finally:
-        await stop(actor, store)
-    assert listing(root, "damaged") == sorted(
-        keys.damaged_key(k, 2) for k in [hit.key, *[s.key for s in later]]
+        await stop(shard)
+    # A copy of each damaged segment was kept; the hit one is cut before the damage, the
+    # later ones are gone; the new epoch starts right after what was kept.
+    assert damaged_copies(root) == sorted(f"{Path(s.key).name}.2" for s in [hit, *later])
+    assert (root / keys.wal_prefix(0) / "damaged" / f"{Path(hit.key).name}.2").read_bytes() == (
+        layout.flip_bit(data, FLIPS[where](block))
     )
+    assert (root / hit.key).stat().st_size == block.offset
     assert [s.key for s in segments(root)] == [
-        *[s.key for s in segs[:middle]],
-        keys.segment_key(Q, kept + 1),  # the new epoch's claim
+        *[s.key for s in segs[: middle + 1]],
+        keys.wal_segment_key(0, block.first_lsn),  # the new epoch's claim
     ]
     await write_and_recover_again(root, clock, epoch=3)
 
@@ -381,8 +415,8 @@ HEADER_DAMAGE = {
     "version": lambda d: layout.flip_bit(d, 4 * 8 + 1),
     "flags": lambda d: layout.flip_bit(d, 6 * 8),
     "epoch": lambda d: layout.flip_bit(d, 8 * 8 + 3),
-    "first-seq": lambda d: layout.flip_bit(d, 16 * 8),
-    "count": lambda d: layout.flip_bit(d, 24 * 8 + 2),
+    "first-lsn": lambda d: layout.flip_bit(d, 16 * 8),
+    "shard": lambda d: layout.flip_bit(d, 24 * 8 + 2),
     "crc": lambda d: layout.flip_bit(d, 28 * 8 + 7),
     "cut-inside": lambda d: d[:20],
     "empty": lambda d: b"",
@@ -395,35 +429,29 @@ async def test_a_damaged_segment_header_discards_that_segment_and_the_rest(
 ) -> None:
     pristine, clock = rounds_log.root, rounds_log.clock()
     segs = segments(pristine)
-    events = events_of(segs)
-    middle = len(segs) // 2
+    middle = _middle(segs)
     hit = segs[middle]
     root = copy(pristine, tmp_path, "damaged")
     (root / hit.key).write_bytes(HEADER_DAMAGE[how]((root / hit.key).read_bytes()))
 
-    kept = hit.first_seq - 1
-    replayed = await replay_of(root)
-    report = replayed.report
-    [first, *rest] = report.discarded
-    assert (first.object, first.offset, first.records) == (hit.key, 0, None)
-    assert rest == [
-        Discarded(s.key, 0, s.count, f"after damage in {hit.key}") for s in segs[middle + 1 :]
-    ]
-    assert report.last_seq == kept
-    now = clock.now_ms()
-    assert state_bytes(replayed.state, now) == state_bytes(fold(events[:kept]), now)
-
-    actor, store = new_actor(root, clock)
+    kept = before(segs, hit.blocks[0])
+    shard, state = await recover(root, clock)
     try:
-        await actor.open()
-        assert state_bytes(actor.state, now) == state_bytes(fold(events[:kept]), now)
+        assert state == state_bytes(fold(kept), clock.now_ms())
+        assert shard.report is not None
+        [first, *rest] = shard.report.discarded
+        assert (first.object, first.offset, first.records) == (hit.key, 0, None)
+        assert rest == [
+            Discarded(s.key, 0, None, f"after damage in {hit.key}") for s in segs[middle + 1 :]
+        ]
     finally:
-        await stop(actor, store)
+        await stop(shard)
     assert [s.key for s in segments(root)] == [
         *[s.key for s in segs[:middle]],
-        hit.key,  # the claim of epoch 2 at the same sequence number
+        hit.key,  # the claim of epoch 2 at the same LSN
     ]
-    assert len(listing(root, "damaged")) == len(segs) - middle
+    assert len(damaged_copies(root)) == len(segs) - middle
+    await write_and_recover_again(root, clock, epoch=3)
 
 
 # ================================================================ a gap
@@ -434,31 +462,22 @@ async def test_a_missing_middle_segment_stops_replay_at_the_gap(
 ) -> None:
     pristine, clock = rounds_log.root, rounds_log.clock()
     segs = segments(pristine)
-    events = events_of(segs)
-    middle = len(segs) // 2
+    middle = _middle(segs)
     root = copy(pristine, tmp_path, "gap")
     (root / segs[middle].key).unlink()
 
-    kept = segs[middle].first_seq - 1
-    replayed = await replay_of(root)
-    gap = f"gap: record {kept + 1} is missing"
-    assert replayed.report.discarded == [
-        Discarded(s.key, 0, s.count, gap) for s in segs[middle + 1 :]
-    ]
-    assert replayed.report.last_seq == kept
-    now = clock.now_ms()
-    assert state_bytes(replayed.state, now) == state_bytes(fold(events[:kept]), now)
-
-    actor, store = new_actor(root, clock)
+    kept = before(segs, segs[middle].blocks[0])
+    shard, state = await recover(root, clock)
     try:
-        report = await actor.open()
-        assert report.discarded == replayed.report.discarded
-        assert state_bytes(actor.state, now) == state_bytes(fold(events[:kept]), now)
+        assert state == state_bytes(fold(kept), clock.now_ms())
+        gap = f"gap: LSN {segs[middle].first_lsn} is missing"
+        assert shard.report is not None
+        assert shard.report.discarded == [
+            Discarded(s.key, 0, None, gap) for s in segs[middle + 1 :]
+        ]
     finally:
-        await stop(actor, store)
-    assert listing(root, "damaged") == sorted(
-        keys.damaged_key(s.key, 2) for s in segs[middle + 1 :]
-    )
+        await stop(shard)
+    assert damaged_copies(root) == sorted(f"{Path(s.key).name}.2" for s in segs[middle + 1 :])
     await write_and_recover_again(root, clock, epoch=3)
 
 
@@ -466,31 +485,30 @@ async def test_a_missing_middle_segment_stops_replay_at_the_gap(
 
 
 @pytest.mark.parametrize("source", ["next", "previous"])
-async def test_a_segment_whose_header_names_another_sequence_number_is_damage(
+async def test_a_segment_whose_header_names_another_lsn_is_damage(
     tmp_path: Path, rounds_log: Pristine, source: str
 ) -> None:
-    # FORMAT.md: first_seq is "the sequence number of the first record (equals the object
-    # name)". An intact segment under the wrong name (an object copied or restored by hand,
-    # a store or tool bug) passes every CRC; replaying it would put its records at the
-    # wrong sequence numbers. Replay must stop there like at any other damage.
+    # FORMAT.md: first_lsn "equals the object name". An intact segment under the wrong name
+    # (copied or restored by hand, a store or tool bug) passes every CRC; replaying it would
+    # put its records at the wrong place. Replay must stop there like at any other damage.
     pristine, clock = rounds_log.root, rounds_log.clock()
     segs = segments(pristine)
-    events = events_of(segs)
-    middle = len(segs) // 2
+    middle = _middle(segs)
     hit = segs[middle]
     other = segs[middle + 1] if source == "next" else segs[middle - 1]
-    assert other.count == hit.count  # the same size: only the names disagree
     root = copy(pristine, tmp_path, "misnamed")
     (root / hit.key).write_bytes((root / other.key).read_bytes())
 
-    kept = hit.first_seq - 1
-    replayed = await replay_of(root)
-    now = clock.now_ms()
-    assert replayed.report.last_seq == kept, replayed.report
-    assert state_bytes(replayed.state, now) == state_bytes(fold(events[:kept]), now)
-    assert replayed.report.discarded[0].object == hit.key
-    assert replayed.report.discarded[0].offset == 0
-    assert replayed.damaged == [s.key for s in segs[middle:]]
+    kept = before(segs, hit.blocks[0])
+    shard, state = await recover(root, clock)
+    try:
+        assert state == state_bytes(fold(kept), clock.now_ms())
+        assert shard.report is not None
+        assert shard.report.discarded[0].object == hit.key
+        assert shard.report.discarded[0].offset == 0
+        assert [d.object for d in shard.report.discarded] == [s.key for s in segs[middle:]]
+    finally:
+        await stop(shard)
 
 
 # ================================================================ damaged newest snapshot
@@ -499,10 +517,10 @@ async def test_a_segment_whose_header_names_another_sequence_number_is_damage(
 async def _with_two_snapshots(history: History) -> None:
     for _ in range(3):
         await history.round()
-    assert await history.actor.snapshot() is not None
+    assert await history.queue.snapshot() is not None
     for _ in range(3):
         await history.round()
-    assert await history.actor.snapshot() is not None
+    assert await history.queue.snapshot() is not None
     for _ in range(2):
         await history.round()
 
@@ -520,19 +538,21 @@ SNAPSHOT_DAMAGE: dict[str, Callable[[bytes], bytes | None]] = {
 }
 
 
+def snapshots(root: Path) -> list[str]:
+    where = root / keys.snapshot_prefix(Q)
+    return sorted(p.relative_to(root).as_posix() for p in where.glob("*"))
+
+
 @pytest.mark.parametrize("how", list(SNAPSHOT_DAMAGE))
 async def test_a_damaged_newest_snapshot_falls_back_to_the_previous_one(
     tmp_path: Path, how: str
 ) -> None:
     pristine = tmp_path / "pristine"
     clock, live = await write_log(pristine, _with_two_snapshots)
-    older, newest = listing(pristine, "snap")
-    # the older snapshot is needed: the segments it covers are gone
-    assert segments(pristine)[0].first_seq == keys.seq_of(older) + 1
-    before = await replay_of(pristine)
-    assert before.report.snapshot == newest
-    now = clock.now_ms()
-    assert state_bytes(before.state, now) == live
+    older, newest = snapshots(pristine)
+    # the log was pruned behind the older snapshot: it is needed
+    first_seq = min(s for seg in segments(pristine) for s, _ in seg.records)
+    assert 1 < first_seq <= keys.seq_of(older) + 1
 
     root = copy(pristine, tmp_path, "damaged")
     damaged = SNAPSHOT_DAMAGE[how]((root / newest).read_bytes())
@@ -541,31 +561,25 @@ async def test_a_damaged_newest_snapshot_falls_back_to_the_previous_one(
     else:
         (root / newest).write_bytes(damaged)
 
-    replayed = await replay_of(root)
-    report = replayed.report
-    assert (report.snapshot, report.snapshot_seq) == (older, keys.seq_of(older))
-    assert report.last_seq == before.report.last_seq
-    assert state_bytes(replayed.state, now) == live
-    if damaged is None:
-        assert report.discarded == []
-    else:
-        [discarded] = report.discarded
-        assert (discarded.object, discarded.offset, discarded.records) == (newest, 0, None)
-        assert discarded.reason.startswith("snapshot unusable"), discarded.reason
-
-    actor, store = new_actor(root, clock)
+    shard, state = await recover(root, clock)
     try:
-        opened = await actor.open()
-        assert opened.discarded == report.discarded
-        assert state_bytes(actor.state, now) == live
+        assert state == live
+        [report] = [r for r in shard.reports if r.queue == Q]
+        assert (report.snapshot, report.snapshot_seq) == (older, keys.seq_of(older))
+        if damaged is None:
+            assert report.discarded == []
+        else:
+            [discarded] = report.discarded
+            assert (discarded.object, discarded.offset, discarded.records) == (newest, 0, None)
+            assert discarded.reason.startswith("snapshot unusable"), discarded.reason
     finally:
-        await stop(actor, store)
+        await stop(shard)
+    damaged_dir = root / keys.queue_prefix(Q) / "damaged"
     if damaged is None:
-        assert listing(root, "damaged") == []
+        assert not damaged_dir.exists()
     else:
-        assert listing(root, "damaged") == [keys.damaged_key(newest, 2)]
         assert (root / keys.damaged_key(newest, 2)).read_bytes() == damaged
-    assert listing(root, "snap") == [older]
+    assert snapshots(root) == [older]
     await write_and_recover_again(root, clock, epoch=3)
 
 
@@ -581,17 +595,14 @@ async def test_recovery_reports_progress_segment_by_segment(tmp_path: Path) -> N
 
     clock, live = await write_log(root, many)
     segs = segments(root)
-    assert len(segs) == 41
+    assert len(segs) > 5
 
     calls: list[tuple[int, int, int]] = []
-    actor, store = new_actor(root, clock, progress=lambda *a: calls.append(a))
-    try:
-        report = await actor.open()
-        assert state_bytes(actor.state, clock.now_ms()) == live
-    finally:
-        await stop(actor, store)
+    shard, state = await recover(root, clock, progress=lambda *a: calls.append(a))
+    await stop(shard)
+    assert state == live
     assert [done for done, _, _ in calls] == list(range(1, len(segs) + 1))
     assert {total for _, total, _ in calls} == {len(segs)}
     records = [n for _, _, n in calls]
-    assert records == [sum(s.count for s in segs[:i]) for i in range(1, len(segs) + 1)]
-    assert records[-1] == report.records_replayed == len(events_of(segs))
+    assert records == sorted(records)
+    assert records[-1] == len(events_of(segs))

@@ -38,19 +38,22 @@ from actors.core import replies as rp
 from actors.core.snapshot import decode_snapshot, restore
 from actors.errors import MessageNotFound, QueueError, Unavailable
 from actors.log import keys
-from actors.log.codec import decode_segment, decode_snapshot_object
+from actors.log.codec import decode_snapshot_object
+from actors.log.device import ObjectLogDevice
 from actors.log.faults import FaultyStore
 from actors.log.obstore_store import ObstoreStore
-from actors.log.replay import replay
+from actors.log.shard_recovery import read_shard
+from actors.log.shardlog import ShardLog
 from actors.log.store import LocalDirStore, ObjectStore, StoreError
-from actors.log.writer import GroupCommitWriter
 from actors.queue_actor import QueueActor
 from actors.settings import LogSettings
 from tests.fault.actor_support import (
     NAME,
     assert_state_is_durable,
     body_of,
+    close,
     deletes_id,
+    device_of,
     durable_view,
     open_actor,
     put,
@@ -101,12 +104,12 @@ async def recovered_by_a_fresh_actor(store: ObjectStore, clock: ManualClock) -> 
     try:
         return state_view(fresh.state, clock.now_ms())
     finally:
-        await fresh.close(snapshot=False)
+        await close(fresh, snapshot=False)
 
 
 def slots(actor: QueueActor) -> int:
-    """How many segment writes the actor's writer runs at once."""
-    return int(getattr(actor.writer, "max_in_flight", 1))
+    """How many block writes the shard's log runs at once."""
+    return int(actor.host.wal.max_in_flight)  # type: ignore[attr-defined]
 
 
 def ids_of(deliveries: list[rp.Delivery]) -> list[str]:
@@ -116,59 +119,63 @@ def ids_of(deliveries: list[rp.Delivery]) -> list[str]:
 # ================================================================ the writer on its own
 
 
+def _wal(store: ObjectStore, epoch: int = 1) -> ShardLog:
+    return ShardLog(ObjectLogDevice(store, 0), epoch, 1)
+
+
 async def test_writer_without_owner_fails_the_failed_batch_and_all_after_it(
     inner: ObjectStore,
 ) -> None:
     store = FaultyStore(inner).delay("put_if_absent", DELAY).fail_put(1)
-    writer = GroupCommitWriter(store, NAME, epoch=1, next_seq=1)
-    first = spawn(writer.append_and_wait([ev.WriterStarted(1, 1)]))
+    wal = _wal(store)
+    first = spawn(wal.append(NAME, 1, [ev.WriterStarted(1, 1)]).wait())
     await write_started(store, 0)
-    behind = [spawn(writer.append_and_wait([ev.MessagesAcked(2, [i])])) for i in range(3)]
+    behind = [spawn(wal.append(NAME, 2 + i, [ev.MessagesAcked(2, [i])]).wait()) for i in range(3)]
     outcomes = await asyncio.gather(first, *behind, return_exceptions=True)
     assert all(isinstance(o, StoreError) for o in outcomes), outcomes
     assert outcomes[0].fields["ambiguous"] is False  # type: ignore[union-attr]
-    assert writer.failed is not None
-    assert writer.durable_seq == 0
+    assert wal.failed is not None
+    assert wal.durable_lsn == 0
     with pytest.raises(QueueError):
-        writer.append([ev.MessagesAcked(3, [9])])  # a broken writer takes nothing more
+        wal.append(NAME, 9, [ev.MessagesAcked(3, [9])])  # a broken log takes nothing more
     with pytest.raises(QueueError):
-        await writer.drain()
+        await wal.drain()
     # The failed write never happened: nothing holds record 1.
-    assert keys.segment_key(NAME, 1) not in await inner.list(keys.log_prefix(NAME))
+    assert keys.wal_segment_key(0, 1) not in await inner.list(keys.wal_prefix(0))
 
 
 async def test_writer_lost_acknowledgement_fails_the_batch_but_the_segment_landed(
     inner: ObjectStore,
 ) -> None:
     store = FaultyStore(inner).ack_lost_put(1)
-    writer = GroupCommitWriter(store, NAME, epoch=7, next_seq=1)
+    wal = _wal(store, epoch=7)
     events = [ev.WriterStarted(1, 7), ev.MessagesAcked(2, [1, 2])]
     with pytest.raises(StoreError) as info:
-        await writer.append_and_wait(events)
+        await wal.append(NAME, 1, events).wait()
     assert info.value.fields["ambiguous"] is True
-    read = decode_segment(await inner.get(keys.segment_key(NAME, 1)))
-    assert (read.header.epoch, read.header.first_seq, read.events, read.damage) == (
-        7,
-        1,
-        events,
-        None,
-    )
+    [(key, segment)] = await read_log(inner)
+    assert key == keys.wal_segment_key(0, 1)
+    got = (segment.epoch, segment.first_lsn, segment.events, segment.seqs)
+    assert got == (7, 1, events, [1, 2])
 
 
 async def test_writer_gathers_appends_made_while_its_writes_are_busy(inner: ObjectStore) -> None:
     store = FaultyStore(inner).delay("put_if_absent", DELAY)
-    writer = GroupCommitWriter(store, NAME, epoch=1, next_seq=1)
-    busy = int(getattr(writer, "max_in_flight", 1))
+    wal = _wal(store)
+    busy = wal.max_in_flight
     waits = []
     for i in range(busy):  # one append per write slot: each goes out at once, alone
-        waits.append(spawn(writer.append_and_wait([ev.MessagesAcked(i, [i])])))
+        waits.append(spawn(wal.append(NAME, i + 1, [ev.MessagesAcked(i, [i])]).wait()))
         await write_started(store, i)
-    waits += [spawn(writer.append_and_wait([ev.MessagesAcked(100, [i])])) for i in range(40)]
+    waits += [
+        spawn(wal.append(NAME, busy + 1 + i, [ev.MessagesAcked(100, [i])]).wait())
+        for i in range(40)
+    ]
     await asyncio.gather(*waits)
-    assert writer.segments_written == busy + 1
+    assert wal.blocks_written == busy + 1
     segments = await read_log(inner)
-    assert [len(read.events) for _, read in segments] == [1] * busy + [40]
-    assert writer.durable_seq == busy + 40
+    assert [len(seg.events) for _, seg in segments] == [1] * busy + [40]
+    assert wal.durable_lsn == busy + 40
 
 
 # ================================================================ a failed write
@@ -215,7 +222,7 @@ async def test_a_failed_write_fails_exactly_its_commands_and_the_rest_succeed(
         assert sorted(put_ids(await read_log(inner))) == ["m1", "m2", "m3", "y1", "z1"]
         expected = state_view(actor.state, clock.now_ms())
     finally:
-        await actor.close(snapshot=False)
+        await close(actor, snapshot=False)
     assert await recovered_by_a_fresh_actor(inner, clock) == expected
 
 
@@ -248,7 +255,7 @@ async def test_a_write_whose_acknowledgement_was_lost_is_found_by_the_reload(
         assert sorted(put_ids(await read_log(inner))) == ["m1", "x1"]
         expected = state_view(actor.state, clock.now_ms())
     finally:
-        await actor.close(snapshot=False)
+        await close(actor, snapshot=False)
     assert await recovered_by_a_fresh_actor(inner, clock) == expected
 
 
@@ -279,7 +286,7 @@ async def test_a_take_behind_a_failed_put_hands_it_out_only_if_it_landed(
             assert (await actor.execute(cmd.Peek("x"))).state == "reserved"
         await assert_state_is_durable(actor, inner, clock.now_ms())
     finally:
-        await actor.close(snapshot=False)
+        await close(actor, snapshot=False)
 
 
 @pytest.mark.parametrize("fault", ["fail", "ack_lost"])
@@ -310,7 +317,7 @@ async def test_a_failed_claim_during_the_reload_is_retried(
         ]
         assert starts == sorted(set(starts)), starts  # strictly increasing
     finally:
-        await actor.close(snapshot=False)
+        await close(actor, snapshot=False)
 
 
 # ================================================================ replies wait for durability
@@ -321,7 +328,7 @@ async def test_replies_are_released_only_once_their_segment_is_in_the_store(
 ) -> None:
     store = FaultyStore(local)
     actor = await open_actor(store, clock)
-    log_dir = local.root / keys.log_prefix(NAME)
+    log_dir = local.root / keys.wal_prefix(0)
     seen: dict[str, set[str]] = {}
 
     async def call(tag: str, command: object) -> Any:
@@ -330,7 +337,7 @@ async def test_replies_are_released_only_once_their_segment_is_in_the_store(
         except QueueError as exc:
             outcome = exc
         # Synchronously, the moment the reply arrives: which segments exist on disk?
-        seen[tag] = {keys.log_prefix(NAME) + n for n in os.listdir(log_dir)}
+        seen[tag] = {keys.wal_prefix(0) + n for n in os.listdir(log_dir)}
         return outcome
 
     try:
@@ -373,7 +380,7 @@ async def test_replies_are_released_only_once_their_segment_is_in_the_store(
             missing = [s for s in segs if s not in seen[tag]]
             assert not missing, f"{tag!r} was answered before {missing} was in the store"
     finally:
-        await actor.close(snapshot=False)
+        await close(actor, snapshot=False)
 
 
 async def test_an_error_reply_waits_for_the_write_it_tells_of(
@@ -397,7 +404,7 @@ async def test_an_error_reply_waits_for_the_write_it_tells_of(
         segments = await read_log(local)
         assert segment_with(segments, deletes_id("m"))
     finally:
-        await actor.close(snapshot=False)
+        await close(actor, snapshot=False)
 
 
 async def test_an_error_reply_behind_a_failed_write_is_decided_again(
@@ -420,7 +427,7 @@ async def test_an_error_reply_behind_a_failed_write_is_decided_again(
             await actor.execute(cmd.Peek("m"))
         await assert_state_is_durable(actor, inner, clock.now_ms())
     finally:
-        await actor.close(snapshot=False)
+        await close(actor, snapshot=False)
 
 
 # ================================================================ group commit
@@ -432,9 +439,8 @@ async def test_commands_arriving_while_the_writes_are_busy_go_out_in_one_segment
     store = FaultyStore(inner)
     actor = await open_actor(store, clock)
     try:
-        assert actor.writer is not None
         before_keys = await segment_keys(inner)
-        before = actor.writer.segments_written
+        before = actor.host.wal.blocks_written
         store.delay("put_if_absent", DELAY)
         first = []
         for i in range(slots(actor)):  # occupy every write slot, one command each
@@ -446,13 +452,13 @@ async def test_commands_arriving_while_the_writes_are_busy_go_out_in_one_segment
         assert all(r[0].status == rp.CREATED for r in replies)
 
         new = [k for k in await segment_keys(inner) if k not in before_keys]
-        assert actor.writer.segments_written - before == len(new) == slots(actor) + 1
+        assert actor.host.wal.blocks_written - before == len(new) == slots(actor) + 1
         segments = await read_log(inner)
         last = segments[-1][1]
-        assert last.header.count == len(crowd)
+        assert last.count == len(crowd)
         assert sorted(put_ids([segments[-1]])) == sorted(crowd)
     finally:
-        await actor.close(snapshot=False)
+        await close(actor, snapshot=False)
 
 
 async def test_an_idle_queue_writes_at_once(inner: ObjectStore, clock: ManualClock) -> None:
@@ -471,9 +477,9 @@ async def test_an_idle_queue_writes_at_once(inner: ObjectStore, clock: ManualClo
             await task
         new = [k for k in await segment_keys(inner) if k not in before]
         assert len(new) == 5
-        assert [r.header.count for k, r in await read_log(inner) if k in new] == [1] * 5
+        assert [seg.count for k, seg in await read_log(inner) if k in new] == [1] * 5
     finally:
-        await actor.close(snapshot=False)
+        await close(actor, snapshot=False)
 
 
 # ================================================================ snapshots
@@ -513,7 +519,6 @@ async def test_snapshots_are_verified_at_most_two_kept_and_covered_segments_prun
             await _workload(actor, clock, rng, 5)
             ever |= set(await inner.list(snap_prefix))
         await settle(actor)
-        assert actor.writer is not None
         now = clock.now_ms()
 
         assert len(ever) >= 5, f"expected many snapshot cycles, saw {sorted(ever)}"
@@ -528,31 +533,33 @@ async def test_snapshots_are_verified_at_most_two_kept_and_covered_segments_prun
         older, newest = sorted(restored)
 
         segments = await read_log(inner)
-        firsts = [r.header.first_seq for _, r in segments]
-        lasts = [r.header.first_seq + r.header.count - 1 for _, r in segments]
+        firsts = [seg.first_lsn for _, seg in segments]
+        lasts = [seg.first_lsn + seg.count - 1 for _, seg in segments]
         assert all(b == a + 1 for a, b in zip(lasts, firsts[1:], strict=False)), "gap in the log"
         # Covered by both snapshots means deleted; the older one still has its records.
-        assert all(last > older for last in lasts[:-1]), (
+        queue_seqs = [[q for q in seg.seqs if q] for _, seg in segments]
+        assert all(max(q, default=older + 1) > older for q in queue_seqs[:-1]), (
             older,
-            list(zip(firsts, lasts, strict=True)),
+            queue_seqs,
         )
-        assert firsts[0] <= older + 1
-        assert len(segments) < actor.writer.segments_written
+        assert min(q for qs in queue_seqs for q in qs) <= older + 1
+        assert len(segments) < actor.host.wal.blocks_written
 
         live = state_view(actor.state, now)
-        replayed = await replay(inner, NAME)
-        assert replayed.report.clean
-        assert replayed.report.snapshot == keys.snapshot_key(NAME, newest)
-        assert state_view(replayed.state, now) == live
+        queues, report = await read_shard(inner, device_of(inner), 0, 1)
+        assert report.clean
+        assert queues[NAME].report.clean
+        assert queues[NAME].report.snapshot == keys.snapshot_key(NAME, newest)
+        assert state_view(queues[NAME].state, now) == live
         # Were the newest snapshot lost, the older one and the segments after it suffice.
         fallback = restored[older]
-        for read in (r for _, r in segments):
-            for i, event in enumerate(read.events):
-                if read.header.first_seq + i > older:
+        for _, seg in segments:
+            for seq, event in zip(seg.seqs, seg.events, strict=True):
+                if seq > older:
                     fallback.apply(event)
         assert state_view(fallback, now) == live
     finally:
-        await actor.close(snapshot=False)
+        await close(actor, snapshot=False)
 
 
 async def test_recovery_after_many_snapshot_cycles_and_restarts_gives_the_same_state(
@@ -572,7 +579,7 @@ async def test_recovery_after_many_snapshot_cycles_and_restarts_gives_the_same_s
             await settle(actor)
             expected = state_view(actor.state, clock.now_ms())
         finally:
-            await actor.close(snapshot=life % 2 == 0)
+            await close(actor, snapshot=life % 2 == 0)
         assert len(await inner.list(keys.snapshot_prefix(NAME))) <= 2
     assert epochs == sorted(set(epochs))
     assert await durable_view(inner, clock.now_ms()) == expected
@@ -594,12 +601,14 @@ async def test_a_failed_snapshot_write_leaves_the_log_valid_and_the_next_one_wor
         await assert_state_is_durable(actor, inner, clock.now_ms())
         key = await actor.snapshot()
         assert key is not None
-        assert keys.seq_of(key) == actor.writer.durable_seq  # type: ignore[union-attr]
-        replayed = await replay(inner, NAME)
-        assert replayed.report.snapshot == key
-        assert state_view(replayed.state, clock.now_ms()) == state_view(actor.state, clock.now_ms())
+        assert keys.seq_of(key) == actor.durable_seq
+        queues, _ = await read_shard(inner, device_of(inner), 0, 1)
+        assert queues[NAME].report.snapshot == key
+        assert state_view(queues[NAME].state, clock.now_ms()) == state_view(
+            actor.state, clock.now_ms()
+        )
     finally:
-        await actor.close(snapshot=False)
+        await close(actor, snapshot=False)
 
 
 async def test_a_snapshot_waiting_behind_a_failed_write_ends_and_snapshots_go_on(
@@ -629,7 +638,7 @@ async def test_a_snapshot_waiting_behind_a_failed_write_ends_and_snapshots_go_on
     finally:
         if snap is not None and not snap.done():
             snap.cancel()
-        await actor.close(snapshot=False)
+        await close(actor, snapshot=False)
 
 
 async def test_automatic_snapshots_go_on_after_failed_writes_under_load(
@@ -656,22 +665,21 @@ async def test_automatic_snapshots_go_on_after_failed_writes_under_load(
             )
             store.fail_put(store.puts + 2)
         await wait_until(lambda: store.puts > 40 + max(store.schedule.fail_puts), "more load")
-        assert actor.writer is not None
-        mark = actor.writer.durable_seq
+        mark = actor.durable_seq
         await wait_until(lambda: store.puts > 80 + max(store.schedule.fail_puts), "more load")
         stop = True
         await asyncio.gather(*producers)
-        await wait_until(lambda: actor.writer is not None and actor.writer.idle, "writes done")
+        await wait_until(lambda: actor.host.wal.idle, "writes done")  # type: ignore[attr-defined]
         await asyncio.sleep(0.5)  # time for a snapshot in progress to finish
         assert sum(i.fault == "fail" for i in store.injected) == 5
         newest = max(keys.seq_of(k) for k in await inner.list(keys.snapshot_prefix(NAME)))
         assert newest > mark, (
             f"snapshots stopped after a failed write: the newest covers record {newest}, "
-            f"the log was at {mark} long before the load ended ({actor.writer.durable_seq})"
+            f"the log was at {mark} long before the load ended ({actor.durable_seq})"
         )
     finally:
         stop = True
-        await actor.close(snapshot=False)
+        await close(actor, snapshot=False)
 
 
 # ================================================================ random faults under load
@@ -743,5 +751,5 @@ async def test_random_write_faults_under_load_lose_and_invent_nothing(seed: int)
         assert stats.enqueued == stats.total + stats.acked, f"seed {seed}: duplicates"
         expected = state_view(actor.state, clock.now_ms())
     finally:
-        await actor.close(snapshot=False)
+        await close(actor, snapshot=False)
     assert await recovered_by_a_fresh_actor(inner, clock) == expected

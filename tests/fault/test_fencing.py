@@ -1,13 +1,15 @@
-"""Fencing: two incarnations of one queue over one log, and only the newest may write.
+"""Fencing: two incarnations of one shard over one log, and only the newest may write.
 
-Each incarnation gets an epoch one above the highest in the log and claims the log by
-writing a ``WriterStarted`` segment with ``put_if_absent`` (FORMAT.md, "Epochs and
-fencing"). An older incarnation that tries to write afterwards finds the name taken by a
+On an object store each incarnation gets an epoch one above the highest in the log and
+claims the log by writing a block with ``put_if_absent`` at the next LSN (FORMAT.md,
+"Fencing"). An older incarnation that tries to write afterwards finds the name taken by a
 newer epoch, fails with ``Fenced`` and stops serving; the new one serves the intact state.
+On a local disk the log's exclusive lock refuses a second incarnation outright, and a block
+of an older epoch after a newer one (a writer that got around the lock) is never recovered.
 
-The two incarnations use two store clients over the same storage (two LocalDirStore
-instances on one directory, two obstore clients on one in-memory store or one S3 prefix),
-as two processes would.
+The two incarnations use two store clients over the same storage (two obstore clients on one
+in-memory store or one S3 prefix, two LocalDirStore instances on one directory), as two
+processes would.
 """
 
 from __future__ import annotations
@@ -26,22 +28,24 @@ from actors.core import replies as rp
 from actors.core.ids import SequentialIds
 from actors.errors import Fenced, QueueError, Unavailable
 from actors.log import keys
-from actors.log.codec import encode_payloads, encode_segment
+from actors.log.device import ObjectLogDevice, OwnWriteLanded
 from actors.log.faults import FaultyStore
 from actors.log.obstore_store import ObstoreStore
-from actors.log.replay import replay
 from actors.log.store import LocalDirStore, ObjectStore
-from actors.log.writer import GroupCommitWriter, OwnWriteLanded
+from actors.log.wal import encode_block, encode_record, encode_wal_header
 from actors.queue_actor import QueueActor
+from actors.shard import QueueShard
 from tests.conftest import S3Server
 from tests.fault.actor_support import (
     CLIENT_IDS,
     NAME,
+    close,
     durable_view,
     open_actor,
     put,
     put_ids,
     read_log,
+    recovered,
     spawn,
     state_view,
     write_started,
@@ -51,20 +55,18 @@ pytestmark = pytest.mark.fault
 
 
 @pytest.fixture(
-    params=["local", "memory", pytest.param("s3", marks=pytest.mark.integration)],
+    params=["memory", pytest.param("s3", marks=pytest.mark.integration)],
 )
 async def two_clients(
-    request: pytest.FixtureRequest, tmp_path: Path
+    request: pytest.FixtureRequest,
 ) -> AsyncIterator[tuple[ObjectStore, ObjectStore]]:
-    """Two independent store clients that see the same objects."""
-    if request.param == "local":
-        pair: tuple[ObjectStore, ObjectStore] = (
-            LocalDirStore(tmp_path / "store"),
-            LocalDirStore(tmp_path / "store"),
-        )
-    elif request.param == "memory":
+    """Two independent object-store clients that see the same objects."""
+    if request.param == "memory":
         shared = MemoryStore()
-        pair = (ObstoreStore(shared, "memory://"), ObstoreStore(shared, "memory://"))
+        pair: tuple[ObjectStore, ObjectStore] = (
+            ObstoreStore(shared, "memory://"),
+            ObstoreStore(shared, "memory://"),
+        )
     else:
         s3: S3Server = request.getfixturevalue("s3_server")
         prefix = s3.fresh_prefix()
@@ -75,24 +77,24 @@ async def two_clients(
 
 
 async def all_objects(store: ObjectStore) -> dict[str, bytes]:
-    return {k: await store.get(k) for k in await store.list(keys.queue_prefix(NAME))}
+    return {k: await store.get(k) for k in await store.list("")}
 
 
-async def claim_seq(store: ObjectStore, epoch: int) -> int:
-    """The sequence number of the WriterStarted record of ``epoch``."""
-    for _, read in await read_log(store):
-        for i, event in enumerate(read.events):
+async def claim_lsn(store: ObjectStore, epoch: int) -> int:
+    """The LSN of the block that holds the claim (``WriterStarted``) of ``epoch``."""
+    for _, seg in await read_log(store):
+        for event in seg.events:
             if isinstance(event, ev.WriterStarted) and event.epoch == epoch:
-                return read.header.first_seq + i
+                return seg.first_lsn
     raise AssertionError(f"no WriterStarted of epoch {epoch} in the log")
 
 
 async def assert_nothing_of_epoch_after(store: ObjectStore, epoch: int, claim: int) -> None:
     """No segment of ``epoch`` (or older) at or after the claim ``claim`` of a newer one."""
     late = [
-        (key, read.header.epoch)
-        for key, read in await read_log(store)
-        if read.header.epoch <= epoch and read.header.first_seq >= claim
+        (key, seg.epoch)
+        for key, seg in await read_log(store)
+        if seg.epoch <= epoch and seg.first_lsn >= claim
     ]
     assert not late, f"the fenced epoch {epoch} wrote after the claim at {claim}: {late}"
 
@@ -116,7 +118,7 @@ async def test_a_newer_incarnation_fences_the_older_one(
         clock.advance(10)
         b = await open_actor(store_b, clock, settings=None)
         assert b.epoch == 2
-        claim = await claim_seq(store_b, 2)
+        claim = await claim_lsn(store_b, 2)
 
         with pytest.raises(Fenced):
             await a.execute(put("a3"))
@@ -125,7 +127,7 @@ async def test_a_newer_incarnation_fences_the_older_one(
             with pytest.raises(Fenced):
                 await a.execute(command)
         before_close = await all_objects(store_b)
-        await a.close()  # a fenced incarnation writes nothing when it goes
+        await close(a)  # a fenced incarnation writes nothing when it goes
         assert await all_objects(store_b) == before_close
         await assert_nothing_of_epoch_after(store_b, 1, claim)
         assert "a3" not in put_ids(await read_log(store_b))
@@ -144,9 +146,9 @@ async def test_a_newer_incarnation_fences_the_older_one(
         assert (stats.total, stats.acked, stats.enqueued) == (2, 1, 3)
         assert state_view(b.state, clock.now_ms()) == await durable_view(store_a, clock.now_ms())
     finally:
-        await a.close()
+        await close(a)
         if b is not None:
-            await b.close()
+            await close(b)
 
 
 async def _zombie_with_writes_in_flight(
@@ -159,12 +161,12 @@ async def _zombie_with_writes_in_flight(
     a = await open_actor(slow, clock)
     await a.execute(put("a1"))
     slow.delay("put_if_absent", 1.0)  # A's writes wait: B claims the log meanwhile
-    assert a.writer is not None
+    slots = a.host.wal.max_in_flight  # type: ignore[attr-defined]
     tasks: list[asyncio.Task[object]] = []
-    for i in range(max(2, int(getattr(a.writer, "max_in_flight", 1)))):
+    for i in range(max(2, slots)):
         started = slow.calls["put_if_absent"]
         tasks.append(spawn(a.execute(put(f"x{i}"))))
-        if i < int(getattr(a.writer, "max_in_flight", 1)):
+        if i < slots:
             await write_started(slow, started)
     tasks += [spawn(a.execute(cmd.Stats())), spawn(a.execute(cmd.Take(max=5)))]
     return a, slow, tasks
@@ -185,8 +187,8 @@ async def test_commands_in_flight_at_a_takeover_fail_with_fenced_and_never_count
             await a.execute(cmd.Stats())
         # A's writes have all finished (its failure is reported only then). Whatever of them
         # landed above B's claim was never acknowledged and must never be recovered.
-        recovered = await replay(store_b, NAME)
-        assert sorted(str(m) for m in recovered.state.messages) == ["a1"]
+        rebuilt = await recovered(store_b)
+        assert sorted(str(m) for m in rebuilt.messages) == ["a1"]
         assert sorted(str(m) for m in b.state.messages) == ["a1"]
 
         # B serves, also after A's late writes.
@@ -200,9 +202,9 @@ async def test_commands_in_flight_at_a_takeover_fail_with_fenced_and_never_count
         assert sorted(d.id for d in await b.execute(cmd.Take(max=5))) == ["a1", "b1"]
         assert state_view(b.state, clock.now_ms()) == await durable_view(store_b, clock.now_ms())
     finally:
-        await a.close()
+        await close(a)
         if b is not None:
-            await b.close()
+            await close(b)
 
 
 async def test_a_zombies_late_write_is_never_recovered_after_the_owner_snapshots(
@@ -213,46 +215,46 @@ async def test_a_zombies_late_write_is_never_recovered_after_the_owner_snapshots
     a, _, tasks = await _zombie_with_writes_in_flight(store_a, clock)
     try:
         b = await open_actor(store_b, clock, settings=None)
-        await b.close()  # B goes at once: it snapshots the state at its claim
+        await close(b)  # B goes at once: it snapshots the state at its claim
         outcomes = await asyncio.gather(*tasks, return_exceptions=True)
         assert all(isinstance(o, Fenced) for o in outcomes), outcomes
         c = await open_actor(store_b, clock, settings=None)
         try:
             assert sorted(str(m) for m in c.state.messages) == ["a1"], (
-                f"a put the old incarnation answered with Fenced was recovered; report: {c.report}"
+                "a put the old incarnation answered with Fenced was recovered; "
+                f"report: {c.host.report}"  # type: ignore[attr-defined]
             )
         finally:
-            await c.close()
+            await close(c)
     finally:
-        await a.close()
+        await close(a)
 
 
 async def test_a_zombie_that_closes_after_a_takeover_leaves_the_new_owner_intact(
-    tmp_path: Path,
+    two_clients: tuple[ObjectStore, ObjectStore],
 ) -> None:
+    store_a, store_b = two_clients
     clock = ManualClock()
-    store_a, store_b = LocalDirStore(tmp_path / "s"), LocalDirStore(tmp_path / "s")
     a = await open_actor(store_a, clock)
     await a.execute(put("a1"))
     b = await open_actor(store_b, clock, settings=None)
     try:
         await b.execute(put("b1"))
-        await a.close()  # a zombie that never learnt it was fenced: it may snapshot its past
+        await close(a)  # a zombie that never learnt it was fenced: it may snapshot its past
         await b.execute(put("b2"))
         expected = state_view(b.state, clock.now_ms())
-        await b.close(snapshot=False)
+        await close(b, snapshot=False)
         c = await open_actor(store_b, clock, settings=None)
         try:
-            assert c.report is not None
-            assert c.report.clean
+            shard = c.host
+            assert shard.report is not None  # type: ignore[attr-defined]
+            assert shard.report.clean  # type: ignore[attr-defined]
             assert c.epoch == 3
             assert state_view(c.state, clock.now_ms()) == expected
         finally:
-            await c.close()
+            await close(c)
     finally:
-        await b.close()
-        await store_a.close()
-        await store_b.close()
+        await close(b)
 
 
 # ================================================================ racing incarnations
@@ -261,36 +263,35 @@ async def test_a_zombie_that_closes_after_a_takeover_leaves_the_new_owner_intact
 @pytest.mark.parametrize("existing", [False, True], ids=["new-queue", "existing-queue"])
 @pytest.mark.parametrize("clocks", ["same-ms", "different-ms"])
 async def test_incarnations_opening_concurrently_leave_exactly_one_owner(
-    tmp_path: Path, existing: bool, clocks: str
+    existing: bool, clocks: str
 ) -> None:
     for attempt in range(5):
-        root = tmp_path / f"store{attempt}"
-        store_a, store_b = LocalDirStore(root), LocalDirStore(root)
+        shared = MemoryStore()
+        store_a, store_b = ObstoreStore(shared, "memory://"), ObstoreStore(shared, "memory://")
         clock_a = ManualClock()
         clock_b = ManualClock(clock_a.now_ms() + (0 if clocks == "same-ms" else 1))
         if existing:
             first = await open_actor(store_a, clock_a)
             await first.execute(put("old"))
-            await first.close()
-        a = QueueActor(NAME, store_a, clock=clock_a, ids=SequentialIds())
-        b = QueueActor(NAME, store_b, clock=clock_b, ids=SequentialIds())
+            await close(first)
+        a = QueueShard(0, 1, store_a, clock=clock_a, ids=SequentialIds())
+        b = QueueShard(0, 1, store_b, clock=clock_b, ids=SequentialIds())
         try:
-            create = cmd.Create(NAME, CLIENT_IDS)
-            opened = await asyncio.gather(a.open(create), b.open(create), return_exceptions=True)
+            opened = await asyncio.gather(a.start(), b.start(), return_exceptions=True)
             assert all(not isinstance(o, BaseException) for o in opened), opened
-            assert a.epoch != b.epoch, (
-                f"attempt {attempt}: both incarnations claimed the log with epoch {a.epoch}"
+            assert a.wal.epoch != b.wal.epoch, (
+                f"attempt {attempt}: both incarnations claimed the log with epoch {a.wal.epoch}"
             )
-            owner, loser = (a, b) if a.epoch > b.epoch else (b, a)
+            owner, loser = (a, b) if a.wal.epoch > b.wal.epoch else (b, a)
             with pytest.raises(Fenced):
-                await loser.execute(put("from-loser"))
-            assert await owner.execute(put("from-owner")) == [
+                await create_and_put(loser, "from-loser")
+            assert await create_and_put(owner, "from-owner") == [
                 rp.PutResult("from-owner", rp.CREATED)
             ]
             ids = put_ids(await read_log(store_a))
             assert "from-loser" not in ids
             assert ids.count("from-owner") == 1
-            assert loser.epoch > (1 if existing else 0)  # both above every earlier epoch
+            assert loser.wal.epoch > (1 if existing else 0)  # both above every earlier epoch
         finally:
             await a.close()
             await b.close()
@@ -298,10 +299,15 @@ async def test_incarnations_opening_concurrently_leave_exactly_one_owner(
             await store_b.close()
 
 
+async def create_and_put(shard: QueueShard, mid: str) -> object:
+    await shard.create(NAME, CLIENT_IDS, [])
+    return await (await shard.get(NAME)).execute(put(mid))
+
+
 async def test_epochs_strictly_increase_across_reopenings_and_reloads(tmp_path: Path) -> None:
     clock = ManualClock()
     inner = LocalDirStore(tmp_path / "store")
-    store = FaultyStore(inner)
+    store = FaultyStore(inner)  # so the log is objects, one per block
     epochs = []
     try:
         for life in range(4):
@@ -316,22 +322,22 @@ async def test_epochs_strictly_increase_across_reopenings_and_reloads(tmp_path: 
                     await actor.execute(put("after-reload"))
                     epochs.append(actor.epoch)
             finally:
-                await actor.close(snapshot=False)  # keep every segment for the check below
+                await close(actor, snapshot=False)  # keep every segment for the check below
             clock.advance(1)
         assert epochs == [1, 2, 3, 4, 5], epochs
 
         segments = await read_log(inner)
-        headers = [r.header.epoch for _, r in segments]
+        headers = [seg.epoch for _, seg in segments]
         assert headers == sorted(headers), headers  # the log never goes back to an older epoch
         starts = []
-        for _, read in segments:
-            for event in read.events:
+        for _, seg in segments:
+            for event in seg.events:
                 if isinstance(event, ev.WriterStarted):
-                    assert event.epoch == read.header.epoch
+                    assert event.epoch == seg.epoch
                     starts.append(event.epoch)
         assert starts == epochs
-        reports = await inner.list(f"{keys.queue_prefix(NAME)}reports/")
-        assert reports == [keys.report_key(NAME, e) for e in epochs]
+        reports = await inner.list(f"{keys.wal_prefix(0)}reports/")
+        assert reports == [keys.wal_report_key(0, e) for e in epochs]
     finally:
         await inner.close()
 
@@ -339,8 +345,14 @@ async def test_epochs_strictly_increase_across_reopenings_and_reloads(tmp_path: 
 # ================================================================ the writer's verdicts
 
 
-def _segment(epoch: int, events: list[ev.Event]) -> bytes:
-    return encode_segment(epoch, 1, encode_payloads(events))
+def _object(epoch: int, events: list[ev.Event]) -> bytes:
+    """A segment object of one block holding ``events`` of queue NAME from LSN 1."""
+    block = encode_block(epoch, 1, [(NAME, 1, [encode_record(e) for e in events])])
+    return encode_wal_header(epoch, 1, 0) + block
+
+
+def _block(epoch: int, events: list[ev.Event]) -> bytes:
+    return encode_block(epoch, 1, [(NAME, 1, [encode_record(e) for e in events])])
 
 
 @pytest.mark.parametrize(
@@ -352,39 +364,100 @@ async def test_a_writer_that_finds_its_segment_name_taken_says_by_whom(
     holder: int, error: type[QueueError]
 ) -> None:
     store = ObstoreStore(MemoryStore(), "memory://")
-    taken = _segment(holder, [ev.WriterStarted(5, holder)])
-    assert await store.put_if_absent(keys.segment_key(NAME, 1), taken)
-    writer = GroupCommitWriter(store, NAME, epoch=1, next_seq=1)
+    key = keys.wal_segment_key(0, 1)
+    taken = _object(holder, [ev.WriterStarted(5, holder)])
+    assert await store.put_if_absent(key, taken)
+    device = ObjectLogDevice(store, 0)
     with pytest.raises(error) as info:
-        await writer.append_and_wait([ev.WriterStarted(7, 1)])
+        await device.write(1, 1, _block(1, [ev.WriterStarted(7, 1)]))
     assert type(info.value) is error
     if error is Fenced:
         assert info.value.fields["newer"] == 2
-    assert writer.failed is not None
-    with pytest.raises(QueueError):
-        writer.append([ev.WriterStarted(8, 1)])
-    assert await store.get(keys.segment_key(NAME, 1)) == taken  # never overwritten
+    assert await store.get(key) == taken  # never overwritten
 
 
 async def test_a_writer_sets_aside_an_older_epochs_segment_under_its_name_and_goes_on() -> None:
     # A fenced writer's late write that landed above our claim: never acknowledged by it.
     store = ObstoreStore(MemoryStore(), "memory://")
-    junk = _segment(1, [ev.WriterStarted(5, 1)])
-    assert await store.put_if_absent(keys.segment_key(NAME, 1), junk)
-    writer = GroupCommitWriter(store, NAME, epoch=2, next_seq=1)
+    key = keys.wal_segment_key(0, 1)
+    junk = _object(1, [ev.WriterStarted(5, 1)])
+    assert await store.put_if_absent(key, junk)
     events: list[ev.Event] = [ev.WriterStarted(7, 2)]
-    assert await writer.append_and_wait(events) == 1
-    assert writer.failed is None
-    assert await store.get(keys.segment_key(NAME, 1)) == _segment(2, events)
-    assert await store.get(keys.damaged_key(keys.segment_key(NAME, 1), 2)) == junk
+    assert await ObjectLogDevice(store, 0).write(2, 1, _block(2, events)) == key
+    assert await store.get(key) == _object(2, events)
+    assert await store.get(keys.wal_damaged_key(key, 2)) == junk
 
 
 async def test_a_writer_that_finds_its_own_bytes_under_its_name_goes_on() -> None:
     # obstore retries a create whose response was lost and then sees "exists": same bytes.
     store = ObstoreStore(MemoryStore(), "memory://")
     events: list[ev.Event] = [ev.WriterStarted(7, 1)]
-    assert await store.put_if_absent(keys.segment_key(NAME, 1), _segment(1, events))
-    writer = GroupCommitWriter(store, NAME, epoch=1, next_seq=1)
-    assert await writer.append_and_wait(events) == 1
-    assert writer.failed is None
-    assert writer.durable_seq == 1
+    key = keys.wal_segment_key(0, 1)
+    assert await store.put_if_absent(key, _object(1, events))
+    assert await ObjectLogDevice(store, 0).write(1, 1, _block(1, events)) == key
+    assert await store.get(key) == _object(1, events)
+
+
+# ================================================================ a local log: one writer
+
+
+async def test_a_second_process_is_refused_the_local_log_until_the_first_lets_go(
+    tmp_path: Path,
+) -> None:
+    clock = ManualClock()
+    store_a, store_b = LocalDirStore(tmp_path / "s"), LocalDirStore(tmp_path / "s")
+    a = await open_actor(store_a, clock)
+    try:
+        await a.execute(put("a1"))
+        second = QueueShard(0, 1, store_b, clock=clock, ids=SequentialIds())
+        with pytest.raises(Unavailable, match="held by another process"):
+            await second.start()
+        assert await a.execute(put("a2")) == [rp.PutResult("a2", rp.CREATED)]
+    finally:
+        await close(a, snapshot=False)
+    b = await open_actor(store_b, clock, settings=None)
+    try:
+        assert b.epoch == 2
+        assert sorted(str(m) for m in b.state.messages) == ["a1", "a2"]
+        assert state_view(b.state, clock.now_ms()) == await durable_view(store_b, clock.now_ms())
+    finally:
+        await close(b)
+        await store_a.close()
+        await store_b.close()
+
+
+async def test_a_block_of_an_older_epoch_after_a_newer_one_is_never_recovered(
+    tmp_path: Path,
+) -> None:
+    # A writer that got around the lock (a broken lock on a network file system, say) and
+    # appended after a newer incarnation: its block is a fenced writer's, and discarded.
+    clock = ManualClock()
+    store = LocalDirStore(tmp_path / "s")
+    a = await open_actor(store, clock)
+    await a.execute(put("a1"))
+    await close(a, snapshot=False)
+    b = await open_actor(store, clock, settings=None)
+    await b.execute(put("b1"))
+    seq = b.next_seq
+    await close(b, snapshot=False)
+    [*_, (last_key, last)] = await read_log(store)
+    assert last.epoch == 2
+    path = store.root / last_key
+    late = encode_block(1, last.first_lsn + last.count, [(NAME, seq, [encode_record(put_event())])])
+    with path.open("ab") as f:
+        f.write(late)
+    c = await open_actor(store, clock, settings=None)
+    try:
+        assert sorted(str(m) for m in c.state.messages) == ["a1", "b1"]
+        report = c.host.report  # type: ignore[attr-defined]
+        (discarded,) = report.discarded
+        assert discarded.object == last_key
+        assert "fenced writer" in discarded.reason
+        assert await c.execute(put("c1")) == [rp.PutResult("c1", rp.CREATED)]
+    finally:
+        await close(c)
+        await store.close()
+
+
+def put_event() -> ev.Event:
+    return ev.MessagesPut(1, [ev.PutItem("zombie", b"late", 1)])

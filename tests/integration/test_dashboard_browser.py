@@ -21,6 +21,7 @@ from aiohttp import web
 from PIL import Image
 
 from actors.log.store import LocalDirStore
+from actors.shard import placement
 from gateway import watches
 from gateway.app import AppOptions, make_app
 from gateway.auth import Token
@@ -114,15 +115,17 @@ CHART_INK = """(() => {
 })()"""
 
 
-TORN = f"queues/orders/log/{4:020d}.seg"
+SHARD = placement("orders", 2)
+TORN = f"wal/{SHARD:04d}/{10**9:020d}.seg"  # far past the end of orders' shard log
 SAMPLES = "+document.querySelector('canvas[data-chart=\"orders\"]').dataset.samples"
 REPORT_ROW = "document.querySelector('tr[data-report=\"orders\"]')"
+LOG_ROW = f"document.querySelector('tr[data-report=\"log-{SHARD}\"]')"
 CLEAN_CELL = "document.querySelector('tr[data-report=\"emails\"] td.discarded').textContent"
 
 
 async def restarted_with_a_torn_segment(start: Start, data_dir: Path) -> Api:
-    """A server that recovered "orders" (2 ready; a torn segment discarded) and "emails"
-    (1 delayed) from a first server's log."""
+    """A server that recovered "orders" (2 ready) and "emails" (1 delayed) from a first
+    server's log, with a torn segment discarded from orders' shard log."""
     first = await start()
     await first.create("orders")
     await first.put("orders", "a", "b")
@@ -139,10 +142,14 @@ async def check_recovery_report(page: Page, api: Api) -> None:
     reports = {r["queue"]: r for s in status["shards"] for r in s["reports"]}
     assert reports["emails"]["clean"], reports
     orders = reports["orders"]
-    assert [d["object"] for d in orders["discarded"]] == [TORN], orders
-    await page.wait_for(f"{REPORT_ROW}?.classList.contains('damaged')")
-    text = await page.evaluate(f"{REPORT_ROW}.textContent")
+    assert orders["clean"], orders
+    log = status["shards"][SHARD]["log"]
+    assert [d["object"] for d in log["discarded"]] == [TORN], log
+    await page.wait_for(f"{LOG_ROW}?.classList.contains('damaged')")
+    text = await page.evaluate(f"{LOG_ROW}.textContent")
     assert f"{TORN} from byte 0" in text, text
+    assert f"shard {SHARD} log" in text, text
+    text = await page.evaluate(f"{REPORT_ROW}.textContent")
     assert f"seq {orders['snapshot_seq']}" in text, text
     assert await page.evaluate(CLEAN_CELL) == "nothing"
     assert await page.evaluate("document.querySelectorAll('#shards .shard').length") == 2

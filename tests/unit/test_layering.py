@@ -14,6 +14,9 @@ PURE = [
     "actors/core/*.py",
     "actors/errors.py",
     "actors/settings.py",
+    "actors/log/codec.py",
+    "actors/log/keys.py",
+    "actors/log/wal.py",
     "watch/core.py",
     "watch/frames.py",
 ]

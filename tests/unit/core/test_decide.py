@@ -289,6 +289,8 @@ NOT_CREATED_COMMANDS = [
     c.ConfirmDeadLetters([1]),
     c.SetKey("k", 1),
     c.GetKey("k"),
+    c.Checkpoint(),
+    c.Drop(),
 ]
 
 
@@ -306,6 +308,34 @@ def test_any_command_on_a_queue_never_created_raises_queue_not_found(command: ob
     untouched = QueueState()
     untouched.advance(T0)
     assert state_bytes(state) == state_bytes(untouched)
+
+
+def test_drop_ends_the_history_and_a_later_create_starts_a_new_queue() -> None:
+    q = Q()
+    q.put(T1, b"a", b"b")
+    events, reply = q.run(c.Drop(), T2)
+    assert events == [ev.QueueDeleted(T2)]
+    assert reply is None
+    assert not q.state.created
+    assert q.state.messages == {}
+    assert (q.state.n_ready, q.state.enqueued_total) == (0, 0)
+    with pytest.raises(QueueNotFound):
+        execute(q.state, c.Stats(), T2, q.ids)
+    events, created = q.run(c.Create("q", S(visibility_timeout_ms=5_000)), T2 + 1)
+    assert created is True
+    assert q.state.settings.visibility_timeout_ms == 5_000
+    assert q.state.n_ready == 0
+
+
+def test_a_checkpoint_records_a_marker_and_changes_nothing_else() -> None:
+    q = Q()
+    [mid] = q.put(T1, b"a")
+    before = {k: (m.state, m.body) for k, m in q.state.messages.items()}
+    events, reply = q.run(c.Checkpoint(), T2)
+    assert events == [ev.Checkpoint(T2)]
+    assert reply is None
+    assert {k: (m.state, m.body) for k, m in q.state.messages.items()} == before
+    assert [d.id for d in q.take(T2)] == [mid]
 
 
 @pytest.mark.parametrize("created", [False, True])

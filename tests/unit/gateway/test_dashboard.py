@@ -15,7 +15,7 @@ import pytest
 
 from actors.log.replay import Discarded, RecoveryReport
 from actors.log.store import LocalDirStore
-from actors.shard import ShardStatus
+from actors.shard import ShardStatus, placement
 from gateway import dashboard
 from tests.unit.gateway.conftest import Api, GatedStore, Serve
 
@@ -105,8 +105,9 @@ async def test_status_after_a_restart_reports_what_recovery_used_and_discarded(
     await first.put("orders", "a", "b", "c")
     await first.create("emails")
     await first.client.close()
-    torn = data_dir / "queues" / "orders" / "log" / f"{9:020d}.seg"
-    torn.write_bytes(b"torn")
+    shard = placement("orders", 2)
+    torn = f"wal/{shard:04d}/{10**9:020d}.seg"  # far past the log's end: a gap before it
+    (data_dir / torn).write_bytes(b"torn")
     api = await serve()
     doc = await api.ok("GET", "/v1/status")
     reports = {r["queue"]: r for s in doc["shards"] for r in s["reports"]}
@@ -115,11 +116,18 @@ async def test_status_after_a_restart_reports_what_recovery_used_and_discarded(
     assert orders["epoch"] == 2
     assert orders["snapshot"] == f"queues/orders/snap/{orders['snapshot_seq']:020d}.snap"
     assert orders["last_seq"] >= orders["snapshot_seq"] > 0
-    assert orders["clean"] is False
-    (discarded,) = orders["discarded"]
-    assert discarded["object"] == f"queues/orders/log/{9:020d}.seg"
+    assert orders["clean"] is True
+    log = doc["shards"][shard]["log"]
+    assert log["epoch"] == 2
+    assert log["segments"] >= 2  # the shard's own, and the torn one
+    (discarded,) = log["discarded"]
+    assert discarded["object"] == torn
     assert discarded["offset"] == 0
-    assert discarded["reason"]
+    assert "gap" in discarded["reason"]
+    assert (data_dir / "wal" / f"{shard:04d}" / "damaged" / f"{10**9:020d}.seg.2").read_bytes() == (
+        b"torn"
+    )
+    assert not (data_dir / torn).exists()
     assert reports["emails"]["clean"] is True
     assert reports["emails"]["discarded"] == []
     assert (await api.stats("orders"))["ready"] == 3

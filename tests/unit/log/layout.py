@@ -148,3 +148,68 @@ def flip_bit(data: bytes, bit: int) -> bytes:
     out = bytearray(data)
     out[bit // 8] ^= 1 << (bit % 8)
     return bytes(out)
+
+
+# ---------------------------------------------------------------- shard logs (version 2)
+
+WAL_MAGIC = b"EVQW"
+WAL_HEADER = 32  # magic, version, flags, epoch, first_lsn, shard, header_crc
+BLOCK_HEADER = 32  # length, crc, epoch, first_lsn, count, flags
+
+
+@dataclass(frozen=True)
+class WalHeader:
+    magic: bytes
+    version: int
+    flags: int
+    epoch: int
+    first_lsn: int
+    shard: int
+    crc: int
+
+
+@dataclass(frozen=True)
+class BlockAt:
+    """One block as stored: where it starts and what its header says."""
+
+    offset: int
+    length: int
+    crc: int
+    epoch: int
+    first_lsn: int
+    count: int
+    flags: int
+    body: bytes
+
+    @property
+    def end(self) -> int:
+        """Offset of the byte after the block."""
+        return self.offset + BLOCK_HEADER + self.length
+
+
+def wal_header(data: bytes) -> WalHeader:
+    """The header fields of a shard log segment."""
+    return WalHeader(*struct.unpack_from("<4sHHQQII", data))
+
+
+def build_wal_header(
+    *, epoch: int = 1, first_lsn: int = 1, shard: int = 0, version: int = 2, crc: int | None = None
+) -> bytes:
+    """A segment header; fields are correct unless given."""
+    head = struct.pack("<4sHHQQI", WAL_MAGIC, version, 0, epoch, first_lsn, shard)
+    return head + struct.pack("<I", zlib.crc32(head) if crc is None else crc)
+
+
+def blocks(data: bytes) -> list[BlockAt]:
+    """Every block of an intact segment, in order, up to its end or its zero padding."""
+    out = []
+    pos = WAL_HEADER
+    while pos + BLOCK_HEADER <= len(data):
+        length, crc, epoch, first_lsn, count, flags = struct.unpack_from("<IIQQII", data, pos)
+        if length == 0:
+            break
+        body = data[pos + BLOCK_HEADER : pos + BLOCK_HEADER + length]
+        assert zlib.crc32(body, zlib.crc32(data[pos + 8 : pos + BLOCK_HEADER])) == crc
+        out.append(BlockAt(pos, length, crc, epoch, first_lsn, count, flags, body))
+        pos += BLOCK_HEADER + length
+    return out

@@ -93,6 +93,8 @@ def samples() -> list[ev.Event]:
         ev.WriterStarted(T + 12, 7),
         ev.MessagesAcked(T + 13, []),
         ev.KeySet(T + 14, "price:eur", 3, {"bid": 1.5, "tags": ["a", None]}),
+        ev.Checkpoint(T + 15),
+        ev.QueueDeleted(T + 16),
     ]
 
 
