@@ -1,12 +1,13 @@
 """The audit job: every message the log accepted is accounted for, or listed.
 
-Message by message (a message is ``(queue, arrival number)``; client ids may be reused), the
-history folded by the engine (:mod:`pipeline.timeline`) must end in one fate:
+Message by message (a message is ``(queue, arrival number)``, and which life of the queue it
+came in when a queue was deleted and created again; client ids may be reused), the history
+folded by the engine (:mod:`pipeline.timeline`) must end in one fate:
 
-- ``acked``, ``deleted``, ``purged``, ``expired`` (retention), ``dead_lettered`` — and a dead
-  letter of a queue with a dead-letter queue must arrive there (a put in that queue whose
-  idempotency key is ``dlq:<queue>:<arrival>``, as the server routes them) or still wait for
-  it;
+- ``acked``, ``deleted``, ``purged``, ``expired`` (retention), ``dropped`` (its queue was
+  deleted), ``dead_lettered`` — and a dead letter of a queue with a dead-letter queue must
+  arrive there (a put in that queue whose idempotency key is ``dlq:<queue>:<arrival>``, as
+  the server routes them) or still wait for it;
 - or be ``present`` at the end.
 
 Everything else is an exception: a message with no fate (``lost``), a snapshot that lacks
@@ -50,6 +51,7 @@ _FATES = [  # in order of precedence: the first that applies is the message's fa
     ("purged", "purged"),
     ("retention_expired", "expired"),
     ("dead_lettered", "dead_lettered"),
+    ("dropped", "dropped"),  # its queue was deleted
     ("present", "present"),
     ("left", "unverifiable"),  # gone while records were pruned under the reader
 ]
@@ -83,7 +85,7 @@ def _per_message(timeline: DataFrame) -> DataFrame:
     fate: Column = F.lit(None)
     for kind, name in reversed(_FATES):
         fate = F.when(F.col(f"has_{kind}"), F.lit(name)).otherwise(fate)
-    grouped = msgs.groupBy("queue", "arrival").agg(
+    grouped = msgs.groupBy("queue", "incarnation", "arrival").agg(
         F.first("message_id").alias("message_id"),
         F.max(F.when(F.col("type").isin(*_ORIGINS), 1).otherwise(0)).alias("known"),
         *[_has(kind).alias(f"has_{kind}") for kind, _ in _FATES],
@@ -124,14 +126,16 @@ def _collect(
     return counts, listed
 
 
-def _dlq_settings(timeline: DataFrame) -> dict[str, str]:
-    """Queue → its dead-letter queue, from the settings at the end of the history."""
-    found = {}
+def _settings(timeline: DataFrame) -> tuple[list[str], dict[str, str]]:
+    """The queues of the history, and queue → its dead-letter queue, from the settings at
+    the end of the history."""
+    names, dlqs = [], {}
     for r in timeline.where(F.col("type") == "final").select("queue", "detail").collect():
+        names.append(r.queue)
         settings = json.loads(r.detail).get("settings") or {}
         if settings.get("dead_letter_queue"):
-            found[r.queue] = settings["dead_letter_queue"]
-    return found
+            dlqs[r.queue] = settings["dead_letter_queue"]
+    return sorted(names), dlqs
 
 
 def _dead_letters_lost(spark: SparkSession, per: DataFrame, dlqs: dict[str, str]) -> DataFrame:
@@ -220,13 +224,14 @@ def run_audit(
     Raises:
         PipelineError: a wrong store or an empty log.
     """
-    names = check_store(url, opts)
+    check_store(url, opts)
     os.makedirs(out, exist_ok=True)
     with progress(spark, "audit"):
         timeline = load_timeline(spark, url, as_of_ms, opts=opts)
         try:
             per = _per_message(timeline).persist()
             fates = {r.fate or "lost": r["count"] for r in per.groupBy("fate").count().collect()}
+            names, dlqs = _settings(timeline)
             lost, duplicated, unknown = _cascades(per, names)
             put_seq = {"seq": "put_seq"}
             parts = [
@@ -244,7 +249,7 @@ def run_audit(
                 ],
                 _exceptions(
                     "dead_letter_lost",
-                    _dead_letters_lost(spark, per, _dlq_settings(timeline)),
+                    _dead_letters_lost(spark, per, dlqs),
                     detail=F.concat(F.lit("never arrived in "), F.col("dlq")),
                 ),
                 _exceptions(

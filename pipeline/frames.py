@@ -17,9 +17,10 @@ from pyspark.sql import functions as F
 
 from actors.errors import QueueError
 from actors.log.replay import Discarded
-from pipeline.chain import SegmentMeta, cut
-from pipeline.logread import SyncStore, queue_names
-from pipeline.rows import SEGMENT
+from pipeline.chain import SegmentMeta
+from pipeline.logread import SyncStore, queue_objects, shard_logs
+from pipeline.rows import SEGMENT, wal_segment_meta
+from pipeline.walchain import LogCut, WalMeta, cut_logs, log_of
 
 __all__ = [
     "LoadedEvents",
@@ -38,10 +39,11 @@ class PipelineError(Exception):
 
 
 def check_store(url: str, opts: dict[str, str] | None = None) -> list[str]:
-    """The queues of the log at ``url``.
+    """The queues with objects under ``queues/`` in the log at ``url`` (queues that so far
+    have records only in a shard log are not among them).
 
     Raises:
-        PipelineError: the store cannot be opened or read, or holds no queue log.
+        PipelineError: the store cannot be opened or read, or holds no log.
     """
     if "://" not in url and not os.path.isdir(url):
         raise PipelineError(
@@ -49,12 +51,13 @@ def check_store(url: str, opts: dict[str, str] | None = None) -> list[str]:
         )
     try:
         with SyncStore(url, opts) as store:
-            names = queue_names(store)
+            names = list(queue_objects(store))
+            shards = shard_logs(store)
     except QueueError as exc:
         raise PipelineError(f"cannot read the store {url}: {exc.message}") from None
-    if not names:
+    if not names and not shards:
         raise PipelineError(
-            f"no event log in {url}: nothing under queues/ "
+            f"no event log in {url}: nothing under wal/ or queues/ "
             "(is it the directory or bucket prefix `evq serve` writes to?)"
         )
     return names
@@ -93,9 +96,29 @@ class LoadedEvents:
 
     events: DataFrame
     raw: DataFrame  # the persisted read behind ``events``: unpersist it when done
-    discarded: dict[str, list[Discarded]]
-    pruned: dict[str, list[str]]
+    discarded: dict[str, list[Discarded]]  # by queue
+    pruned: dict[str, list[str]]  # by queue: its version-1 segments pruned while read
     last_seq: dict[str, int | None]
+    logs: dict[str, LogCut]  # by shard log (``wal/<shard>/``): all it discarded or lost
+
+
+_SEGMENT_COLUMNS = [
+    "queue", "object", "seq", "lsn", "epoch", "items", "records", "offset", "detail", "end",
+    "queues",
+]  # fmt: skip
+
+
+def _segment_metas(raw: DataFrame) -> tuple[dict[str, list[SegmentMeta]], dict[str, list[WalMeta]]]:
+    """What the segment rows say: version-1 segments by queue, shard-log ones by log."""
+    v1: dict[str, list[SegmentMeta]] = {}
+    wal: dict[str, list[WalMeta]] = {}
+    for r in raw.where(F.col("type") == SEGMENT).select(*_SEGMENT_COLUMNS).collect():
+        if r.lsn is not None:
+            wal.setdefault(log_of(r.object), []).append(wal_segment_meta(r.asDict()))
+        else:
+            meta = SegmentMeta(r.object, r.seq, r.epoch, r["items"], r.records, r.offset, r.detail)
+            v1.setdefault(r.queue, []).append(meta)
+    return v1, wal
 
 
 def load_events(
@@ -106,15 +129,10 @@ def load_events(
     queues: list[str] | None = None,
     bodies: bool = True,
 ) -> LoadedEvents:
-    """The events view, cut where recovery would stop reading each queue's log."""
+    """The events view, cut where recovery would stop reading each queue's history."""
     raw = _reader(spark, url, opts, queues).option("bodies", str(bodies).lower()).load(url)
     raw = raw.persist(StorageLevel.MEMORY_AND_DISK)
-    metas: dict[str, list[SegmentMeta]] = {}
-    cols = ["queue", "object", "seq", "epoch", "items", "records", "offset", "detail"]
-    for r in raw.where(F.col("type") == SEGMENT).select(*cols).collect():
-        meta = SegmentMeta(r.object, r.seq, r.epoch, r["items"], r.records, r.offset, r.detail)
-        metas.setdefault(r.queue, []).append(meta)
-    cuts = {queue: cut(segs) for queue, segs in metas.items()}
+    cuts, logs = cut_logs(*_segment_metas(raw))
     kept = [(q, obj, lo, hi) for q, c in cuts.items() for obj, lo, hi in c.kept]
     ranges = spark.createDataFrame(
         kept or [("", "", 0, -1)], "k_queue string, k_object string, lo long, hi long"
@@ -135,6 +153,7 @@ def load_events(
         {q: c.discarded for q, c in cuts.items() if c.discarded},
         {q: c.pruned for q, c in cuts.items() if c.pruned},
         {q: c.last_seq for q, c in cuts.items()},
+        logs,
     )
 
 

@@ -1,45 +1,66 @@
-"""Reading a queue log from its object store, synchronously, for Spark's Python workers.
+"""Reading the log from its object store, synchronously, for Spark's Python workers.
 
 Objects are read through the server's own stores (:func:`actors.log.store.open_store`: a
-directory, ``file://``, ``s3://`` through obstore, …) and decoded only by
-:mod:`actors.log.codec`. Reading while the server writes is safe because segments and
-snapshots are immutable once they exist: a reader lists, then reads what it listed; objects
-written later are simply not part of this read, and an object that vanished between listing
-and reading was pruned behind a snapshot (:mod:`pipeline.chain`).
+directory, ``file://``, ``s3://`` through obstore, …) and shard logs through the server's
+own devices (:func:`actors.log.device.open_device`), and decoded only by the log's codecs:
+:mod:`actors.log.wal` (shard logs, format version 2), :mod:`actors.log.codec` (version-1
+segments, snapshots). What lives where (FORMAT.md, "Object names"):
+
+- ``wal/<shard>/<first_lsn>.seg``: the shard logs, one per shard, shared by its queues;
+- ``queues/<queue>/snap/<seq>.snap``: each queue's snapshots;
+- ``queues/<queue>/log/<first_seq>.seg``: version-1 segments a queue may still have.
+
+Reading while the server writes is safe: a reader lists, then reads what it listed. Objects
+written later are not part of this read; a segment that vanished between listing and
+reading was pruned behind snapshots (:mod:`pipeline.chain`); and the last segment of a local
+shard log, still being appended to, simply ends where its data ends (zeros, or a block being
+written: a torn end, never acknowledged yet).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Coroutine, Iterator
+from typing import Any, TypeVar
 
-import pyarrow as pa
+import msgspec
 
+from actors.core.events import Event
 from actors.core.snapshot import Snapshot, decode_snapshot, restore
 from actors.core.state import QueueState
 from actors.errors import DataError
 from actors.log import keys
 from actors.log.codec import SegmentRead, decode_segment, decode_snapshot_object
-from actors.log.replay import Discarded
+from actors.log.device import LogDevice, open_device
+from actors.log.shard_recovery import SHARD_STREAM
 from actors.log.store import KeyNotFound, ObjectStore, open_store
-from pipeline.chain import VANISHED, Chain, SegmentMeta
-from pipeline.timeline import Timeline, TimelineRows
+from actors.log.wal import Block, WalRead, decode_groups, decode_record, scan_segment
+from pipeline.chain import VANISHED, SegmentMeta
+from pipeline.walchain import Ranges, WalMeta
 
 __all__ = [
+    "BATCH_ROWS",
+    "QueueObjects",
+    "Records",
     "SyncStore",
-    "fold_queue",
-    "queue_names",
+    "WalSegment",
+    "queue_objects",
+    "queue_ranges",
     "read_segment",
     "read_snapshot",
+    "read_wal_segment",
     "segment_keys",
+    "shard_logs",
     "snapshot_keys",
+    "wal_segments",
 ]
 
 log = logging.getLogger(__name__)
 
 BATCH_ROWS = 16_384  # rows per Arrow batch handed to Spark
+_T = TypeVar("_T")
+Records = tuple[str, int, int, list[Event]]  # queue, first seq, first LSN, its events
 
 
 class SyncStore:
@@ -49,19 +70,30 @@ class SyncStore:
         self.url = url
         self.store: ObjectStore = open_store(url, **(options or {}))  # may raise: no loop yet
         self._loop = asyncio.new_event_loop()
+        self._devices: dict[int, LogDevice] = {}
+
+    def run(self, call: Coroutine[Any, Any, _T]) -> _T:
+        """Wait for one call of the store or a device."""
+        return self._loop.run_until_complete(call)
 
     def get(self, key: str) -> bytes:
         """The object's bytes. Raises: KeyNotFound, StoreError."""
-        return self._loop.run_until_complete(self.store.get(key))
+        return self.run(self.store.get(key))
 
     def list(self, prefix: str) -> list[str]:
         """Sorted keys under ``prefix``. Raises: StoreError."""
-        return self._loop.run_until_complete(self.store.list(prefix))
+        return self.run(self.store.list(prefix))
+
+    def device(self, shard: int) -> LogDevice:
+        """Shard ``shard``'s log, for reading (never opened: it takes no lock)."""
+        if shard not in self._devices:
+            self._devices[shard] = open_device(self.store, shard)
+        return self._devices[shard]
 
     def close(self) -> None:
         """Release the store and the loop."""
         try:
-            self._loop.run_until_complete(self.store.close())
+            self.run(self.store.close())
         finally:
             self._loop.close()
 
@@ -72,31 +104,48 @@ class SyncStore:
         self.close()
 
 
-def queue_names(store: SyncStore) -> list[str]:
-    """Queues that have objects in the store (a queue being deleted is left out)."""
-    names: set[str] = set()
+# ------------------------------------------------------------------ listing
+
+
+class QueueObjects(msgspec.Struct):
+    """A queue's own objects: version-1 segments and snapshots, ``(seq, key)`` in order."""
+
+    segments: list[tuple[int, str]] = msgspec.field(default_factory=list)
+    snapshots: list[tuple[int, str]] = msgspec.field(default_factory=list)
+
+
+def queue_objects(store: SyncStore) -> dict[str, QueueObjects]:
+    """The queues that have objects under ``queues/``, with their version-1 segments and
+    snapshots (a version-1 queue being deleted is left out)."""
+    found: dict[str, QueueObjects] = {}
     deleted: set[str] = set()
     for key in store.list(keys.ROOT):
         name, _, rest = key[len(keys.ROOT) :].partition("/")
-        names.add(name)
-        if rest == "DELETED":  # the shard's tombstone: the queue is being erased
+        objects = found.setdefault(name, QueueObjects())
+        kind = rest.partition("/")[0]
+        if rest == "DELETED":  # a version-1 tombstone: the queue is being erased
             deleted.add(name)
-    return sorted(names - deleted)
+        elif kind in ("log", "snap") and _is_log_name(key):
+            listed = objects.segments if kind == "log" else objects.snapshots
+            listed.append((keys.seq_of(key), key))
+    return {name: objects for name, objects in sorted(found.items()) if name not in deleted}
+
+
+def _is_log_name(key: str) -> bool:
+    try:
+        keys.seq_of(key)
+    except DataError:
+        log.warning("ignoring %s: not a log object name", key)
+        return False
+    return True
 
 
 def _numbered(store: SyncStore, prefix: str) -> list[tuple[int, str]]:
-    found = []
-    for key in store.list(prefix):
-        try:
-            found.append((keys.seq_of(key), key))
-        except DataError:
-            log.warning("ignoring %s: not a log object name", key)
-    found.sort()
-    return found
+    return sorted((keys.seq_of(k), k) for k in store.list(prefix) if _is_log_name(k))
 
 
 def segment_keys(store: SyncStore, queue: str) -> list[tuple[int, str]]:
-    """``(first_seq, key)`` of the queue's segments, in order."""
+    """``(first_seq, key)`` of the queue's version-1 segments, in order."""
     return _numbered(store, keys.log_prefix(queue))
 
 
@@ -105,8 +154,26 @@ def snapshot_keys(store: SyncStore, queue: str) -> list[tuple[int, str]]:
     return _numbered(store, keys.snapshot_prefix(queue))
 
 
+def shard_logs(store: SyncStore) -> list[int]:
+    """The shards that have a log under ``wal/``."""
+    shards = set()
+    for key in store.list(keys.WAL_ROOT):
+        head, sep, _ = key[len(keys.WAL_ROOT) :].partition("/")
+        if sep and len(head) == 4 and head.isdigit():
+            shards.add(int(head))
+    return sorted(shards)
+
+
+def wal_segments(store: SyncStore, shard: int) -> list[tuple[int, str]]:
+    """``(first LSN, key)`` of shard ``shard``'s log segments, in order."""
+    return store.run(store.device(shard).segments())
+
+
+# ------------------------------------------------------------------ version 1
+
+
 def read_segment(store: SyncStore, key: str) -> tuple[SegmentMeta, SegmentRead | None]:
-    """Read and decode one segment; the meta says what counts and what is damaged.
+    """Read and decode one version-1 segment; the meta says what counts and what is damaged.
 
     Raises:
         StoreError: the store failed (a missing object is not an error: it was pruned).
@@ -157,141 +224,123 @@ def read_snapshot(store: SyncStore, key: str) -> tuple[Snapshot, QueueState] | s
     return snap, restore(snap)
 
 
-# ------------------------------------------------------------------ one queue, in order
+# ------------------------------------------------------------------ shard logs
 
 
-class _Fold:
-    """Reads one queue's history in order into a :class:`Timeline` (see :func:`fold_queue`)."""
+class WalSegment:
+    """One shard-log segment being read: :meth:`blocks` decodes its valid blocks one at a
+    time; :attr:`meta` says what reading found: what its blocks' checks found at first, all
+    of it once they have all been decoded (a block whose records do not decode ends the
+    segment there, as in recovery; ``queues`` is filled in)."""
 
-    def __init__(self, store: SyncStore, queue: str) -> None:
-        self.store = store
-        self.queue = queue
-        self.out = TimelineRows()
-        self.timeline = Timeline(queue, self.out)
-        self.discarded: list[Discarded] = []
-        self.unusable: set[str] = set()  # snapshots found damaged (reported once)
+    def __init__(self, meta: WalMeta, read: WalRead | None) -> None:
+        self.meta = meta
+        self.read = read
 
-    def _snapshot(self, key: str) -> tuple[Snapshot, QueueState] | None:
-        got = read_snapshot(self.store, key)
-        if isinstance(got, str):
-            if got != VANISHED and key not in self.unusable:
-                self.unusable.add(key)
-                self.discarded.append(Discarded(key, 0, None, got))
-            return None
-        return got
-
-    def _start(self) -> tuple[int, list[tuple[int, str]]]:
-        """Pick where the history starts: record 1, or the oldest usable snapshot that the
-        remaining segments continue. Returns the first record to apply and the segments."""
-        # Segments are listed before snapshots: the clean-up writes a snapshot before it
-        # deletes the segments it covers, so whatever this listing lacks, a snapshot in the
-        # later listing covers.
-        segs = segment_keys(self.store, self.queue)
-        first = segs[0][0] if segs else None
-        if first == 1:
-            return 1, segs
-        for seq, key in snapshot_keys(self.store, self.queue):
-            if first is not None and seq < first - 1:
-                continue  # the records after it are gone already
-            got = self._snapshot(key)
-            if got is not None:
-                self.timeline.start(got[1], seq)
-                return seq + 1, segs
-        if first is None:
-            return 1, []
-        self.discarded.append(
-            Discarded(segs[0][1], 0, None, f"history starts at record {first}: no snapshot")
-        )
-        return first, segs
-
-    def _resume(self, covering: int) -> tuple[int, list[tuple[int, str]]] | None:
-        """Go on from the oldest usable snapshot at or past record ``covering`` that the
-        remaining segments continue (the history broke: records were pruned while being
-        read, or are damaged but covered by a snapshot). None: there is none."""
-        segs = segment_keys(self.store, self.queue)
-        if segs:
-            covering = max(covering, segs[0][0] - 1)
-        for seq, key in snapshot_keys(self.store, self.queue):
-            if seq < covering:
-                continue
-            got = self._snapshot(key)
-            if got is not None:
-                self.timeline.check(key, got[0], got[1], gap=True)
-                return seq + 1, segs
-        return None
-
-    def run(self, as_of_ms: int) -> Iterator[pa.RecordBatch]:
-        """Fold the queue; yield rows as batches of about BATCH_ROWS."""
-        start, segs = self._start()
-        checks = dict(self._later_snapshots(start))
-        chain = Chain(start)
-        pos = 0
-        while pos < len(segs):
-            _, key = segs[pos]
-            pos += 1
-            following = segs[pos][0] if pos < len(segs) else None
-            expected = chain.expected if chain.expected is not None else start
-            if following is not None and following - 1 < expected:
-                continue  # wholly before the start
-            was_stopped = chain.stopped is not None
-            meta, read = read_segment(self.store, key)
-            kept = None if meta.vanished else chain.admit(meta)
-            if kept is not None and read is not None:
-                self._apply(read, kept, checks)
-            if not was_stopped and (meta.vanished or chain.stopped is not None):
-                covering = _covering(meta, expected, following)
-                resumed = self._resume(covering)
-                if resumed is not None:
-                    self.discarded.extend(chain.result.discarded)
-                    start, segs = resumed
-                    chain, pos = Chain(start), 0
-                    checks.update(self._later_snapshots(start))
-                elif meta.vanished:
-                    chain.admit(meta)  # nothing covers it: a hole in the history
-            if self.out.rows >= BATCH_ROWS:
-                yield self.out.batch()
-        self.discarded.extend(chain.result.discarded)
-        self.timeline.damage(self.discarded)
-        self.timeline.finish(as_of_ms)
-        yield self.out.batch()
-
-    def _later_snapshots(self, start: int) -> list[tuple[int, str]]:
-        return [(seq, key) for seq, key in snapshot_keys(self.store, self.queue) if seq >= start]
-
-    def _apply(self, read: SegmentRead, kept: tuple[int, int], checks: dict[int, str]) -> None:
-        lo, hi = kept
-        first = read.header.first_seq
-        apply = self.timeline.apply
-        for seq in range(lo, hi + 1):
-            apply(seq, read.events[seq - first])
-            key = checks.get(seq)
-            if key is not None:
-                got = self._snapshot(key)
-                if got is not None:
-                    self.timeline.check(key, got[0], got[1])
+    def blocks(self) -> Iterator[tuple[Block, list[Records]]]:
+        """Each valid block and its records by queue (the shard's own stream left out)."""
+        read, meta = self.read, self.meta
+        if read is None:
+            return
+        ranges: Ranges = {}
+        records = 0
+        for block in read.blocks:
+            try:
+                groups = _decode(block)
+            except DataError as exc:
+                why = f"a record does not decode: {exc.message}"
+                self.meta = _meta(meta, records, "damaged", block.offset, why, ranges)
+                return
+            yield block, groups
+            records += block.count
+            for queue, first, _, events in groups:
+                _extend(ranges, queue, first, len(events))
+        self.meta = _meta(meta, records, read.end, meta.offset, read.reason, ranges)
 
 
-def _covering(meta: SegmentMeta, expected: int, following: int | None) -> int:
-    """The record a snapshot must cover for the history to go on past this break."""
-    if meta.vanished:
-        return expected - 1  # at least what was read; _resume raises it to the listing
-    if meta.first_seq > expected:
-        return meta.first_seq - 1  # a gap before an intact segment
-    if following is not None:
-        return following - 1  # the damaged segment, whole
-    return meta.first_seq + (meta.announced or 0) - 1
+def _meta(
+    meta: WalMeta, records: int, end: str, offset: int | None, reason: str | None, ranges: Ranges
+) -> WalMeta:
+    return WalMeta(meta.object, meta.first_lsn, meta.epoch, records, end, offset, reason, ranges)
 
 
-def fold_queue(store: SyncStore, queue: str, as_of_ms: int) -> Iterator[pa.RecordBatch]:
-    """The timeline rows of one queue (``pipeline.timeline``), as Arrow batches.
+def _decode(block: Block) -> list[Records]:
+    """A block's records by queue, decoded. Raises: DataError."""
+    found = []
+    lsn = block.first_lsn
+    for queue, first_seq, raw in decode_groups(block):
+        if queue != SHARD_STREAM and raw:  # the shard's own claims: no queue's history
+            found.append((queue, first_seq, lsn, [decode_record(r) for r in raw]))
+        lsn += len(raw)
+    return found
 
-    The history starts at record 1 or at the oldest snapshot the remaining segments
-    continue; damage ends it the way recovery would (``damage`` rows), unless a later
-    snapshot covers the damaged segment or records pruned while reading: then it goes on
-    from that snapshot (``pruned`` row). Every other snapshot on the way is checked against
-    the history.
+
+def _extend(ranges: Ranges, queue: str, first: int, count: int) -> None:
+    if not count:
+        return
+    runs = ranges.setdefault(queue, [])
+    if runs and runs[-1][1] + 1 == first:
+        runs[-1] = (runs[-1][0], first + count - 1)
+    else:
+        runs.append((first, first + count - 1))
+
+
+def queue_ranges(segment: WalSegment) -> Ranges:
+    """The queues with records in a segment's valid blocks and their runs of records, from
+    the groups alone (records not decoded: for reporting what damage discarded)."""
+    ranges: Ranges = {}
+    for block in segment.read.blocks if segment.read is not None else []:
+        try:
+            groups = decode_groups(block)
+        except DataError:
+            break
+        for queue, first_seq, raw in groups:
+            if queue != SHARD_STREAM:
+                _extend(ranges, queue, first_seq, len(raw))
+    return ranges
+
+
+def read_wal_segment(store: SyncStore, shard: int, key: str, stop_lsn: int | None) -> WalSegment:
+    """Read one segment of shard ``shard``'s log (``stop_lsn``: the next listed segment's
+    first LSN, where this one's blocks must end; None for the last one).
+
+    The last segment of a local log may be written while it is read, and a read of a file
+    being appended to can find a block's pages still empty while the next block's are
+    written already: damage that is not there. So a damaged end of the last segment counts
+    only if reading it again finds it at the same place.
 
     Raises:
-        StoreError: the store failed.
+        StoreError: the store failed (a missing segment is not an error: it was pruned).
     """
-    return _Fold(store, queue).run(as_of_ms)
+    segment = _read_wal_once(store, shard, key, stop_lsn)
+    for _ in range(_REREADS if stop_lsn is None else 0):
+        if segment.meta.end != "damaged":
+            break
+        again = _read_wal_once(store, shard, key, stop_lsn)
+        if (again.meta.end, again.meta.offset) == (segment.meta.end, segment.meta.offset):
+            break
+        segment = again
+    return segment
+
+
+_REREADS = 3
+
+
+def _read_wal_once(store: SyncStore, shard: int, key: str, stop_lsn: int | None) -> WalSegment:
+    first_lsn = keys.seq_of(key)
+    try:
+        data = store.run(store.device(shard).read(key))
+    except KeyNotFound:
+        return WalSegment(WalMeta(key, first_lsn, reason=VANISHED), None)
+    try:
+        read = scan_segment(data, stop_lsn=stop_lsn)
+    except DataError as exc:
+        meta = WalMeta(key, first_lsn, end="damaged", offset=0, reason=exc.message)
+        return WalSegment(meta, None)
+    header = read.header
+    if header.first_lsn != first_lsn:
+        why = f"header says first LSN {header.first_lsn}, the name says {first_lsn}"
+        return WalSegment(WalMeta(key, first_lsn, header.epoch, None, "damaged", 0, why), None)
+    offset = None if read.end == "clean" else read.valid_end
+    meta = WalMeta(key, first_lsn, header.epoch)
+    return WalSegment(_meta(meta, read.records, read.end, offset, read.reason, {}), read)

@@ -122,7 +122,9 @@ def _stats_table(summaries: dict[str, Any]) -> str:
     head = "".join(f"<th>{html.escape(c)}</th>" for c in ["queue", *_STATS_SHOWN])
     body = []
     for queue, entry in sorted(summaries.items()):
-        stats = entry.get("stats") or {}
+        stats = entry.get("stats")
+        if stats is None:
+            continue  # a shard log's own damage (see _damage), not a queue
         cells = "".join(f"<td>{_fmt(stats.get(c))}</td>" for c in _STATS_SHOWN)
         body.append(f"<tr><td>{html.escape(queue)}</td>{cells}</tr>")
     return f"<table><tr>{head}</tr>{''.join(body)}</table>"

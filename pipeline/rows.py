@@ -3,12 +3,18 @@
 One row per message an event names (a put of 100 messages is 100 rows, ``item`` 0..99, each
 with ``items`` = 100); an event that names no message is one row with ``item`` 0. Every
 field of every event has a column, so :func:`events_from_rows` rebuilds the exact events:
-that is what makes the archive a lossless copy of the history.
+that is what makes the archive a lossless copy of the history. A record of a shard log also
+carries its ``lsn`` (its place in the log its shard's queues share); a version-1 record's is
+null.
 
-Besides events, the view has one ``segment`` row per segment object: what was read from it
-(``records`` valid records of ``items`` the header announced), and where and why reading
-stopped early (``offset``, ``detail``). Jobs use these rows to cut the history where recovery
-would (:mod:`pipeline.chain`) and to report damage.
+Besides events, the view has one ``segment`` row per segment object: what was read from it,
+and where and why reading stopped early (``offset``, ``detail``). For a version-1 segment:
+``queue``, ``seq`` (its first record), ``records`` valid of ``items`` the header announced.
+For a shard-log segment: ``lsn`` (its first LSN; ``records`` valid records follow it), how
+it ends (``end``: ``clean``, ``zeros``: preallocated space, ``torn``: a write that never
+finished, ``damaged``), and ``queues``: JSON of the runs of records each queue has in its
+valid blocks (``{"orders": [[41, 57]], …}``). Jobs use these rows to cut the history where
+recovery would (:mod:`pipeline.chain`, :mod:`pipeline.walchain`) and to report damage.
 """
 
 from __future__ import annotations
@@ -20,16 +26,19 @@ import msgspec
 import pyarrow as pa
 
 from actors.core import events as ev
-from actors.log.codec import SegmentRead
+from pipeline.walchain import Ranges, WalMeta
 
 __all__ = [
     "EVENTS_SCHEMA",
     "EVENT_TYPES",
     "SEGMENT",
     "EventRows",
+    "Rows",
     "event_rows",
     "events_from_rows",
     "segment_row",
+    "wal_segment_meta",
+    "wal_segment_row",
 ]
 
 SEGMENT = "segment"  # the type of a segment's meta row
@@ -41,7 +50,7 @@ _CLASSES = {tag: cls for cls, tag in EVENT_TYPES.items()}
 EVENTS_SCHEMA = pa.schema(
     [
         ("queue", pa.string()),
-        ("seq", pa.int64()),  # the record's sequence number in the queue's log
+        ("seq", pa.int64()),  # the record's sequence number in its queue's history
         ("item", pa.int32()),  # position of this message in the event
         ("items", pa.int32()),  # messages the event names (segment rows: records announced)
         ("type", pa.string()),  # the event's tag: put, taken, acked, … or "segment"
@@ -62,9 +71,11 @@ EVENTS_SCHEMA = pa.schema(
         ("epoch", pa.int64()),  # that segment's writer epoch
         ("offset", pa.int64()),  # segment rows: byte offset where reading stopped
         ("records", pa.int64()),  # segment rows: valid records read
+        ("lsn", pa.int64()),  # shard-log records: the record's LSN; segment rows: the first
+        ("end", pa.string()),  # shard-log segment rows: clean, zeros, torn or damaged
+        ("queues", pa.string()),  # shard-log segment rows: JSON, queue -> runs of records
     ]
 )
-NAMES = EVENTS_SCHEMA.names
 
 _json = msgspec.json.Encoder()
 # Events that name messages; every other event (created, settings, purged, writer, key and
@@ -82,12 +93,12 @@ _MESSAGE_EVENTS = (
 _event_decoder = msgspec.json.Decoder(ev.Event)  # type: ignore[var-annotated]
 
 
-class EventRows:
-    """Columns being filled, row by row, then turned into an Arrow batch."""
+class Rows:
+    """Columns of ``schema`` being filled, row by row, then handed over as Arrow batches."""
 
-    def __init__(self, *, bodies: bool = True) -> None:
-        self.columns: dict[str, list[Any]] = {name: [] for name in NAMES}
-        self.bodies = bodies
+    def __init__(self, schema: pa.Schema) -> None:
+        self.schema = schema
+        self.columns: dict[str, list[Any]] = {name: [] for name in schema.names}
         self.rows = 0
 
     def add(self, **values: Any) -> None:
@@ -98,10 +109,23 @@ class EventRows:
 
     def batch(self) -> pa.RecordBatch:
         """The rows so far as one Arrow record batch; starts over empty."""
-        batch = pa.RecordBatch.from_pydict(self.columns, schema=EVENTS_SCHEMA)
-        self.columns = {name: [] for name in NAMES}
+        batch = pa.RecordBatch.from_pydict(self.columns, schema=self.schema)
+        self.columns = {name: [] for name in self.schema.names}
         self.rows = 0
         return batch
+
+    def to_pylist(self) -> list[dict[str, Any]]:
+        """The rows so far as dicts (tests and the plain-Python path)."""
+        names = self.schema.names
+        return [dict(zip(names, r, strict=True)) for r in zip(*self.columns.values(), strict=True)]
+
+
+class EventRows(Rows):
+    """Rows of the events view (``bodies=False``: message bodies left out)."""
+
+    def __init__(self, *, bodies: bool = True) -> None:
+        super().__init__(EVENTS_SCHEMA)
+        self.bodies = bodies
 
 
 def _id_columns(mid: ev.MessageId) -> dict[str, Any]:
@@ -159,37 +183,42 @@ def _event_rows(e: ev.Event) -> list[dict[str, Any]]:
 
 
 def event_rows(
-    out: EventRows, queue: str, obj: str, read: SegmentRead, *, min_seq: int = 0
+    out: EventRows,
+    queue: str,
+    obj: str,
+    epoch: int,
+    first_seq: int,
+    events: list[ev.Event],
+    *,
+    first_lsn: int | None = None,
 ) -> None:
-    """Append the rows of every valid event of a decoded segment (records below ``min_seq``
-    are left out) to ``out``."""
-    seq = read.header.first_seq
-    epoch = read.header.epoch
+    """Append the rows of a queue's records ``first_seq`` … (``events``, in order) read
+    from object ``obj`` to ``out``; ``first_lsn``: the first one's LSN in a shard log."""
     add = out.add
-    for e in read.events:
-        if seq >= min_seq:
-            rows = _event_rows(e)
-            n = len(e.ids) if isinstance(e, ev.MessagesTaken) else len(rows)
-            if not isinstance(e, _MESSAGE_EVENTS):
-                n = 0
-            if not rows:  # an event that names no message (an empty list) still has a row
-                rows = [{}]
-            tag = EVENT_TYPES[type(e)]
-            for i, row in enumerate(rows):
-                if not out.bodies:
-                    row.pop("body", None)
-                add(
-                    queue=queue,
-                    seq=seq,
-                    item=i,
-                    items=n,
-                    type=tag,
-                    at_ms=e.at_ms,
-                    object=obj,
-                    epoch=epoch,
-                    **row,
-                )
-        seq += 1
+    for offset, e in enumerate(events):
+        rows = _event_rows(e)
+        n = len(e.ids) if isinstance(e, ev.MessagesTaken) else len(rows)
+        if not isinstance(e, _MESSAGE_EVENTS):
+            n = 0
+        if not rows:  # an event that names no message (an empty list) still has a row
+            rows = [{}]
+        tag = EVENT_TYPES[type(e)]
+        lsn = None if first_lsn is None else first_lsn + offset
+        for i, row in enumerate(rows):
+            if not out.bodies:
+                row.pop("body", None)
+            add(
+                queue=queue,
+                seq=first_seq + offset,
+                lsn=lsn,
+                item=i,
+                items=n,
+                type=tag,
+                at_ms=e.at_ms,
+                object=obj,
+                epoch=epoch,
+                **row,
+            )
 
 
 def segment_row(
@@ -217,6 +246,40 @@ def segment_row(
         records=valid,
         detail=reason,
     )
+
+
+def wal_segment_row(out: EventRows, meta: WalMeta) -> None:
+    """Append the meta row of one shard-log segment."""
+    out.add(
+        type=SEGMENT,
+        item=0,
+        object=meta.object,
+        lsn=meta.first_lsn,
+        epoch=meta.epoch,
+        records=meta.records,
+        end=meta.end,
+        offset=meta.offset,
+        detail=meta.reason,
+        queues=_json.encode(meta.queues).decode(),
+    )
+
+
+def wal_segment_meta(row: dict[str, Any]) -> WalMeta:
+    """The :class:`WalMeta` a shard-log segment row says."""
+    ranges: Ranges = _ranges_decoder.decode(row["queues"] or "{}")
+    return WalMeta(
+        row["object"],
+        row["lsn"],
+        row["epoch"],
+        row["records"],
+        row["end"],
+        row["offset"],
+        row["detail"],
+        ranges,
+    )
+
+
+_ranges_decoder = msgspec.json.Decoder(dict[str, list[tuple[int, int]]])
 
 
 # ------------------------------------------------------------------ rows → events

@@ -1,21 +1,28 @@
-"""The ``evq`` PySpark data source: a queue log as a DataFrame.
+"""The ``evq`` PySpark data source: the event log as a DataFrame.
 
     from pipeline.source import register
     register(spark)
     events = spark.read.format("evq").load("/var/lib/evq")            # or s3://bucket/prefix
     timeline = spark.read.format("evq").option("view", "timeline").load(url)
 
+The log (FORMAT.md): one shard log per shard (``wal/<shard>/``), shared by the shard's
+queues, and per queue its snapshots and, from format version 1, possibly segments of its own
+(``queues/<queue>/log/``) that come before its records in the shard log.
+
 Views (option ``view``):
 
 - ``events`` (default): one row per message per logged event (:mod:`pipeline.rows`), plus one
   ``segment`` row per segment object. Partitions are runs of consecutive segments of one
-  queue (``segments_per_partition``, default: enough runs for ~4 per core), read in
+  shard log (rows carry each record's queue) and runs of consecutive version-1 segments of
+  one queue (``segments_per_partition``, default: enough runs for ~8 partitions), read in
   parallel. Rows are every valid record of every segment; records that recovery would
   discard after a damaged or missing one are cut by :func:`pipeline.frames.load_events`.
-- ``timeline``: one partition per queue, folded in order by the engine
-  (:mod:`pipeline.timeline`): derived transitions (lease expiry, retention, dead letters),
-  per-minute depth samples, snapshot checks, damage and final stats. ``as_of_ms`` (default:
-  now on the driver) is the time the fold runs to.
+- ``timeline``: one partition per shard log, folding every queue of the log in one pass, in
+  each queue's order (:mod:`pipeline.shardfold`), through the engine (:mod:`pipeline.timeline`):
+  derived transitions (lease expiry, retention, dead letters), per-minute depth samples,
+  snapshot checks, damage and final stats. ``as_of_ms`` (default: now on the driver) is the
+  time the fold runs to. Queues that no shard log holds are adopted by one partition each;
+  without shard logs (a version-1 store), each queue is a partition.
 
 Other options: ``queues`` (comma-separated names: read only these), ``bodies`` (``false``
 leaves message bodies out of ``events``), and for S3 ``endpoint``, ``region``,
@@ -30,6 +37,7 @@ import math
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+import msgspec
 import pyarrow as pa
 from pyspark.sql import SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceReader, InputPartition
@@ -37,15 +45,18 @@ from pyspark.sql.pandas.types import from_arrow_schema
 from pyspark.sql.types import StructType
 
 from actors.clock import SystemClock
+from actors.log.shard_recovery import placement
 from pipeline.logread import (
     BATCH_ROWS,
     SyncStore,
-    fold_queue,
-    queue_names,
+    queue_objects,
     read_segment,
-    segment_keys,
+    read_wal_segment,
+    shard_logs,
+    wal_segments,
 )
-from pipeline.rows import EVENTS_SCHEMA, EventRows, event_rows, segment_row
+from pipeline.rows import EVENTS_SCHEMA, EventRows, event_rows, segment_row, wal_segment_row
+from pipeline.shardfold import fold_log, fold_queue
 from pipeline.timeline import TIMELINE_SCHEMA
 
 __all__ = ["STORE_OPTIONS", "EvqDataSource", "register", "store_options"]
@@ -68,12 +79,22 @@ def store_options(options: Any) -> dict[str, str]:
 
 
 class _Run(InputPartition):  # type: ignore[misc]
-    """Consecutive segments of one queue (events view) or a whole queue (timeline)."""
+    """Consecutive segments of one log (events view: ``segments`` are ``(key, the next
+    listed segment's first LSN)``), or a whole shard log or queue (timeline view)."""
 
-    def __init__(self, queue: str, segments: list[str]) -> None:
-        super().__init__((queue, len(segments)))
+    def __init__(
+        self,
+        *,
+        shard: int | None = None,
+        queue: str | None = None,
+        segments: list[tuple[str, int | None]] | None = None,
+        adopted: list[str] | None = None,
+    ) -> None:
+        super().__init__((shard, queue, len(segments or [])))
+        self.shard = shard
         self.queue = queue
-        self.segments = segments
+        self.segments = segments or []
+        self.adopted = adopted or []
 
 
 class EvqDataSource(DataSource):  # type: ignore[misc]
@@ -118,9 +139,18 @@ class _Reader(DataSourceReader):  # type: ignore[misc]
         self.opts = opts
         self.queues = queues
 
-    def _queues(self, store: SyncStore) -> list[str]:
-        names = queue_names(store)
-        return [q for q in names if self.queues is None or q in self.queues]
+    def _wanted(self, queue: str) -> bool:
+        return self.queues is None or queue in self.queues
+
+
+def _with_next(listed: list[tuple[int, str]]) -> list[tuple[str, int | None]]:
+    """Each segment with the first LSN of the one listed after it (where its blocks end)."""
+    nexts = [first for first, _ in listed[1:]] + [None]
+    return [(key, following) for (_, key), following in zip(listed, nexts, strict=True)]
+
+
+def _chunks(segments: list[tuple[str, int | None]], per: int) -> list[list[tuple[str, int | None]]]:
+    return [segments[i : i + per] for i in range(0, len(segments), per)]
 
 
 class _EventsReader(_Reader):
@@ -139,42 +169,80 @@ class _EventsReader(_Reader):
     def partitions(self) -> Sequence[InputPartition]:
         """Runs of consecutive segments, listed now: later segments are not part of it."""
         with SyncStore(self.url, self.opts) as store:
-            listed = [(q, [k for _, k in segment_keys(store, q)]) for q in self._queues(store)]
-        total = sum(len(segs) for _, segs in listed)
+            logs = {shard: wal_segments(store, shard) for shard in shard_logs(store)}
+            objects = queue_objects(store)
+        wal = {shard: _with_next(listed) for shard, listed in logs.items()}
+        v1 = {
+            q: [(key, None) for _, key in o.segments]
+            for q, o in objects.items()
+            if o.segments and self._wanted(q)
+        }
+        total = sum(map(len, wal.values())) + sum(map(len, v1.values()))
         per = self.per_partition or max(1, math.ceil(total / TARGET_PARTITIONS))
         runs = [
-            _Run(queue, segs[i : i + per])
-            for queue, segs in listed
-            for i in range(0, len(segs), per)
+            _Run(shard=s, segments=run) for s, segs in wal.items() for run in _chunks(segs, per)
         ]
-        log.info("evq: %d segments of %d queues in %d partitions", total, len(listed), len(runs))
-        return runs or [_Run("", [])]
+        runs += [
+            _Run(queue=q, segments=run) for q, segs in v1.items() for run in _chunks(segs, per)
+        ]
+        log.info(
+            "evq: %d segments of %d logs in %d partitions", total, len(wal) + len(v1), len(runs)
+        )
+        return runs or [_Run()]
 
     def read(self, partition: _Run) -> Iterator[pa.RecordBatch]:
-        """Decode the run's segments with the log's codec."""
+        """Decode the run's segments with the log's codecs."""
         if not partition.segments:
             return
         out = EventRows(bodies=self.bodies)
         with SyncStore(self.url, self.opts) as store:
-            for key in partition.segments:
-                meta, read = read_segment(store, key)
-                segment_row(
-                    out,
-                    partition.queue,
-                    key,
-                    meta.first_seq,
-                    epoch=meta.epoch,
-                    announced=meta.announced,
-                    valid=meta.valid,
-                    offset=meta.offset,
-                    reason=meta.reason,
-                )
-                if read is not None:
-                    event_rows(out, partition.queue, key, read)
+            if partition.shard is not None:
+                steps = self._read_wal(store, partition.shard, partition.segments, out)
+            else:
+                assert partition.queue is not None
+                steps = self._read_v1(store, partition.queue, partition.segments, out)
+            for _ in steps:
                 if out.rows >= BATCH_ROWS:
                     yield out.batch()
         if out.rows:
             yield out.batch()
+
+    def _read_wal(
+        self, store: SyncStore, shard: int, segments: list[tuple[str, int | None]], out: EventRows
+    ) -> Iterator[None]:
+        for key, following in segments:
+            segment = read_wal_segment(store, shard, key, following)
+            for block, groups in segment.blocks():
+                for queue, first, lsn, events in groups:
+                    if self._wanted(queue):
+                        event_rows(out, queue, key, block.epoch, first, events, first_lsn=lsn)
+                yield
+            meta = segment.meta
+            if self.queues is not None:
+                mine = {q: runs for q, runs in meta.queues.items() if q in self.queues}
+                meta = msgspec.structs.replace(meta, queues=mine)
+            wal_segment_row(out, meta)
+
+    def _read_v1(
+        self, store: SyncStore, queue: str, segments: list[tuple[str, int | None]], out: EventRows
+    ) -> Iterator[None]:
+        for key, _ in segments:
+            meta, read = read_segment(store, key)
+            segment_row(
+                out,
+                queue,
+                key,
+                meta.first_seq,
+                epoch=meta.epoch,
+                announced=meta.announced,
+                valid=meta.valid,
+                offset=meta.offset,
+                reason=meta.reason,
+            )
+            if read is not None:
+                header = read.header
+                event_rows(out, queue, key, header.epoch, header.first_seq, read.events)
+            yield
 
 
 class _TimelineReader(_Reader):
@@ -185,14 +253,30 @@ class _TimelineReader(_Reader):
         self.as_of_ms = as_of_ms
 
     def partitions(self) -> Sequence[InputPartition]:
-        """One partition per queue."""
+        """One partition per shard log; each queue found under ``queues/`` is adopted by
+        one of them (the one the server places it on when every shard has a log; it folds
+        the queue from its own objects if its log does not hold it). Without shard logs,
+        one partition per queue."""
         with SyncStore(self.url, self.opts) as store:
-            names = self._queues(store)
-        return [_Run(q, []) for q in names] or [_Run("", [])]
+            shards = shard_logs(store)
+            names = [q for q in queue_objects(store) if self._wanted(q)]
+        if not shards:
+            return [_Run(queue=q) for q in names] or [_Run()]
+        adopted: dict[int, list[str]] = {shard: [] for shard in shards}
+        for queue in names:
+            adopted[shards[placement(queue, len(shards))]].append(queue)
+        return [_Run(shard=shard, adopted=adopted[shard]) for shard in shards]
 
     def read(self, partition: _Run) -> Iterator[pa.RecordBatch]:
-        """Fold the queue through the engine."""
-        if not partition.queue:
-            return
+        """Fold the shard log's queues (or the queue) through the engine."""
         with SyncStore(self.url, self.opts) as store:
-            yield from fold_queue(store, partition.queue, self.as_of_ms)
+            if partition.shard is not None:
+                yield from fold_log(
+                    store,
+                    partition.shard,
+                    self.as_of_ms,
+                    adopted=partition.adopted,
+                    wanted=self.queues,
+                )
+            elif partition.queue is not None:
+                yield from fold_queue(store, partition.queue, self.as_of_ms)

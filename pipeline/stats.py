@@ -4,7 +4,8 @@ Output in ``--out DIR``:
 
 - ``stats.parquet/``: one row per queue and minute with activity (:data:`COLUMNS`);
 - ``queues.json``: per queue, the engine's own stats at the end (what ``evq stats`` would
-  have said at that time), its settings, and what the reader discarded;
+  have said at that time), its settings, and what the reader discarded (damage to a shard
+  log that names no queue: under the log's name, ``wal/<shard>/``);
 - ``report.html``: plots of the above in one file (:mod:`pipeline.report`).
 
 Minutes without any activity have no row: nothing changed in them, except that the oldest
@@ -24,6 +25,7 @@ from pyspark.sql import functions as F
 
 from pipeline.frames import check_store, load_timeline, progress
 from pipeline.timeline import MINUTE_MS
+from pipeline.walchain import log_of
 
 __all__ = ["COLUMNS", "StatsResult", "run_stats", "stats_frame"]
 
@@ -150,8 +152,10 @@ def _queue_summaries(timeline: DataFrame) -> dict[str, Any]:
         "queue", "type", "detail", "object", "offset", "records", "at_ms"
     )
     for r in rows.collect():
+        # A shard log's damage that names no queue is listed under the log's name.
+        name = r.queue if r.queue is not None else log_of(r.object)
         entry = queues.setdefault(
-            r.queue, {"stats": None, "settings": None, "damage": [], "exceptions": 0}
+            name, {"stats": None, "settings": None, "damage": [], "exceptions": 0}
         )
         if r.type == "final":
             final = json.loads(r.detail)

@@ -10,11 +10,13 @@ second implementation of those rules, :class:`Timeline` feeds the events to the 
 Rows (``TIMELINE_SCHEMA``), by ``type``:
 
 - per message: ``put``, ``taken``, ``acked``, ``released``, ``touched``, ``updated``,
-  ``deleted``, ``purged``, ``lease_expired``, ``retention_expired``, ``dead_lettered``
-  (``state`` says why: ``release`` or ``lease``), ``dead_letter_routed``; ``baseline`` for
-  each message already there when the history starts (a snapshot), ``present`` for each
-  message still there at the end (``state``: delayed, ready, reserved, dead = waiting for
-  the dead-letter queue);
+  ``deleted``, ``purged``, ``dropped`` (its queue was deleted), ``lease_expired``,
+  ``retention_expired``, ``dead_lettered`` (``state`` says why: ``release`` or ``lease``),
+  ``dead_letter_routed``; ``baseline`` for each message already there when the history
+  starts (a snapshot), ``present`` for each message still there at the end (``state``:
+  delayed, ready, reserved, dead = waiting for the dead-letter queue). A message is
+  ``(queue, incarnation, arrival)``: a queue deleted and created again numbers its
+  arrivals from 1 again;
 - ``left`` / ``joined`` around a ``pruned`` row: the log's clean-up removed records while
   they were being read; the history goes on from the snapshot that covers them;
 - exceptions: ``orphan`` (an event names a message the history does not have in that
@@ -22,7 +24,8 @@ Rows (``TIMELINE_SCHEMA``), by ``type``:
   one it does not), ``counters`` (a snapshot's counters differ from the history's);
 - per queue: ``sample`` (depth by state and the oldest ready message's age at the end of
   every minute in which something happened), ``final`` (the engine's own stats at the end
-  and the queue's settings, as JSON in ``detail``), ``damage`` (what the reader discarded).
+  and the queue's settings, as JSON in ``detail``), ``damage`` (what the reader discarded;
+  a shard log's damage that names no queue has a null ``queue``).
 """
 
 from __future__ import annotations
@@ -40,8 +43,9 @@ from actors.core.snapshot import Snapshot
 from actors.core.state import DEAD, DELAYED, READY, RESERVED, Message, QueueState
 from actors.log import keys
 from actors.log.replay import Discarded
+from pipeline.rows import Rows
 
-__all__ = ["MINUTE_MS", "TIMELINE_SCHEMA", "Timeline", "TimelineRows"]
+__all__ = ["MINUTE_MS", "TIMELINE_SCHEMA", "Timeline", "TimelineRows", "damage_rows"]
 
 MINUTE_MS = 60_000
 SOURCE_QUEUE = "evq.source_queue"  # attributes a dead-letter copy carries (actors/shard.py)
@@ -55,6 +59,7 @@ TIMELINE_SCHEMA = pa.schema(
         ("type", pa.string()),
         ("message_id", pa.string()),
         ("arrival", pa.int64()),  # the message's arrival number in its queue: its identity
+        ("incarnation", pa.int32()),  # 0; 1 once the queue was deleted and created again; …
         ("receive_count", pa.int32()),
         ("enqueued_at_ms", pa.int64()),
         ("first_taken_ms", pa.int64()),
@@ -74,34 +79,15 @@ TIMELINE_SCHEMA = pa.schema(
         ("records", pa.int64()),
     ]
 )
-_NAMES = TIMELINE_SCHEMA.names
 _STATE_NAMES = {DELAYED: "delayed", READY: "ready", RESERVED: "reserved", DEAD: "dead"}
 _json = msgspec.json.Encoder()
 
 
-class TimelineRows:
-    """Column lists filled row by row; :meth:`batch` hands them over as Arrow."""
+class TimelineRows(Rows):
+    """Rows of the timeline view."""
 
     def __init__(self) -> None:
-        self.columns: dict[str, list[Any]] = {n: [] for n in _NAMES}
-        self.rows = 0
-
-    def add(self, **values: Any) -> None:
-        """One row; columns not given are null."""
-        for name, column in self.columns.items():
-            column.append(values.get(name))
-        self.rows += 1
-
-    def batch(self) -> pa.RecordBatch:
-        """The rows so far as an Arrow record batch; starts over empty."""
-        batch = pa.RecordBatch.from_pydict(self.columns, schema=TIMELINE_SCHEMA)
-        self.columns = {n: [] for n in _NAMES}
-        self.rows = 0
-        return batch
-
-    def to_pylist(self) -> list[dict[str, Any]]:
-        """The rows so far as dicts (tests and the plain-Python path)."""
-        return [dict(zip(_NAMES, r, strict=True)) for r in zip(*self.columns.values(), strict=True)]
+        super().__init__(TIMELINE_SCHEMA)
 
 
 def _tracked(state: QueueState, timeline: Timeline) -> QueueState:
@@ -120,6 +106,7 @@ class Timeline:
         self.seq: int | None = None  # the record being applied
         self.at_ms = 0  # its time
         self._minute: int | None = None  # a minute with activity, not sampled yet
+        self.incarnation = 0  # deletions seen: arrival numbers start over after each
         self._handlers = {
             ev.MessagesPut: self._put,
             ev.MessagesTaken: self._taken,
@@ -130,6 +117,7 @@ class Timeline:
             ev.MessagesDeleted: self._deleted,
             ev.QueuePurged: self._purged,
             ev.DeadLettersRouted: self._routed,
+            ev.QueueDeleted: self._dropped,
         }
 
     # ---------------------------------------------------------------- input
@@ -195,15 +183,7 @@ class Timeline:
 
     def damage(self, discarded: list[Discarded]) -> None:
         """Report what the reader discarded."""
-        for d in discarded:
-            self.out.add(
-                queue=self.queue,
-                type="damage",
-                object=d.object,
-                offset=d.offset,
-                records=d.records,
-                detail=d.reason,
-            )
+        damage_rows(self.out, self.queue, discarded)
 
     def finish(self, as_of_ms: int) -> None:
         """Bring time to ``as_of_ms`` (not before the last event) and write the end rows."""
@@ -293,6 +273,7 @@ class Timeline:
             "type": kind,
             "message_id": str(m.id),
             "arrival": m.seq,
+            "incarnation": self.incarnation,
             "receive_count": m.receive_count,
             "enqueued_at_ms": m.enqueued_at_ms,
             "first_taken_ms": m.first_taken_ms or None,
@@ -390,6 +371,14 @@ class Timeline:
             self._row("purged", m, self.at_ms, state=_STATE_NAMES.get(m.state))
         self.state.apply(e)
 
+    def _dropped(self, e: ev.QueueDeleted) -> None:
+        """The queue was deleted: its messages go with it; a new one may start."""
+        self.state.advance(self.at_ms)
+        for m in [*self.state.messages.values(), *self.state.outbox.values()]:
+            self._row("dropped", m, self.at_ms, state=_STATE_NAMES.get(m.state))
+        self.state.apply(e)
+        self.incarnation += 1
+
     def _routed(self, e: ev.DeadLettersRouted) -> None:
         self.state.advance(self.at_ms)
         outbox = self.state.outbox
@@ -407,6 +396,20 @@ class Timeline:
             else:
                 self._row("dead_letter_routed", m, self.at_ms)
         self.state.apply(e)
+
+
+def damage_rows(out: TimelineRows, queue: str | None, discarded: list[Discarded]) -> None:
+    """``damage`` rows: what the reader discarded of ``queue``'s history (None: of a shard
+    log, naming no queue)."""
+    for d in discarded:
+        out.add(
+            queue=queue,
+            type="damage",
+            object=d.object,
+            offset=d.offset,
+            records=d.records,
+            detail=d.reason,
+        )
 
 
 def _by_arrival(state: QueueState) -> dict[int, Message]:

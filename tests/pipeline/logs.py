@@ -1,14 +1,15 @@
 """Logs for the pipeline tests, written by the real engine and log writer.
 
-:func:`write_busy_log` drives queues of a :class:`~actors.shard.QueueShard` over a
-``LocalDirStore`` with a manual clock: puts, takes, acks, releases, touches, reschedules,
-deletes, lease expiry, dead letters routed to a dead-letter queue, a purge, retention
-expiry, and a three-stage cascade whose moves carry idempotency keys derived from the
-source message (one move repeated after a lost ack, as a crash would). Then two queues are
-damaged the two ways recovery knows: a bad checksum and a torn tail.
+:func:`write_busy_log` drives queues of two :class:`~actors.shard.QueueShard`s (each with
+its shard log, placed as the server places queues) over a ``LocalDirStore`` with a manual
+clock: puts, takes, acks, releases, touches, reschedules, deletes, lease expiry, dead
+letters routed to a dead-letter queue, a purge, retention expiry, and a three-stage cascade
+whose moves carry idempotency keys derived from the source message (one move repeated after
+a lost ack, as a crash would). The queues of a shard interleave in its log. Its expected
+numbers are the live queues' own ``Stats`` replies.
 
-The expected numbers come from the engine itself: the live queues' own ``Stats`` replies,
-and for the damaged queues what recovery (``replay``) rebuilds.
+:func:`write_bad_log` writes histories the audit must object to. Smaller logs for the
+layouts and damage of format 2 are in ``tests/pipeline/layouts.py``.
 """
 
 from __future__ import annotations
@@ -24,19 +25,13 @@ import msgspec
 from actors.clock import ManualClock
 from actors.core import commands as cmd
 from actors.core import events as ev
-from actors.core.decide import decide
 from actors.core.ids import SequentialIds
 from actors.core.snapshot import decode_snapshot, encode_snapshot
 from actors.log import keys
-from actors.log.codec import (
-    decode_segment,
-    decode_snapshot_object,
-    encode_payloads,
-    encode_segment,
-    encode_snapshot_object,
-)
-from actors.log.replay import replay
+from actors.log.codec import decode_snapshot_object, encode_snapshot_object
+from actors.log.shard_recovery import placement
 from actors.log.store import LocalDirStore
+from actors.log.wal import decode_groups, decode_record, encode_block, encode_record, scan_segment
 from actors.settings import LogSettings, QueueSettings
 from actors.shard import QueueShard
 
@@ -45,8 +40,10 @@ SECOND = 1000
 MINUTE = 60 * SECOND
 CASCADE = ["stage1", "stage2", "stage3"]
 # No snapshots by time (the manual clock moves minutes at once): the logs keep every
-# segment, so sums over the history can be checked against the engine's counters.
-WHOLE_HISTORY = LogSettings(snapshot_every_ms=10**12)
+# segment, so sums over the history can be checked against the engine's counters. Small
+# segments: a shard log has several.
+WHOLE_HISTORY = LogSettings(snapshot_every_ms=10**12, segment_bytes=16 * 1024)
+SHARDS = 2  # orders, orders-dlq and the cascade on shard 0; scratch and shortlived on 1
 
 
 @dataclass
@@ -56,7 +53,6 @@ class BusyLog:
     root: Path
     now_ms: int
     stats: dict[str, dict[str, Any]]  # queue -> the engine's Stats reply at now_ms
-    damage: dict[str, list[tuple[str, int, int | None]]]  # queue -> (object, offset, records)
     notes: dict[str, Any] = field(default_factory=dict)
 
 
@@ -66,14 +62,18 @@ def new(body: str, **kw: Any) -> cmd.NewMessage:
 
 
 class Driver:
-    """Runs commands on a shard's queues and moves the manual clock."""
+    """Runs commands on the queues of shards (each on its own, as the server places them)
+    and moves the manual clock."""
 
-    def __init__(self, shard: QueueShard, clock: ManualClock) -> None:
-        self.shard = shard
+    def __init__(self, shards: list[QueueShard], clock: ManualClock) -> None:
+        self.shards = shards
         self.clock = clock
 
+    def shard(self, queue: str) -> QueueShard:
+        return self.shards[placement(queue, len(self.shards))]
+
     async def run(self, queue: str, command: object) -> Any:
-        [result] = await self.shard.execute_many(queue, [command])
+        [result] = await self.shard(queue).execute_many(queue, [command])
         if isinstance(result, Exception):
             raise result
         return result
@@ -170,15 +170,6 @@ async def _scratch(d: Driver) -> None:
     await d.put("shortlived", new("fresh"))
 
 
-async def _damaged(d: Driver, name: str) -> None:
-    """A queue with enough segments to damage one in the middle or at the end."""
-    for i in range(6):
-        await d.put(name, new(f"{name} {i}"), new(f"{name} {i}b"))
-        d.tick(5 * SECOND)
-        got = await d.take(name, 1)
-        await d.ack(name, *got)
-
-
 def _create(name: str, **settings: Any) -> cmd.Create:
     return cmd.Create(name, QueueSettings(**settings))
 
@@ -187,9 +178,13 @@ async def write_busy_log(root: Path) -> BusyLog:
     """Write the busy log under ``root``; see the module docstring."""
     store = LocalDirStore(root)
     clock = ManualClock(START_MS)
-    shard = QueueShard(0, 1, store, clock=clock, ids=SequentialIds(), log_settings=WHOLE_HISTORY)
-    await shard.start()
-    d = Driver(shard, clock)
+    shards = [
+        QueueShard(i, SHARDS, store, clock=clock, ids=SequentialIds(), log_settings=WHOLE_HISTORY)
+        for i in range(SHARDS)
+    ]
+    for shard in shards:
+        await shard.start()
+    d = Driver(shards, clock)
     for command in [
         _create("orders-dlq"),
         _create(
@@ -202,69 +197,29 @@ async def write_busy_log(root: Path) -> BusyLog:
         *[_create(stage, visibility_timeout_ms=30_000) for stage in CASCADE],
         _create("scratch"),
         _create("shortlived", retention_ms=2 * MINUTE),
-        _create("torn"),
-        _create("flipped"),
     ]:
-        await shard.create(command.name, command.settings, [])
+        await d.shard(command.name).create(command.name, command.settings, [])
     await _orders(d)
     await _cascade(d)
     await _scratch(d)
-    await _damaged(d, "torn")
-    await _damaged(d, "flipped")
     d.tick(30 * SECOND)
-    await _routed(shard)
+    await _routed(shards)
     now = clock.now_ms()
-    names = await shard.names()
+    names = [n for shard in shards for n in await shard.names()]
     stats = {q: await d.stats(q) for q in names}
-    await shard.close()
-    _tear_tail(root, "torn")
-    _flip_middle(root, "flipped")
-    damage = {}
-    for queue in ("torn", "flipped"):
-        _drop_snapshots(root, queue)
-        # The engine's answer for a damaged log is what recovery rebuilds, and reports.
-        replayed = await replay(store, queue)
-        replayed.state.advance(now)  # as the server does before answering
-        _, view = decide(replayed.state, cmd.Stats(), now, SequentialIds())
-        stats[queue] = msgspec.structs.asdict(view)
-        damage[queue] = [(x.object, x.offset, x.records) for x in replayed.report.discarded]
-        assert damage[queue], f"{queue}: recovery must find the damage"
+    for shard in shards:
+        await shard.close()
     await store.close()
-    return BusyLog(root, now, stats, damage)
+    return BusyLog(root, now, stats)
 
 
-async def _routed(shard: QueueShard) -> None:
+async def _routed(shards: list[QueueShard]) -> None:
     """Wait until every dead letter has been handed to its dead-letter queue."""
     for _ in range(500):
-        if not any(q.state.outbox for q in shard.queues.values()):
+        if not any(q.state.outbox for shard in shards for q in shard.queues.values()):
             return
         await asyncio.sleep(0.01)
     raise AssertionError("dead letters were not routed")
-
-
-def _segments(root: Path, queue: str) -> list[Path]:
-    return sorted((root / keys.log_prefix(queue)).glob("*.seg"))
-
-
-def _tear_tail(root: Path, queue: str) -> None:
-    """Cut the last segment of ``queue`` in the middle of its last record (a torn write)."""
-    path = _segments(root, queue)[-1]
-    path.write_bytes(path.read_bytes()[:-3])
-
-
-def _flip_middle(root: Path, queue: str) -> None:
-    """Flip one byte of the last record's payload in a middle segment (a bad checksum)."""
-    segs = _segments(root, queue)
-    path = segs[len(segs) // 2]
-    data = bytearray(path.read_bytes())
-    data[-1] ^= 0xFF
-    path.write_bytes(bytes(data))
-
-
-def _drop_snapshots(root: Path, queue: str) -> None:
-    """As if the queue had crashed: no snapshot at shutdown, so recovery reads the log."""
-    for path in (root / keys.snapshot_prefix(queue)).glob("*.snap"):
-        path.unlink()
 
 
 # ------------------------------------------------------------------ logs made to fail the audit
@@ -276,7 +231,7 @@ async def write_bad_log(root: Path) -> dict[str, Any]:
     clock = ManualClock(START_MS)
     shard = QueueShard(0, 1, store, clock=clock, ids=SequentialIds(), log_settings=WHOLE_HISTORY)
     await shard.start()
-    d = Driver(shard, clock)
+    d = Driver([shard], clock)
     for name, settings in [
         ("vanish", {}),
         ("redeliver", {"visibility_timeout_ms": 5_000}),
@@ -322,7 +277,7 @@ async def write_bad_log(root: Path) -> dict[str, Any]:
     d.tick(SECOND)
     now = clock.now_ms()
     # Closed without snapshots at shutdown, so the tampered one stays the newest.
-    await asyncio.gather(*(q.close(snapshot=False) for q in shard.queues.values()))
+    await shard.close(snapshot=False)
     _drop_from_snapshot(root, snap_key, ids[1])
     _drop_put_item(root, "removed", removed_ids[1])
     await store.close()
@@ -347,19 +302,29 @@ def _drop_from_snapshot(root: Path, key: str | None, mid: str) -> None:
 
 
 def _drop_put_item(root: Path, queue: str, mid: str) -> None:
-    """Re-encode the segment holding the put of ``mid`` without that message (same records,
-    same sequence numbers: the log still checks, the message is just not in it)."""
-    for path in _segments(root, queue):
-        read = decode_segment(path.read_bytes())
-        events = list(read.events)
-        for i, e in enumerate(events):
-            if isinstance(e, ev.MessagesPut) and any(str(it.id) == mid for it in e.items):
-                events[i] = ev.MessagesPut(e.at_ms, [it for it in e.items if str(it.id) != mid])
-                data = encode_segment(
-                    read.header.epoch, read.header.first_seq, encode_payloads(events)
-                )
-                tmp = path.with_suffix(".tmp")
-                tmp.write_bytes(data)
-                os.replace(tmp, path)
-                return
+    """Re-encode the shard-log segment holding the put of ``mid`` without that message (same
+    records, same sequence numbers: the log still checks, the message is just not in it)."""
+    for path in sorted((root / keys.wal_prefix(0)).glob("*.seg")):
+        data = path.read_bytes()
+        blocks, found = [], False
+        for block in scan_segment(data).blocks:
+            groups = []
+            for name, first, raw in decode_groups(block):
+                events = [decode_record(r) for r in raw]
+                if name == queue:
+                    events = [_without(e, mid) for e in events]
+                    found = found or events != [decode_record(r) for r in raw]
+                groups.append((name, first, [encode_record(e) for e in events]))
+            blocks.append(encode_block(block.epoch, block.first_lsn, groups))
+        if found:
+            tmp = path.with_suffix(".tmp")
+            tmp.write_bytes(data[:32] + b"".join(blocks))
+            os.replace(tmp, path)
+            return
     raise AssertionError(f"no put of {mid} in {queue}")
+
+
+def _without(e: ev.Event, mid: str) -> ev.Event:
+    if isinstance(e, ev.MessagesPut) and any(str(it.id) == mid for it in e.items):
+        return ev.MessagesPut(e.at_ms, [it for it in e.items if str(it.id) != mid])
+    return e

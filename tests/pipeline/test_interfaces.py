@@ -1,5 +1,5 @@
-"""The pipeline's ways in: S3 through obstore, reading while a queue writes, the ``evq
-pipeline`` command, and spark-submit."""
+"""The pipeline's ways in: S3 through obstore (a shard log of one object per commit), reading
+while a shard writes and prunes, the ``evq pipeline`` command, and spark-submit."""
 
 from __future__ import annotations
 
@@ -13,39 +13,39 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from actors.clock import ManualClock
-from actors.core import commands as cmd
 from actors.core.ids import SequentialIds
+from actors.log import keys
 from actors.log.store import LocalDirStore, ObjectStore
-from actors.queue_actor import QueueActor
 from actors.settings import LogSettings, QueueSettings
+from actors.shard import QueueShard
 from gateway.cli import main as evq
 from pipeline.frames import load_events
 from tests.conftest import CREDENTIALS, REGION, S3Server
-from tests.pipeline.logs import BusyLog
+from tests.pipeline.logs import BusyLog, Driver, new
 
 REPO = Path(__file__).resolve().parents[2]
 
 
-async def _work(actor: QueueActor, clock: ManualClock, rounds: int) -> None:
+async def _work(d: Driver, rounds: int) -> None:
     for _ in range(rounds):
-        await actor.execute(cmd.Put([cmd.NewMessage(body=b"job %d" % i) for i in range(3)]))
-        clock.advance(1_500)
-        taken = await actor.execute(cmd.Take(max=2))
-        await actor.execute(cmd.Ack([cmd.LeaseRef(t.id, t.lease) for t in taken[:1]]))
+        await d.put("jobs", *[new(f"job {i}") for i in range(3)])
+        d.tick(1_500)
+        taken = await d.take("jobs", 2)
+        await d.ack("jobs", *taken[:1])
 
 
-async def _open(store: ObjectStore, clock: ManualClock, **log: Any) -> QueueActor:
-    actor = QueueActor(
-        "jobs", store, clock=clock, ids=SequentialIds(), log_settings=LogSettings(**log)
+async def _open(store: ObjectStore, clock: ManualClock, **log: Any) -> tuple[QueueShard, Driver]:
+    shard = QueueShard(
+        0, 1, store, clock=clock, ids=SequentialIds(), log_settings=LogSettings(**log)
     )
-    await actor.open(cmd.Create("jobs", QueueSettings(visibility_timeout_ms=2_000)))
-    return actor
+    await shard.start()
+    await shard.create("jobs", QueueSettings(visibility_timeout_ms=2_000), [])
+    return shard, Driver([shard], clock)
 
 
 def _final(spark: SparkSession, url: str, as_of_ms: int, **options: str) -> dict[str, Any]:
@@ -66,10 +66,10 @@ def test_a_log_on_s3_is_read_through_obstore(spark: SparkSession, s3_server: S3S
     async def write() -> tuple[int, dict[str, Any]]:
         store = s3_server.store(prefix)
         clock = ManualClock()
-        actor = await _open(store, clock)
-        await _work(actor, clock, 5)
-        stats = msgspec.structs.asdict(await actor.execute(cmd.Stats()))
-        await actor.close()
+        shard, d = await _open(store, clock)
+        await _work(d, 5)
+        stats = await d.stats("jobs")
+        await shard.close()
         await store.close()
         return clock.now_ms(), stats
 
@@ -84,8 +84,9 @@ def test_a_log_on_s3_is_read_through_obstore(spark: SparkSession, s3_server: S3S
 def test_reading_while_the_queue_writes_and_prunes_is_safe(
     spark: SparkSession, tmp_path: Path
 ) -> None:
-    """A queue keeps writing (snapshotting and pruning every few records) while Spark reads
-    its log: every read is a consistent prefix, with no damage and no false exception."""
+    """A queue keeps writing (snapshotting every few records, its shard log rolling small
+    segments and pruning them behind the snapshots) while Spark reads the log: every read
+    is a consistent prefix, with no damage and no false exception."""
     root = tmp_path / "live"
     clock = ManualClock()
     stop = threading.Event()
@@ -93,14 +94,17 @@ def test_reading_while_the_queue_writes_and_prunes_is_safe(
 
     async def serve() -> None:
         store = LocalDirStore(root)
-        actor = await _open(store, clock, snapshot_every_records=12, snapshot_every_ms=10**12)
+        shard, d = await _open(
+            store, clock, snapshot_every_records=12, snapshot_every_ms=10**12, segment_bytes=400
+        )
         result["opened"] = True
         while not stop.is_set():
-            await _work(actor, clock, 1)
+            await _work(d, 1)
             await asyncio.sleep(0.005)
-        result["stats"] = msgspec.structs.asdict(await actor.execute(cmd.Stats()))
+        result["stats"] = await d.stats("jobs")
         result["now"] = clock.now_ms()
-        await actor.close(snapshot=False)
+        result["pruned"] = not (root / keys.wal_segment_key(0, 1)).exists()
+        await shard.close(snapshot=False)
         await store.close()
 
     writer = threading.Thread(target=asyncio.run, args=(serve(),))
@@ -114,12 +118,14 @@ def test_reading_while_the_queue_writes_and_prunes_is_safe(
             seen.append(stats["enqueued"])
             loaded = load_events(spark, str(root))
             assert not loaded.discarded
+            assert not any(cut.discarded for cut in loaded.logs.values())
             loaded.raw.unpersist()
     finally:
         stop.set()
         writer.join(timeout=60)
     assert seen == sorted(seen)
     assert seen[-1] > 0
+    assert result["pruned"], "segments were pruned while the log was read"
     assert _final(spark, str(root), result["now"]) == result["stats"]
 
 
