@@ -1,5 +1,6 @@
 """The data path between gateways and shards: one TCP connection per (gateway, shard),
-many calls multiplexed on it, msgpack frames.
+many calls multiplexed on it, msgpack frames, on plain asyncio protocols (no stream
+readers, no task per frame on the hot path).
 
 Ray places the shard processes, restarts them and tells a gateway where a shard listens
 (``ShardActor.address``); the commands themselves do not go through Ray calls. Measured here
@@ -9,8 +10,10 @@ processes; this channel adds a fraction of a millisecond.
 
 Frames are a 4-byte little-endian length and a msgpack body. A connection starts with
 ``Hello(secret)`` (the secret is made per ``evq serve`` and given to every shard at spawn);
-then requests (``Many``, ``TakeWait``, ``Cancel``) and replies (``Reply``) with request ids,
-answered in any order. Each result of a ``Many`` is ``[0, reply]`` or ``[1, error]`` and is
+then requests (``Batch``, ``TakeWait``, ``Cancel``, …) and replies (``Reply``) with request
+ids, answered in any order. A ``Batch`` carries ``(queue, command)`` items for any queues of
+the shard: the shard decides them all at once, so they share one group commit, and answers
+with one frame when all are durable. Each result is ``[0, reply]`` or ``[1, error]`` and is
 decoded by the gateway with the reply type of its command.
 
 A connection that breaks fails every call in flight on it with ``Unavailable`` (the call may
@@ -21,7 +24,6 @@ the shard's address again (it changes when Ray restarts the shard).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hmac
 import itertools
 import logging
@@ -36,6 +38,7 @@ from actors.core import commands as cmd
 from actors.core import replies as rp
 from actors.errors import QueueError, Unavailable
 from actors.metrics import QueueMetrics
+from actors.queue_actor import Call
 from actors.settings import QueueSettings
 from actors.shard import ShardStatus
 
@@ -51,10 +54,9 @@ class Hello(msgspec.Struct, array_like=True, tag=True):
     secret: str
 
 
-class Many(msgspec.Struct, array_like=True, tag=True):
+class Batch(msgspec.Struct, array_like=True, tag=True):
     rid: int
-    queue: str
-    commands: list[cmd.Command]  # type: ignore[valid-type]
+    items: list[tuple[str, cmd.Command]]  # type: ignore[valid-type]
 
 
 class TakeWait(msgspec.Struct, array_like=True, tag=True):
@@ -113,7 +115,7 @@ class ErrorWire(msgspec.Struct, array_like=True):
 
 Request = (
     Hello
-    | Many
+    | Batch
     | TakeWait
     | Cancel
     | CreateQueue
@@ -175,12 +177,41 @@ def _frame(body: bytes) -> bytes:
     return _LEN.pack(len(body)) + body
 
 
-async def _read_frame(reader: asyncio.StreamReader) -> bytes:
-    head = await reader.readexactly(4)
-    (size,) = _LEN.unpack(head)
-    if size > MAX_FRAME:
-        raise ConnectionError(f"frame of {size} bytes over the limit")
-    return await reader.readexactly(size)
+class _Frames:
+    """Cuts a byte stream into frames (a 4-byte little-endian length, then the body)."""
+
+    __slots__ = ("_buf", "_pos")
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+        self._pos = 0
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """The frames completed by ``data``.
+
+        Raises:
+            ConnectionError: a frame over the size limit.
+        """
+        buf = self._buf
+        buf += data
+        frames = []
+        pos, end = self._pos, len(buf)
+        while end - pos >= 4:
+            (size,) = _LEN.unpack_from(buf, pos)
+            if size > MAX_FRAME:
+                raise ConnectionError(f"frame of {size} bytes over the limit")
+            if end - pos - 4 < size:
+                break
+            frames.append(bytes(buf[pos + 4 : pos + 4 + size]))
+            pos += 4 + size
+        if pos == end:
+            buf.clear()
+            pos = 0
+        elif pos > 65536:
+            del buf[:pos]
+            pos = 0
+        self._pos = pos
+        return frames
 
 
 def _encode_result(result: Any) -> tuple[int, msgspec.Raw]:
@@ -211,7 +242,8 @@ def _decode_result(item: tuple[int, msgspec.Raw], command_type: type) -> Any:
 class Service(Protocol):
     """What a shard offers gateways (errors may be raised or returned as values)."""
 
-    async def execute_many(self, queue: str, commands: list[object]) -> list[Any]: ...
+    def begin(self, items: list[tuple[str, object]]) -> Call | None: ...
+    async def run_batch(self, items: list[tuple[str, object]]) -> list[Any]: ...
     async def take(self, queue: str, command: cmd.Take, wait_s: float) -> Any: ...
     async def create(
         self, name: str, settings: QueueSettings, given: list[str]
@@ -230,11 +262,14 @@ class ChannelServer:
         self._service = service
         self._secret = secret
         self._server: asyncio.Server | None = None
-        self._connections: set[asyncio.Task[None]] = set()
+        self._connections: set[_ServerConnection] = set()
 
     async def start(self, host: str, port: int = 0) -> tuple[str, int]:
         """Listen; return the address gateways should connect to."""
-        self._server = await asyncio.start_server(self._serve, host, port, backlog=256)
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(
+            lambda: _ServerConnection(self), host, port, backlog=256
+        )
         sock = self._server.sockets[0]
         return host, int(sock.getsockname()[1])
 
@@ -242,56 +277,91 @@ class ChannelServer:
         """Stop listening and drop the connections."""
         if self._server is not None:
             self._server.close()
-        for task in list(self._connections):
-            task.cancel()
+        for connection in list(self._connections):
+            connection.close()
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._connections.add(task)
-        calls: dict[int, asyncio.Task[None]] = {}
+
+class _ServerConnection(asyncio.Protocol):
+    """One gateway's connection: frames in, calls answered in any order."""
+
+    def __init__(self, server: ChannelServer) -> None:
+        self.server = server
+        self.service = server._service
+        self.transport: asyncio.Transport | None = None
+        self.frames = _Frames()
+        self.hello = False
+        self.calls: dict[int, asyncio.Task[None]] = {}
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.server._connections.add(self)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.server._connections.discard(self)
+        for call in list(self.calls.values()):
+            call.cancel()  # the gateway went away: its waiting calls end with it
+        self.transport = None
+
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
         try:
-            hello = _request_decoder.decode(await _read_frame(reader))
-            if not isinstance(hello, Hello) or not hmac.compare_digest(hello.secret, self._secret):
-                log.warning("channel: refused a connection without the right secret")
-                return
-            while True:
-                request = _request_decoder.decode(await _read_frame(reader))
-                if isinstance(request, Cancel):
-                    call = calls.get(request.rid)
-                    if call is not None:
-                        call.cancel()
-                    continue
-                call = asyncio.ensure_future(self._answer(request, writer))
-                calls[request.rid] = call  # type: ignore[union-attr]
-                call.add_done_callback(lambda _, rid=request.rid: calls.pop(rid, None))  # type: ignore[union-attr,misc]
-        except (asyncio.IncompleteReadError, ConnectionError, msgspec.DecodeError):
-            pass  # the gateway went away (or spoke nonsense): its calls end with it
-        except asyncio.CancelledError:
-            pass  # the shard is closing: the connection ends here, quietly
-        finally:
-            for call in calls.values():
-                call.cancel()
-            writer.close()
-            self._connections.discard(task)
+            for frame in self.frames.feed(data):
+                self._handle(_request_decoder.decode(frame))
+        except (ConnectionError, msgspec.DecodeError) as exc:
+            log.warning("channel: dropping a connection that spoke nonsense: %s", exc)
+            self.close()
 
-    async def _answer(self, request: Any, writer: asyncio.StreamWriter) -> None:
-        n = len(request.commands) if isinstance(request, Many) else 1
+    def _handle(self, request: Any) -> None:
+        if not self.hello:
+            if not isinstance(request, Hello) or not hmac.compare_digest(
+                request.secret, self.server._secret
+            ):
+                log.warning("channel: refused a connection without the right secret")
+                self.close()
+                return
+            self.hello = True
+            return
+        if isinstance(request, Batch):
+            call = self.service.begin(request.items)
+            if call is not None:  # the hot path: decided now, answered when durable
+                rid = request.rid
+                call.future.add_done_callback(lambda f: self._reply(rid, f.result()))
+                return
+        elif isinstance(request, Cancel):
+            task = self.calls.get(request.rid)
+            if task is not None:
+                task.cancel()
+            return
+        task = asyncio.ensure_future(self._answer(request))
+        self.calls[request.rid] = task
+        task.add_done_callback(lambda _, rid=request.rid: self.calls.pop(rid, None))  # type: ignore[misc]
+
+    async def _answer(self, request: Any) -> None:
+        n = len(request.items) if isinstance(request, Batch) else 1
         try:
             results = await self._dispatch(request)
+        except asyncio.CancelledError:
+            return
         except Exception as exc:  # an answer always goes back, or the gateway would wait forever
             if not isinstance(exc, QueueError):
                 log.exception("channel: a call failed in the shard")
                 exc = _errors.InternalError(f"shard call failed: {type(exc).__name__}")
             results = [exc] * n
-        reply = Reply(request.rid, [_encode_result(r) for r in results])
-        if not writer.is_closing():
-            writer.write(_frame(_encoder.encode(reply)))
+        self._reply(request.rid, results)
+
+    def _reply(self, rid: int, results: list[Any]) -> None:
+        transport = self.transport
+        if transport is not None and not transport.is_closing():
+            reply = Reply(rid, [_encode_result(r) for r in results])
+            transport.write(_frame(_encoder.encode(reply)))
 
     async def _dispatch(self, request: Any) -> list[Any]:
-        service = self._service
-        if isinstance(request, Many):
-            return await service.execute_many(request.queue, request.commands)
+        service = self.service
+        if isinstance(request, Batch):
+            return await service.run_batch(request.items)
         if isinstance(request, TakeWait):
             return [await service.take(request.queue, request.take, request.wait_s)]
         if isinstance(request, WatchKey):
@@ -319,11 +389,20 @@ class ChannelClient:
     def __init__(self, address: Callable[[], Awaitable[tuple[str, int]]], secret: str) -> None:
         self._address = address  # asks Ray where the shard listens now
         self._secret = secret
-        self._writer: asyncio.StreamWriter | None = None
-        self._reader_task: asyncio.Task[None] | None = None
-        self._pending: dict[int, tuple[asyncio.Future[Any], list[type]]] = {}
+        self._connection: _ClientConnection | None = None
         self._rids = itertools.count(1)
         self._connecting: asyncio.Lock | None = None
+
+    async def run_batch(self, items: list[tuple[str, object]]) -> list[Any]:
+        """Run ``(queue, command)`` items in the shard; each result is a reply or a
+        QueueError.
+
+        Raises:
+            Unavailable: the shard could not be reached, or the connection broke.
+        """
+        rid = next(self._rids)
+        types = [type(c) for _, c in items]
+        return await self._call(rid, Batch(rid, items), types)  # type: ignore[arg-type]
 
     async def execute_many(self, queue: str, commands: list[object]) -> list[Any]:
         """Run commands on a queue; each result is a reply or a QueueError.
@@ -331,9 +410,7 @@ class ChannelClient:
         Raises:
             Unavailable: the shard could not be reached, or the connection broke.
         """
-        rid = next(self._rids)
-        types = [type(c) for c in commands]
-        return await self._call(rid, Many(rid, queue, commands), types)  # type: ignore[no-any-return]
+        return await self.run_batch([(queue, c) for c in commands])
 
     async def take(self, queue: str, take: cmd.Take, wait_s: float) -> Any:
         """A waiting take: deliveries or a QueueError. Cancelling it cancels it in the shard.
@@ -392,45 +469,71 @@ class ChannelClient:
         try:
             [result] = await self._call(rid, request, [reply_type])
         except asyncio.CancelledError:
-            writer = self._writer
-            if writer is not None and not writer.is_closing():
-                writer.write(_frame(_encoder.encode(Cancel(rid))))
+            connection = self._connection
+            if connection is not None:
+                connection.send(Cancel(rid))
             raise
         return result
 
     async def _call(self, rid: int, request: Any, types: list[type]) -> list[Any]:
-        writer = await self._connect()
+        connection = await self._connect()
         fut: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
-        self._pending[rid] = (fut, types)
+        connection.pending[rid] = (fut, types)
         try:
-            writer.write(_frame(_encoder.encode(request)))
+            connection.send(request)
             return await fut  # type: ignore[no-any-return]
         finally:
-            self._pending.pop(rid, None)
+            connection.pending.pop(rid, None)
 
-    async def _connect(self) -> asyncio.StreamWriter:
-        if self._writer is not None and not self._writer.is_closing():
-            return self._writer
+    async def _connect(self) -> _ClientConnection:
+        connection = self._connection
+        if connection is not None and connection.open:
+            return connection
         if self._connecting is None:
             self._connecting = asyncio.Lock()
         async with self._connecting:
-            if self._writer is not None and not self._writer.is_closing():
-                return self._writer
+            connection = self._connection
+            if connection is not None and connection.open:
+                return connection
             try:
                 host, port = await self._address()
-                reader, writer = await asyncio.open_connection(host, port)
+                _, connection = await asyncio.get_running_loop().create_connection(
+                    _ClientConnection, host, port
+                )
             except (OSError, QueueError) as exc:
                 raise Unavailable(f"the queue's shard cannot be reached: {exc}") from None
-            writer.write(_frame(_encoder.encode(Hello(self._secret))))
-            self._writer = writer
-            self._reader_task = asyncio.ensure_future(self._read(reader, writer))
-            return writer
+            connection.send(Hello(self._secret))
+            self._connection = connection
+            return connection
 
-    async def _read(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    async def close(self) -> None:
+        """Close the connection."""
+        if self._connection is not None:
+            self._connection.close()
+
+
+class _ClientConnection(asyncio.Protocol):
+    """The gateway's end of a channel: requests out, replies matched to their calls."""
+
+    def __init__(self) -> None:
+        self.transport: asyncio.Transport | None = None
+        self.frames = _Frames()
+        self.pending: dict[int, tuple[asyncio.Future[Any], list[type]]] = {}
+        self.open = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.open = True
+
+    def send(self, request: Any) -> None:
+        if self.transport is not None and self.open:
+            self.transport.write(_frame(_encoder.encode(request)))
+
+    def data_received(self, data: bytes) -> None:
         try:
-            while True:
-                reply = _reply_decoder.decode(await _read_frame(reader))
-                pending = self._pending.get(reply.rid)
+            for frame in self.frames.feed(data):
+                reply = _reply_decoder.decode(frame)
+                pending = self.pending.get(reply.rid)
                 if pending is None:
                     continue  # a cancelled call's late answer
                 fut, types = pending
@@ -438,24 +541,20 @@ class ChannelClient:
                     fut.set_result(
                         [_decode_result(i, t) for i, t in zip(reply.items, types, strict=True)]
                     )
-        except (asyncio.IncompleteReadError, ConnectionError, OSError, msgspec.DecodeError) as exc:
+        except (ConnectionError, msgspec.DecodeError) as exc:
             log.warning("channel to a shard broke: %r", exc)
-        finally:
-            if self._writer is writer:
-                self._writer = None
-            writer.close()
-            lost = Unavailable(
-                "the connection to the queue's shard broke; the call may have happened"
-            )
-            for fut, _ in list(self._pending.values()):
-                if not fut.done():
-                    fut.set_exception(lost)
+            self.close()
 
-    async def close(self) -> None:
-        """Close the connection."""
-        if self._writer is not None:
-            self._writer.close()
-        if self._reader_task is not None:
-            self._reader_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._reader_task
+    def close(self) -> None:
+        if self.transport is not None:
+            self.transport.close()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if exc is not None:
+            log.warning("channel to a shard broke: %r", exc)
+        self.open = False
+        self.transport = None
+        lost = Unavailable("the connection to the queue's shard broke; the call may have happened")
+        for fut, _ in list(self.pending.values()):
+            if not fut.done():
+                fut.set_exception(lost)

@@ -70,32 +70,63 @@ def _resolve(fut: asyncio.Future[bool], value: bool) -> None:
         fut.set_result(value)
 
 
+class Call:
+    """The results of one call of one or more commands, in order; its future resolves once
+    every command's reply is released. One future per call, not per command: a batch of
+    commands from a gateway costs one wake-up."""
+
+    __slots__ = ("future", "pending", "results")
+
+    def __init__(self, size: int) -> None:
+        self.future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+        self.pending = size
+        self.results: list[Any] = [None] * size
+        if not size:
+            self.future.set_result(self.results)
+
+    def settle(self, index: int, value: Any) -> None:
+        self.results[index] = value
+        self.pending -= 1
+        if not self.pending and not self.future.done():
+            self.future.set_result(self.results)
+
+
 class Entry:
     """A command waiting for its reply to become true (durable)."""
 
-    __slots__ = ("command", "error", "future", "last_seq", "queue", "reply", "started")
+    __slots__ = (
+        "call",
+        "command",
+        "done",
+        "error",
+        "index",
+        "last_seq",
+        "queue",
+        "reply",
+        "started",
+    )
 
-    def __init__(self, queue: QueueActor, command: object, future: asyncio.Future[Any]) -> None:
+    def __init__(self, queue: QueueActor, command: object, call: Call, index: int) -> None:
         self.queue = queue
         self.command = command
-        self.future = future
+        self.call = call
+        self.index = index
         self.started = time.perf_counter()  # for the time-to-durable histogram
         self.reply: Any = None
         self.error: QueueError | None = None
         self.last_seq = 0  # the sequence number of its last event (0: it has none)
+        self.done = False
 
     def release(self) -> None:
         """Give the caller its outcome."""
-        if self.future.done():
-            return
-        if self.error is not None:
-            self.future.set_exception(self.error)
-        else:
-            self.future.set_result(self.reply)
+        if not self.done:
+            self.done = True
+            self.call.settle(self.index, self.error if self.error is not None else self.reply)
 
     def fail(self, error: QueueError) -> None:
-        if not self.future.done():
-            self.future.set_exception(error)
+        if not self.done:
+            self.done = True
+            self.call.settle(self.index, error)
 
 
 class QueueActor:
@@ -188,20 +219,29 @@ class QueueActor:
         Raises:
             QueueError: the command's own error, or Unavailable / Fenced / NotReady.
         """
-        await self._wait_ready()
-        return await self._submit(command)
+        [result] = await self.execute_many([command])
+        if isinstance(result, QueueError):
+            raise result
+        return result
 
     async def execute_many(self, commands: list[object]) -> list[Any]:
-        """Run commands in order in one go; each result is a reply or a QueueError."""
-        await self._wait_ready()
-        futures = [self._submit(c) for c in commands]
-        results = await asyncio.gather(*futures, return_exceptions=True)
-        for r in results:
-            if isinstance(r, BaseException) and not isinstance(r, QueueError):
-                raise r
-        return results
+        """Run commands in order in one go; each result is a reply or a QueueError.
 
-    async def _wait_ready(self) -> None:
+        Raises:
+            QueueError: the queue stopped serving (Fenced, NotReady).
+        """
+        await self.wait_ready()
+        call = Call(len(commands))
+        for index, command in enumerate(commands):
+            self.decide(Entry(self, command, call, index))
+        return await call.future
+
+    async def wait_ready(self) -> None:
+        """Until the queue may decide (its shard's log works).
+
+        Raises:
+            QueueError: the queue stopped serving.
+        """
         ready = self.host.log_ready
         while True:
             if self._stopped is not None:
@@ -210,10 +250,10 @@ class QueueActor:
                 return
             await ready.wait()
 
-    def _submit(self, command: object) -> asyncio.Future[Any]:
-        entry = Entry(self, command, asyncio.get_running_loop().create_future())
-        self.decide(entry)
-        return entry.future
+    @property
+    def stopped(self) -> QueueError | None:
+        """Why the queue serves nothing any more (None: it serves)."""
+        return self._stopped
 
     def decide(self, entry: Entry) -> None:
         """Decide and apply now; release the reply when everything before it is durable."""

@@ -53,7 +53,7 @@ from actors.log.shard_recovery import (
 from actors.log.shardlog import Batch, ShardLog
 from actors.log.store import ObjectStore
 from actors.metrics import QueueMetrics
-from actors.queue_actor import Entry, QueueActor, unavailable
+from actors.queue_actor import Call, Entry, QueueActor, unavailable
 from actors.settings import LogSettings, QueueSettings, validate_queue_name
 
 __all__ = ["QueueShard", "ShardStatus", "placement"]
@@ -459,17 +459,87 @@ class QueueShard:
 
     async def execute_many(self, name: str, commands: list[object]) -> list[Any]:
         """Run commands on queue ``name`` in order; each result is a reply or a QueueError."""
+        return await self.run_batch([(name, c) for c in commands])
+
+    async def run_batch(self, items: list[tuple[str, object]]) -> list[Any]:
+        """Run ``(queue, command)`` items in one go — in order within each queue, all in one
+        group commit when they write; each result is a reply or a QueueError."""
+        call = self.begin(items)
+        if call is not None:
+            return await call.future
+        results = []  # a queue to create first, or the log is reloading: one by one
+        for name, command in items:
+            try:
+                queue = await self.get(name)
+                results += await self._run(queue, [command])
+            except QueueError as exc:
+                results.append(exc)
+        return results
+
+    def begin(self, items: list[tuple[str, object]]) -> Call | None:
+        """Decide every item now; return the call whose future resolves with the results
+        once they are durable, or None when something must be awaited first (a key
+        partition to create, recovery, a reload): then use :meth:`run_batch`."""
+        if not (self._ready and self.log_ready.is_set()) or self._closed:
+            return None
+        queues = self.queues
+        call = Call(len(items))
+        over = self.memory.over()
+        keys = False
+        for index, (name, command) in enumerate(items):
+            queue = queues.get(name)
+            if queue is None or not queue.state.created:
+                if is_partition(name) and queue is None:
+                    return None  # created on first use (await create())
+                error = self._missing(name, queue)
+                if error is not None:
+                    call.settle(index, error)
+                    continue
+                assert queue is not None
+            kind = type(command)
+            if queue.stopped is not None:
+                call.settle(index, queue.stopped)
+            elif over and kind is cmd.Put:
+                call.settle(index, self._refused(name))
+            else:
+                queue.decide(Entry(queue, command, call, index))
+                keys = keys or kind is cmd.SetKey
+        if keys:
+            call.future.add_done_callback(lambda f: self._publish_keys(items, f.result()))
+        return call
+
+    def _missing(self, name: str, queue: QueueActor | None) -> QueueError | None:
+        """Why ``name`` cannot take commands (None: it is being created; they wait)."""
+        if queue is not None:
+            return None
         try:
-            queue = await self.get(name)
+            validate_queue_name(name, internal=True)
         except QueueError as exc:
-            return [exc] * len(commands)
+            return exc
+        return QueueNotFound("no such queue", queue=name)
+
+    def _refused(self, name: str) -> Overloaded:
+        return Overloaded(
+            f"shard {self.index} is over its memory budget; take and ack messages, or retry later",
+            queue=name,
+        )
+
+    def _publish_keys(self, items: list[tuple[str, object]], results: list[Any]) -> None:
+        for (_, command), result in zip(items, results, strict=True):
+            if type(command) is cmd.SetKey and isinstance(result, rp.KeyView):
+                self.keys.key_set(result)
+
+    async def _run(self, queue: QueueActor, commands: list[object]) -> list[Any]:
+        """Commands on one queue (the memory budget refuses puts)."""
         if self.memory.over() and any(type(c) is cmd.Put for c in commands):
-            return await self._without_puts(queue, commands)
-        results = await queue.execute_many(commands)
-        if is_partition(name):
-            for command, result in zip(commands, results, strict=True):
-                if type(command) is cmd.SetKey and isinstance(result, rp.KeyView):
-                    self.keys.key_set(result)
+            others = [c for c in commands if type(c) is not cmd.Put]
+            done = iter(await queue.execute_many(others) if others else [])
+            results = [
+                self._refused(queue.name) if type(c) is cmd.Put else next(done) for c in commands
+            ]
+        else:
+            results = await queue.execute_many(commands)
+        self._publish_keys([(queue.name, c) for c in commands], results)
         return results
 
     async def take(self, name: str, command: cmd.Take, wait_s: float) -> list[Any]:
@@ -480,16 +550,6 @@ class QueueShard:
         """
         queue = await self.get(name)
         return await queue.take(command, wait_s)
-
-    async def _without_puts(self, queue: QueueActor, commands: list[object]) -> list[Any]:
-        """Over the memory budget: refuse the puts, run the rest."""
-        refused = Overloaded(
-            f"shard {self.index} is over its memory budget; take and ack messages, or retry later",
-            queue=queue.name,
-        )
-        others = [c for c in commands if type(c) is not cmd.Put]
-        done = iter(await queue.execute_many(others) if others else [])
-        return [refused if type(c) is cmd.Put else next(done) for c in commands]
 
     async def metrics(self) -> list[QueueMetrics]:
         """Every queue's figures now (not the key partitions)."""

@@ -10,19 +10,19 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import msgspec
 from aiohttp import web
 
-from actors.errors import Overloaded
-from gateway import dashboard, metrics, native, sqs, watches
+from gateway import dashboard, limits, metrics, native, sqs, watches
 from gateway.auth import AUTH, Auth, Token, auth_middleware, retry_after
 from gateway.batcher import Batchers
 from gateway.directory import Directory
 from gateway.errors import MAX_BODY, error_middleware, error_response, wants_msgpack
+from gateway.fast import FAST, Fast
+from gateway.limits import FAST_CONNECTIONS, IN_FLIGHT, LIMITS, Limits
 
 __all__ = ["AppOptions", "make_app"]
 
 log = logging.getLogger(__name__)
 
 READY = web.AppKey("ready", list)  # [bool]: once every shard has recovered
-IN_FLIGHT = web.AppKey("in_flight", list)  # [int]: requests being handled
 APP_OPTIONS = web.AppKey("app_options", "AppOptions")
 # More conditions of readiness (e.g. the gateway worker processes listen): () -> bool
 READY_CHECKS = web.AppKey("ready_checks", list)
@@ -38,9 +38,10 @@ class AppOptions(msgspec.Struct, frozen=True, kw_only=True):
     auto_create: bool = False
     batch_in_flight: int = 2
     batch_split_at: int = 128
-    max_waiting_per_queue: int = 20_000
+    max_waiting_per_shard: int = 20_000  # commands waiting for a call toward one shard
     sqs_keys: dict[str, str] = {}  # SQS access key → secret; empty: no signature check
     tokens: list[Token] = []  # bearer tokens (gateway/auth.py); empty: no auth
+    fast_path: bool = True  # the front door serves the hot commands itself (gateway/fast.py)
     watch: watches.WatchOptions = msgspec.field(default_factory=watches.WatchOptions)
 
 
@@ -61,10 +62,11 @@ def make_app(directory: Directory, options: AppOptions | None = None) -> web.App
     app[APP_OPTIONS] = options
     app[native.DIRECTORY] = directory
     app[native.BATCHERS] = Batchers(
-        directory.execute_many,
+        directory.run_batch,
+        directory.shard_of,
         max_in_flight=options.batch_in_flight,
         split_at=options.batch_split_at,
-        max_waiting=options.max_waiting_per_queue,
+        max_waiting=options.max_waiting_per_shard,
     )
     app[native.OPTIONS] = native.Options(
         auto_create=options.auto_create, max_waiting_takes=options.max_waiting_takes
@@ -74,7 +76,11 @@ def make_app(directory: Directory, options: AppOptions | None = None) -> web.App
     app[READY] = [False]
     app[READY_CHECKS] = []
     app[IN_FLIGHT] = [0]
+    app[FAST_CONNECTIONS] = set()
+    app[LIMITS] = Limits(max_requests=options.max_requests, max_connections=options.max_connections)
     app.add_routes(native.routes)
+    if options.fast_path:
+        app[FAST] = Fast(app)
     watches.install(app, options.watch)
     metrics.install(app)  # GET /metrics
     sqs.setup(app, keys=options.sqs_keys)  # POST / and queue URLs (gateway/sqs/README.md)
@@ -112,16 +118,14 @@ async def _limit_middleware(
         return await handler(request)  # watchers have their own limit (watches.WatchOptions)
     if path in _ALWAYS:
         return await handler(request)
-    options = request.app[APP_OPTIONS]
-    if _http_connections(request) > options.max_connections:
-        exc = Overloaded("the server holds too many connections; retry shortly")
+    refused = limits.refuse(request.app, _http_connections(request))
+    if refused is not None:
+        exc, close = refused
         response = error_response(429, exc.code, exc.message, msgpack=wants_msgpack(request))
-        response.force_close()  # and let this one go
+        if close:
+            response.force_close()  # and let this one go
         return response
     counter = request.app[IN_FLIGHT]
-    if counter[0] >= options.max_requests:
-        exc = Overloaded("the server is handling too many requests; retry shortly")
-        return error_response(429, exc.code, exc.message, msgpack=wants_msgpack(request))
     counter[0] += 1
     try:
         return await handler(request)
@@ -132,14 +136,7 @@ async def _limit_middleware(
 def _http_connections(request: web.Request) -> int:
     """Connections this process holds, watchers apart (they have their own limit)."""
     manager = getattr(request.protocol, "_manager", None)  # aiohttp's web.Server
-    if manager is None:
-        return 0
-    # Server.connections copies its registry into a list on every call (O(connections));
-    # the registry's own length is O(1).
-    registry = getattr(manager, "_connections", None)
-    total = len(registry) if registry is not None else len(manager.connections)
-    watchers = request.app[watches.WATCHERS]
-    return total - (watchers.n - watchers.door)  # door-served WebSockets are not in it
+    return limits.connections(request.app, manager)
 
 
 async def healthz(request: web.Request) -> web.Response:

@@ -31,7 +31,7 @@ import math
 import tomllib
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgspec
 from aiohttp import web
@@ -40,7 +40,16 @@ from actors.clock import Clock, SystemClock
 from actors.errors import BadRequest
 from actors.keyspace import QUEUE_PREFIX, SYS_PREFIX
 
-__all__ = ["AUTH", "Auth", "Token", "auth_middleware", "load_tokens", "presented"]
+__all__ = [
+    "AUTH",
+    "Auth",
+    "Denial",
+    "Token",
+    "auth_middleware",
+    "authorize",
+    "load_tokens",
+    "presented",
+]
 
 LEVELS = {"read": 1, "write": 2, "admin": 3}
 
@@ -209,37 +218,61 @@ def _presented(request: web.Request) -> str | None:
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
+class Denial(NamedTuple):
+    """Why a request is refused: the status, code and message of the error reply, and how
+    long to wait before retrying (429)."""
+
+    status: int
+    code: str
+    message: str
+    wait: float | None = None
+
+
+def authorize(
+    auth: Auth, method: str, canonical: str, path: str, presented: str | None, name: str
+) -> Token | Denial | None:
+    """The check of one request: None when none applies (auth off, open paths, the SQS API,
+    unknown paths), the caller's Token when it may go on, or why not. ``canonical`` is the
+    route (``/v1/queues/{name}``), ``name`` the queue or key it names (or "")."""
+    if not auth.enabled or path in _OPEN or path.startswith(_OPEN_PREFIXES):
+        return None
+    rule = _RULES.get((method, canonical))
+    if rule is None and not path.startswith(("/v1/", "/metrics")):
+        return None  # the SQS API (SigV4) and unknown paths (404)
+    token = auth.identify(presented)
+    if token is None:
+        return Denial(401, "Unauthorized", "a valid bearer token is required")
+    wait = auth.admit(token)
+    if wait is not None:
+        return Denial(429, "Overloaded", "rate limit of this token exceeded", wait)
+    if rule is not None:
+        perm, target = rule
+        if target in ("queue", "key"):
+            resource = name if target == "queue" else key_resource(name)
+            if token.level(resource) < LEVELS[perm]:
+                return Denial(403, "Forbidden", f"this token may not {perm} {resource}")
+    return token
+
+
 def auth_middleware(error: Callable[..., web.Response]) -> Any:
     """The middleware; ``error(status, code, message, request, retry_after)`` makes replies."""
 
     @web.middleware
     async def middleware(request: web.Request, handler: Handler) -> web.StreamResponse:
         auth = request.app.get(AUTH)
-        if auth is None or not auth.enabled:
-            return await handler(request)
-        path = request.path
-        if path in _OPEN or path.startswith(_OPEN_PREFIXES):
+        if auth is None:
             return await handler(request)
         resource = request.match_info.route.resource
-        canonical = resource.canonical if resource is not None else path
-        rule = _RULES.get((request.method, canonical))
-        if rule is None and not path.startswith(("/v1/", "/metrics")):
-            return await handler(request)  # the SQS API (SigV4) and unknown paths (404)
-        token = auth.identify(_presented(request))
-        if token is None:
-            return error(401, "Unauthorized", "a valid bearer token is required", request)
-        wait = auth.admit(token)
-        if wait is not None:
-            return error(429, "Overloaded", "rate limit of this token exceeded", request, wait)
-        if rule is not None:
-            perm, target = rule
-            if target in ("queue", "key"):
-                name = request.match_info.get("name") if target == "queue" else None
-                if target == "key":
-                    name = key_resource(request.match_info.get("key", ""))
-                if token.level(name or "") < LEVELS[perm]:
-                    return error(403, "Forbidden", f"this token may not {perm} {name}", request)
-        request[TOKEN] = token
+        canonical = resource.canonical if resource is not None else request.path
+        info = request.match_info
+        name = info.get("name") or info.get("key") or ""
+        verdict = authorize(
+            auth, request.method, canonical, request.path, _presented(request), name
+        )
+        if isinstance(verdict, Denial):
+            return error(verdict.status, verdict.code, verdict.message, request, verdict.wait)
+        if verdict is not None:
+            request[TOKEN] = verdict
         return await handler(request)
 
     return middleware

@@ -1,10 +1,12 @@
-"""Adaptive batching of one queue's commands toward its shard.
+"""Adaptive batching of commands toward their shard.
 
-A call into a Ray actor costs ~1.5 ms, so the gateway never makes one per request. Per queue:
-send at once when nothing is in flight; while a call is in flight, gather; open a second
-parallel call once the gathered commands pass a threshold; never more than a few calls in
-flight; refuse (429) past a bound of waiting commands instead of growing without limit.
-Each caller gets exactly its own command's result, success or error.
+A call to a shard costs a frame each way and a wake-up in two processes, so the gateway
+never makes one per request. Per shard (all its queues together: they share one group
+commit there, so commands for many queues ride in one frame and one write): send at once when
+nothing is in flight — a lone client never waits on a timer; while a call is in flight,
+gather; open a second parallel call once the gathered commands pass a threshold; never more
+than a few calls in flight; refuse (429) past a bound of waiting commands instead of growing
+without limit. Each caller gets exactly its own command's result, success or error.
 """
 
 from __future__ import annotations
@@ -138,36 +140,42 @@ class Batcher:
 
 
 class Batchers:
-    """One batcher per queue, created on first use and dropped when idle."""
+    """One batcher per shard, created on first use and dropped when idle; each command goes
+    to the batcher of its queue's shard as a ``(queue, command)`` item."""
 
     def __init__(
-        self, send: Callable[[str, list[object]], Awaitable[list[Any]]], **options: Any
+        self,
+        send: Callable[[int, list[tuple[str, object]]], Awaitable[list[Any]]],
+        shard_of: Callable[[str], int],
+        **options: Any,
     ) -> None:
         self._send = send
+        self._shard_of = shard_of
         self._options = options
-        self._batchers: dict[str, Batcher] = {}
-        self.stats = BatchStats()  # over every queue
+        self._batchers: dict[int, Batcher] = {}
+        self.stats = BatchStats()  # over every shard
 
     def __len__(self) -> int:
         return len(self._batchers)
 
     async def submit(self, queue: str, command: object) -> Any:
-        """Run ``command`` on ``queue`` through its batcher.
+        """Run ``command`` on ``queue`` through its shard's batcher.
 
         Raises:
             QueueError: the command's error.
         """
-        batcher = self._batchers.get(queue)
+        shard = self._shard_of(queue)
+        batcher = self._batchers.get(shard)
         if batcher is None:
-            batcher = self._batchers[queue] = Batcher(
-                lambda commands: self._send(queue, commands),
-                on_idle=lambda: self._drop(queue),
+            batcher = self._batchers[shard] = Batcher(
+                lambda items: self._send(shard, items),  # type: ignore[arg-type]
+                on_idle=lambda: self._drop(shard),
                 stats=self.stats,
                 **self._options,
             )
-        return await batcher.submit(command)
+        return await batcher.submit((queue, command))
 
-    def _drop(self, queue: str) -> None:
-        batcher = self._batchers.get(queue)
+    def _drop(self, shard: int) -> None:
+        batcher = self._batchers.get(shard)
         if batcher is not None and batcher.idle:
-            del self._batchers[queue]
+            del self._batchers[shard]

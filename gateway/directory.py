@@ -33,6 +33,15 @@ class Directory(Protocol):
 
     count: int
 
+    def shard_of(self, queue: str) -> int:
+        """The index of the shard that holds ``queue``."""
+        ...
+
+    async def run_batch(self, shard: int, items: list[tuple[str, object]]) -> list[Any]:
+        """Run ``(queue, command)`` items on shard ``shard`` in one go; each result is a
+        reply or a QueueError."""
+        ...
+
     async def execute_many(self, queue: str, commands: list[object]) -> list[Any]:
         """Run commands on a queue; each result is a reply or a QueueError."""
         ...
@@ -100,6 +109,12 @@ class LocalDirectory:
     def _shard(self, queue: str) -> QueueShard:
         return self.shards[placement(queue, self.count)]
 
+    def shard_of(self, queue: str) -> int:
+        return placement(queue, self.count)
+
+    async def run_batch(self, shard: int, items: list[tuple[str, object]]) -> list[Any]:
+        return await self.shards[shard].run_batch(items)
+
     async def _forward(self, target: str, commands: list[object]) -> list[Any]:
         return await self.execute_many(target, commands)
 
@@ -159,6 +174,12 @@ class ChannelDirectory:
 
     def _channel(self, queue: str) -> ChannelClient:
         return self.channels[placement(queue, self.count)]
+
+    def shard_of(self, queue: str) -> int:
+        return placement(queue, self.count)
+
+    async def run_batch(self, shard: int, items: list[tuple[str, object]]) -> list[Any]:
+        return await self.channels[shard].run_batch(items)
 
     async def execute_many(self, queue: str, commands: list[object]) -> list[Any]:
         return await self._channel(queue).execute_many(queue, commands)

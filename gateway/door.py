@@ -28,6 +28,9 @@ from typing import Any, NamedTuple
 
 from aiohttp import web
 
+from gateway.fast import FAST, PREFIX, Fast, FastHttp, may_be_fast
+from gateway.limits import FAST_CONNECTIONS
+
 __all__ = ["UPGRADES", "DoorRunner", "Head", "Upgrade", "parse_head", "run"]
 
 log = logging.getLogger(__name__)
@@ -88,10 +91,11 @@ def _switch(transport: asyncio.Transport, protocol: asyncio.Protocol, data: byte
 class Door(asyncio.Protocol):
     """A new connection until its first request head says who serves it."""
 
-    __slots__ = ("_head", "_timer", "doorway", "transport")
+    __slots__ = ("_head", "_timer", "doorway", "fast", "transport")
 
-    def __init__(self, doorway: Doorway) -> None:
+    def __init__(self, doorway: Doorway, *, fast: bool = True) -> None:
         self.doorway = doorway
+        self.fast = fast and doorway.fast is not None  # may go to the fast path
         self.transport: asyncio.Transport | None = None
         self._head = b""
         self._timer: asyncio.TimerHandle | None = None
@@ -103,6 +107,12 @@ class Door(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         head = self._head + data if self._head else data
+        if self.fast and may_be_fast(head):
+            if len(head) < len(PREFIX):
+                self._head = head  # not yet sure
+            else:
+                self._go_fast(head)
+            return
         if not self.doorway.may_upgrade(head):
             self._hand_over(head)
             return
@@ -145,6 +155,14 @@ class Door(asyncio.Protocol):
         self._decided()
         self.doorway.hand_over(transport, head)
 
+    def _go_fast(self, data: bytes) -> None:
+        transport = self.transport
+        assert transport is not None
+        fast = self.doorway.fast
+        assert fast is not None
+        self._decided()
+        _switch(transport, FastHttp(fast, self.doorway), data)
+
 
 class Doorway:
     """The runner's protocol factory: a :class:`Door` per connection; the rest of aiohttp's
@@ -153,11 +171,12 @@ class Doorway:
     def __init__(self, server: web.Server, app: web.Application) -> None:
         self.server = server
         self.app = app
+        self.fast: Fast | None = app.get(FAST)  # the hot commands' fast path, if installed
         self._upgrades: dict[str, Upgrade] = dict(app.get(UPGRADES, {}))
         self._prefixes = [f"GET {path}".encode() for path in self._upgrades]
 
     def __call__(self) -> asyncio.Protocol:
-        if not self._prefixes:
+        if not self._prefixes and self.fast is None:
             return self.server()
         return Door(self)
 
@@ -188,17 +207,26 @@ class Doorway:
         """aiohttp serves ``transport`` from now on, starting with ``data``."""
         _switch(transport, self.server(), data)
 
-    def reopen(self, transport: asyncio.Transport, data: bytes) -> None:
+    def reopen(self, transport: asyncio.Transport, data: bytes, *, fast: bool = True) -> None:
         """The connection's next request passes the door again (keep-alive after a request
-        a taker served), starting with ``data`` already received."""
-        _switch(transport, Door(self), data)
+        a taker served), starting with ``data`` already received; with ``fast=False`` not
+        to the fast path (which just gave it back)."""
+        _switch(transport, Door(self, fast=fast), data)
 
     # What aiohttp's runner asks of its server.
     def pre_shutdown(self) -> None:
         self.server.pre_shutdown()
+        for connection in list(self.app.get(FAST_CONNECTIONS, ())):
+            connection.close()  # idle ones now, busy ones once answered
 
     async def shutdown(self, timeout: float | None = None) -> None:  # noqa: ASYNC109 (aiohttp's)
         await self.server.shutdown(timeout)
+        fast = self.app.get(FAST_CONNECTIONS, set())
+        busy = [c.task for c in fast if c.task is not None]
+        if busy:  # requests in flight on the fast path finish (their replies go out)
+            await asyncio.wait(busy, timeout=timeout)
+        for connection in list(fast):
+            connection.abort()
 
     @property
     def connections(self) -> list[Any]:

@@ -7,36 +7,29 @@ goes through that queue's batcher.
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import msgspec
 from aiohttp import web
 
 from actors.core import commands as cmd
-from actors.errors import BadRequest, Overloaded, QueueError, QueueNotFound
-from actors.settings import QueueSettings, validate_queue_name
-from gateway import wire
+from actors.errors import BadRequest
+from actors.settings import validate_queue_name
+from gateway import hot, wire
 from gateway.auth import TOKEN
-from gateway.batcher import Batchers
-from gateway.directory import Directory
-from gateway.errors import MSGPACK, wants_msgpack
+from gateway.errors import MSGPACK, MSGPACK_TYPES, wants_msgpack
+from gateway.hot import BATCHERS, DIRECTORY, OPTIONS, SHUTTING_DOWN, WAITING_TAKES, Options
 
-__all__ = ["BATCHERS", "DIRECTORY", "OPTIONS", "Options", "routes"]
+__all__ = [
+    "BATCHERS",
+    "DIRECTORY",
+    "OPTIONS",
+    "SHUTTING_DOWN",
+    "WAITING_TAKES",
+    "Options",
+    "routes",
+]
 
-
-class Options(msgspec.Struct, frozen=True, kw_only=True):
-    """What the handlers need to know of the server's settings."""
-
-    auto_create: bool = False
-    max_waiting_takes: int = 50_000
-
-
-DIRECTORY = web.AppKey("directory", Directory)
-BATCHERS = web.AppKey("batchers", Batchers)
-OPTIONS = web.AppKey("options", Options)
-WAITING_TAKES = web.AppKey("waiting_takes", list)  # one mutable counter: [n]
-SHUTTING_DOWN = web.AppKey("shutting_down", asyncio.Event)
 
 _json = msgspec.json.Encoder()
 _msgpack = msgspec.msgpack.Encoder()
@@ -53,8 +46,7 @@ def reply(request: web.Request, doc: Any, status: int = 200) -> web.Response:
 
 async def body(request: web.Request, type_: type[Any]) -> Any:
     """The request body decoded into ``type_``. Raises: BadRequest, 413 past the limit."""
-    msgpack = request.content_type in (MSGPACK, "application/x-msgpack")
-    return wire.decode(await request.read(), type_, msgpack=msgpack)
+    return wire.decode(await request.read(), type_, msgpack=request.content_type in MSGPACK_TYPES)
 
 
 def queue_name(request: web.Request) -> str:
@@ -64,7 +56,7 @@ def queue_name(request: web.Request) -> str:
 
 async def run(request: web.Request, queue: str, command: object) -> Any:
     """One command on one queue, batched with its neighbours. Raises: QueueError."""
-    return await request.app[BATCHERS].submit(queue, command)
+    return await hot.run(request.app, queue, command)
 
 
 # ------------------------------------------------------------------ queues
@@ -119,81 +111,41 @@ async def purge_queue(request: web.Request) -> web.Response:
 # ------------------------------------------------------------------ messages
 
 
+async def _hot(request: web.Request, verb: str) -> web.Response:
+    """A hot command through aiohttp: the same code as the front door's fast path."""
+    doc = await hot.VERBS[verb](
+        request.app,
+        request.match_info["name"],
+        await request.read(),
+        request.content_type in MSGPACK_TYPES,
+        wants_msgpack(request),
+    )
+    return reply(request, doc)
+
+
 @routes.post("/v1/queues/{name}/messages")
 async def put_messages(request: web.Request) -> web.Response:
-    name = queue_name(request)
-    command = wire.put_command(await body(request, wire.PutIn))
-    try:
-        results = await run(request, name, command)
-    except QueueNotFound:
-        if not request.app[OPTIONS].auto_create:
-            raise
-        await request.app[DIRECTORY].create(name, QueueSettings(fifo=name.endswith(".fifo")), [])
-        results = await run(request, name, command)
-    return reply(request, {"results": [{"id": r.id, "status": r.status} for r in results]})
+    return await _hot(request, "messages")
 
 
 @routes.post("/v1/queues/{name}/take")
 async def take_messages(request: web.Request) -> web.Response:
-    name = queue_name(request)
-    take, wait_s = wire.take_command(await body(request, wire.TakeIn))
-    if wait_s <= 0:
-        deliveries = await run(request, name, take)
-    else:
-        deliveries = await _waiting_take(request, name, take, wait_s)
-    binary = wants_msgpack(request)
-    return reply(request, {"messages": [wire.delivery_doc(d, binary=binary) for d in deliveries]})
-
-
-async def _waiting_take(request: web.Request, name: str, take: cmd.Take, wait_s: float) -> Any:
-    """A long-poll take: one call that the shard holds until messages are ready.
-
-    Raises:
-        Overloaded: too many takes waiting in this gateway.
-        QueueError: the take's error.
-    """
-    app = request.app
-    counter = app[WAITING_TAKES]
-    if counter[0] >= app[OPTIONS].max_waiting_takes:
-        raise Overloaded("too many takes are waiting; retry shortly")
-    counter[0] += 1
-    shutdown = asyncio.ensure_future(app[SHUTTING_DOWN].wait())
-    taking = asyncio.ensure_future(app[DIRECTORY].take(name, take, wait_s))
-    try:
-        done, _ = await asyncio.wait({taking, shutdown}, return_when=asyncio.FIRST_COMPLETED)
-        if taking not in done:
-            return []  # the server is going down: answer "nothing yet"
-        result = taking.result()
-    finally:
-        # Also when the client went away (the handler is cancelled): a take left waiting
-        # would reserve the next message for nobody.
-        shutdown.cancel()
-        taking.cancel()
-        counter[0] -= 1
-    if isinstance(result, QueueError):
-        raise result
-    return result
+    return await _hot(request, "take")
 
 
 @routes.post("/v1/queues/{name}/ack")
 async def ack_messages(request: web.Request) -> web.Response:
-    name = queue_name(request)
-    results = await run(request, name, wire.ack_command(await body(request, wire.AckIn)))
-    return reply(request, {"results": [wire.item_doc(r) for r in results]})
+    return await _hot(request, "ack")
 
 
 @routes.post("/v1/queues/{name}/release")
 async def release_messages(request: web.Request) -> web.Response:
-    name = queue_name(request)
-    results = await run(request, name, wire.release_command(await body(request, wire.ReleaseIn)))
-    return reply(request, {"results": [wire.item_doc(r) for r in results]})
+    return await _hot(request, "release")
 
 
 @routes.post("/v1/queues/{name}/touch")
 async def touch_messages(request: web.Request) -> web.Response:
-    name = queue_name(request)
-    results = await run(request, name, wire.touch_command(await body(request, wire.TouchIn)))
-    return reply(request, {"results": [wire.item_doc(r) for r in results]})
+    return await _hot(request, "touch")
 
 
 @routes.get("/v1/queues/{name}/messages/{id}")

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import email.utils
 import logging
 import urllib.parse
 from typing import Any
@@ -23,10 +22,11 @@ from aiohttp import WSMsgType, web
 from actors.core.decide import validate_key
 from actors.errors import BadRequest, Overloaded, TooLarge
 from actors.keyspace import QUEUE_PREFIX, SYS_PREFIX, set_key_command
-from gateway import native
+from gateway import limits, native
 from gateway.auth import AUTH, TOKEN, Token, may_read_key, presented
 from gateway.door import HEAD_LIMIT, UPGRADES, Doorway, Head
 from gateway.errors import MSGPACK, prefers_msgpack, wants_msgpack
+from gateway.fast import http_date
 from gateway.metrics import METRICS
 from watch.core import KeyState
 from watch.frames import (
@@ -265,7 +265,7 @@ class PollConn(asyncio.Protocol):
         t = self.transport
         if t is None or t.is_closing():
             return
-        date = _http_date(hub.clock.now_ms() / 1000)
+        date = http_date(hub.clock.now_ms()).decode()
         close = "Connection: close\r\n" if self.close_after else ""
         if state is None:
             t.write(f"HTTP/1.1 204 No Content\r\nDate: {date}\r\n{close}\r\n".encode())
@@ -307,16 +307,6 @@ class PollConn(asyncio.Protocol):
         self._stop_waiting()
         self.doorway.app[HUB].drop(self)
         self.transport = None
-
-
-_date: list[Any] = ["", -1]
-
-
-def _http_date(now_s: float) -> str:
-    """The ``Date`` header's value, made once a second."""
-    if int(now_s) != _date[1]:
-        _date[0], _date[1] = email.utils.formatdate(now_s, usegmt=True), int(now_s)
-    return str(_date[0])
 
 
 def open_long_poll(doorway: Doorway, head: Head, transport: Any) -> PollConn | None:
@@ -598,6 +588,8 @@ def install(app: web.Application, options: WatchOptions | None = None) -> None:
     directory = app[native.DIRECTORY]
     app[HUB] = Hub(directory.watch_key)
     app[WATCH_OPTIONS] = options or WatchOptions()
-    app[WATCHERS] = Watchers()
+    watchers = app[WATCHERS] = Watchers()
+    # Watchers on aiohttp's connections have a limit of their own, not the HTTP one.
+    app.setdefault(limits.EXEMPT, []).append(lambda: watchers.n - watchers.door)
     app[UPGRADES] = {"/v1/ws": open_websocket, "/v1/watch/": open_long_poll}
     app.add_routes(routes)

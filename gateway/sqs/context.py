@@ -12,7 +12,7 @@ from actors.clock import Clock
 from actors.core import commands as cmd
 from actors.core.replies import Description
 from actors.settings import QueueSettings
-from gateway import native
+from gateway import hot, native
 from gateway.sqs.queue_attrs import ACCOUNT, name_of_url
 from gateway.sqs.wire import Call, Params
 
@@ -127,4 +127,4 @@ class Context:
             return await self.run(queue, take)  # type: ignore[no-any-return]
         # The native API's long poll: one waiting call that the shard answers as soon as
         # a message is ready, bounded per gateway, cancelled with the client's connection.
-        return await native._waiting_take(self.request, queue, take, wait_s)  # type: ignore[no-any-return]
+        return await hot.waiting_take(self.request.app, queue, take, wait_s)

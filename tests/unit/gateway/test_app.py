@@ -839,11 +839,11 @@ async def test_an_overloaded_answer_to_a_msgpack_request_is_msgpack(
     assert reply.headers["Content-Type"].startswith(MSGPACK)  # WIRE: the request's type
 
 
-async def test_past_max_waiting_per_queue_commands_are_refused_with_429(
+async def test_past_max_waiting_per_shard_commands_are_refused_with_429(
     serve: Serve, data_dir: Any
 ) -> None:
     store = GatedStore(LocalDirStore(data_dir))
-    api = await serve(AppOptions(max_waiting_per_queue=1), store=store)
+    api = await serve(AppOptions(max_waiting_per_shard=1), store=store)
     await api.create("q")
     await api.create("other")
     store.hold("put_if_absent", 1)
@@ -1111,15 +1111,16 @@ async def test_a_long_poll_take_wakes_for_a_put_made_durable_with_its_first_empt
     # one; both are then released together. A take whose first, empty look waited on the
     # earlier segment must still see the message the later one made ready.
     store = GatedStore(LocalDirStore(data_dir), write_slots=2)
-    api = await serve(AppOptions(batch_split_at=1), store=store)  # no put waits in the gateway
+    # No put waits in the gateway: a call for each of the held put, the take's first look
+    # (which waits behind the held put) and the later put.
+    api = await serve(AppOptions(batch_split_at=1, batch_in_flight=3), store=store)
     await api.create("q")
     store.hold("put_if_absent", 1)
     earlier = asyncio.ensure_future(api.put("q", {"body": "not yet", "delay": 60}))
     await until(lambda: store.waiting["put_if_absent"] == 1)
 
     waiting = asyncio.ensure_future(api.take("q", wait=2))
-    await until(lambda: waiting_takes(api) == 1)
-    await asyncio.sleep(0.05)  # its first look found nothing and waits on the held write
+    await asyncio.sleep(0.1)  # its first look found nothing and waits on the held write
     written = store.finished["put_if_absent"]
     later = asyncio.ensure_future(api.put("q", "now"))
     await until(lambda: store.finished["put_if_absent"] == written + 1)

@@ -1,4 +1,5 @@
-"""The per-queue batcher: the right reply to the right caller, errors kept apart, bounded."""
+"""The batchers: the right reply to the right caller, errors kept apart, bounded; one
+batcher per shard, carrying the commands of all its queues."""
 
 from __future__ import annotations
 
@@ -121,19 +122,25 @@ async def test_a_wrong_number_of_results_is_an_error_for_every_caller() -> None:
     assert all(isinstance(r, QueueError) for r in results)
 
 
-async def test_batchers_keep_queues_apart_and_drop_idle_ones() -> None:
-    calls: list[tuple[str, list[object]]] = []
+async def test_batchers_carry_the_queues_of_a_shard_together_and_drop_idle_ones() -> None:
+    calls: list[tuple[int, list[tuple[str, object]]]] = []
+    shards = {"a": 0, "b": 0, "c": 1}
 
-    async def send(queue: str, commands: list[object]) -> list[object]:
-        calls.append((queue, list(commands)))
+    async def send(shard: int, items: list[tuple[str, object]]) -> list[object]:
+        calls.append((shard, list(items)))
         await asyncio.sleep(0.001)
-        return [(queue, c) for c in commands]
+        return [(queue, c) for queue, c in items]
 
-    batchers = Batchers(send)
+    batchers = Batchers(send, shards.__getitem__)
     results = await asyncio.gather(
         *(batchers.submit(q, i) for i in range(30) for q in ("a", "b", "c"))
     )
     assert results == [(q, i) for i in range(30) for q in ("a", "b", "c")]
-    assert all(len({c for c in cs}) == len(cs) for _, cs in calls)
-    assert {q for q, _ in calls} == {"a", "b", "c"}
-    assert len(batchers) == 0  # all idle again: nothing kept per queue
+    assert all(shards[q] == shard for shard, items in calls for q, _ in items)
+    # a and b share shard 0: some frame carried commands of both
+    assert any({q for q, _ in items} == {"a", "b"} for shard, items in calls if shard == 0)
+    # in order within each queue
+    for q in ("a", "b", "c"):
+        sent = [c for _, items in calls for queue, c in items if queue == q]
+        assert sent == list(range(30))
+    assert len(batchers) == 0  # all idle again: nothing kept per shard

@@ -88,6 +88,7 @@ async def test_a_shard_over_its_memory_budget_refuses_puts_but_serves_takes(
     assert (await api.stats("mem"))["total"] == 0  # the refused put left nothing behind
     budget(resident_bytes() + 512 * 1024 * 1024)
     assert len(await api.put("mem", "after")) == 1
+    api.raw.close()
 
 
 async def test_a_flood_of_oversized_bodies_gets_413s_and_memory_stays_bounded(

@@ -1,0 +1,335 @@
+"""The hot commands over HTTP/1.1 without aiohttp's request machinery.
+
+A connection whose first request is ``POST /v1/queues/…`` is handed by the front door
+(:mod:`gateway.door`) to :class:`FastHttp`, which parses each request with httptools (the
+llhttp parser), serves ``POST /v1/queues/{name}/{messages|take|ack|release|touch}`` through
+the same functions as aiohttp's routes (:mod:`gateway.hot`: :mod:`gateway.wire`'s validation,
+:mod:`gateway.errors`' error table), with the same auth, limits and metrics, and writes the
+reply itself. The first request it does not serve — any other route, a query string or a
+percent-encoded path, chunked bodies, ``Expect``, HTTP/1.0, an upgrade, a malformed head — goes
+back to the door with every byte not yet consumed, and from there to aiohttp (or a watch), so
+every other route and every error of those stays aiohttp's.
+
+One request is served at a time per connection: a pipelining client's next request waits in
+the buffer until the reply before it is written, so replies keep their order. A client that
+hangs up cancels its request (a waiting take must not reserve a message for nobody).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import time
+from email.utils import formatdate
+from typing import Any
+
+import httptools
+import msgspec
+from aiohttp import web
+
+from actors.clock import SystemClock
+from actors.errors import QueueError
+from gateway import limits
+from gateway.auth import AUTH, Denial, authorize, presented, retry_after
+from gateway.errors import (
+    MAX_BODY,
+    MSGPACK,
+    MSGPACK_TYPES,
+    RETRY_AFTER_S,
+    prefers_msgpack,
+    status_of,
+)
+from gateway.hot import VERBS
+from gateway.metrics import METRICS
+
+__all__ = ["FAST", "PREFIX", "Fast", "FastHttp", "may_be_fast"]
+
+log = logging.getLogger(__name__)
+
+PREFIX = b"POST /v1/queues/"  # what a fast connection's first request starts with
+HEAD_LIMIT = 8192  # a longer head is aiohttp's to refuse
+_PATH = re.compile(rb"/v1/queues/([A-Za-z0-9_.-]{1,100})/(messages|take|ack|release|touch)")
+_REASONS = {
+    200: b"OK",
+    400: b"Bad Request",
+    401: b"Unauthorized",
+    403: b"Forbidden",
+    404: b"Not Found",
+    409: b"Conflict",
+    413: b"Payload Too Large",
+    429: b"Too Many Requests",
+    500: b"Internal Server Error",
+    503: b"Service Unavailable",
+}
+_json = msgspec.json.Encoder()
+_msgpack = msgspec.msgpack.Encoder()
+
+
+_date: list[Any] = [b"", -1]
+
+
+def http_date(now_ms: int) -> bytes:
+    """The ``Date`` header's value, made once a second."""
+    second = now_ms // 1000
+    if second != _date[1]:
+        _date[0], _date[1] = formatdate(second, usegmt=True).encode(), second
+    return _date[0]  # type: ignore[no-any-return]
+
+
+class Fast:
+    """What the fast path of one gateway process shares."""
+
+    def __init__(self, app: web.Application) -> None:
+        self.app = app
+        self.clock = SystemClock()
+
+    def date(self) -> bytes:
+        """The Date header's value now."""
+        return http_date(self.clock.now_ms())
+
+
+FAST = web.AppKey("fast", Fast)
+
+
+class _Head:
+    """What the parser saw of one request head (httptools' callbacks)."""
+
+    __slots__ = ("accept", "authorization", "content_type", "done", "length", "other", "url")
+
+    def __init__(self) -> None:
+        self.url = b""
+        self.content_type = b""
+        self.accept = b""
+        self.authorization = b""
+        self.length: bytes | None = None
+        self.other = False  # a header the fast path does not handle (Expect, chunked…)
+        self.done = False
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        name = name.lower()
+        if name == b"content-length":
+            self.other = self.other or self.length is not None
+            self.length = value.strip()
+        elif name == b"content-type":
+            self.content_type = value.split(b";", 1)[0].strip().lower()
+        elif name == b"accept":
+            self.accept = value
+        elif name == b"authorization":
+            self.authorization = value
+        elif name in (b"expect", b"transfer-encoding", b"upgrade"):
+            self.other = True
+
+    def on_headers_complete(self) -> None:
+        self.done = True
+
+
+class FastHttp(asyncio.Protocol):
+    """One connection served by the fast path (see the module docstring)."""
+
+    def __init__(self, fast: Fast, doorway: Any) -> None:
+        self.fast = fast
+        self.app = fast.app
+        self.doorway = doorway  # gateway.door.Doorway: where what we do not serve goes
+        self.transport: asyncio.Transport | None = None
+        self.buf = bytearray()
+        self.task: asyncio.Task[None] | None = None
+        self.closing = False
+
+    # ---------------------------------------------------------------- the connection
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = transport  # type: ignore[assignment]
+        self.app[limits.FAST_CONNECTIONS].add(self)
+
+    def data_received(self, data: bytes) -> None:
+        self.buf += data
+        if self.task is None:
+            self._next()
+
+    def eof_received(self) -> bool:
+        return False  # the client hung up: close, and cancel its request (as aiohttp does)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.app[limits.FAST_CONNECTIONS].discard(self)
+        if self.task is not None:
+            self.task.cancel()  # the client went away: so does its request
+        self.transport = None
+
+    def close(self) -> None:
+        """Close once the request in flight (if any) is answered (graceful shutdown)."""
+        self.closing = True
+        if self.task is None and self.transport is not None:
+            self.transport.close()
+
+    def abort(self) -> None:
+        """Close now (the end of a graceful shutdown's wait)."""
+        if self.transport is not None:
+            self.transport.abort()
+
+    # ---------------------------------------------------------------- requests
+
+    def _next(self) -> None:
+        """Serve the next request in the buffer, or wait for more bytes."""
+        buf = self.buf
+        if not buf:
+            return
+        if not may_be_fast(buf):
+            self._give_back()
+            return
+        end = buf.find(b"\r\n\r\n")
+        if end < 0:
+            if len(buf) > HEAD_LIMIT:
+                self._give_back()
+            return
+        head, route = self._parse(bytes(buf[: end + 4]))
+        if route is None:
+            self._give_back()
+            return
+        size = route[2]
+        if size > self.app[MAX_BODY]:
+            self._give_back()  # aiohttp answers 413 and reads what it must
+            return
+        start = end + 4
+        if len(buf) - start < size:
+            return  # the body is still coming
+        body = bytes(buf[start : start + size])
+        del buf[: start + size]
+        assert head is not None
+        self.task = asyncio.get_running_loop().create_task(self._serve(route, head, body))
+
+    def _parse(self, raw: bytes) -> tuple[_Head | None, tuple[str, str, int, bool] | None]:
+        """The head and the route (queue, verb, body size, keep-alive), or no route when
+        the fast path does not serve this request."""
+        head = _Head()
+        parser = httptools.HttpRequestParser(head)
+        try:
+            parser.feed_data(raw)
+        except httptools.HttpParserError:
+            return None, None
+        if not head.done or head.other or parser.get_method() != b"POST":
+            return None, None
+        if parser.get_http_version() != "1.1" or parser.should_upgrade():
+            return None, None
+        found = _PATH.fullmatch(head.url)
+        if found is None or not (head.length or b"0").isdigit():
+            return None, None
+        keep_alive = parser.should_keep_alive()
+        size = int(head.length or 0)
+        return head, (found.group(1).decode(), found.group(2).decode(), size, keep_alive)
+
+    def _give_back(self) -> None:
+        """Not ours to serve: the door (and aiohttp) take the connection from here, with
+        every byte not consumed yet."""
+        transport, self.transport = self.transport, None
+        self.app[limits.FAST_CONNECTIONS].discard(self)
+        if transport is not None and not transport.is_closing():
+            data, self.buf = bytes(self.buf), bytearray()
+            self.doorway.reopen(transport, data, fast=False)
+
+    async def _serve(self, route: tuple[str, str, int, bool], head: _Head, body: bytes) -> None:
+        queue, verb, _, keep_alive = route
+        started = time.perf_counter()  # for the latency histogram, as aiohttp's middleware
+        msgpack = head.content_type in _MSGPACK
+        binary = prefers_msgpack(head.accept.decode("latin-1"), head.content_type.decode())
+        status, payload, extra = 200, b"", b""
+        try:
+            status, payload, extra = await self._answer(queue, verb, head, body, msgpack, binary)
+        except asyncio.CancelledError:
+            return  # the client hung up
+        finally:
+            self.task = None
+        self._write(status, payload, binary, extra, keep_alive)
+        canonical = f"/v1/queues/{{name}}/{verb}"
+        self.app[METRICS].observe(canonical, "POST", status, time.perf_counter() - started)
+        if self.transport is not None and not self.closing:
+            self._next()
+
+    async def _answer(
+        self, queue: str, verb: str, head: _Head, body: bytes, msgpack: bool, binary: bool
+    ) -> tuple[int, bytes, bytes]:
+        """Status, encoded document, extra header lines."""
+        app = self.app
+        auth = app.get(AUTH)
+        if auth is not None and auth.enabled:
+            token = presented(head.authorization.decode("latin-1") or None, None)
+            path = f"/v1/queues/{queue}/{verb}"
+            verdict = authorize(auth, "POST", f"/v1/queues/{{name}}/{verb}", path, token, queue)
+            if isinstance(verdict, Denial):
+                return _denied(verdict, binary)
+        refused = limits.refuse(app, self._held())
+        if refused is not None:
+            exc, close = refused
+            self.closing = self.closing or close
+            return _error(exc, binary)
+        counter = app[limits.IN_FLIGHT]
+        counter[0] += 1
+        try:
+            doc = await VERBS[verb](app, queue, body, msgpack, binary)
+        except QueueError as exc:
+            return _error(exc, binary)
+        except Exception:
+            log.exception("unhandled error in POST /v1/queues/%s/%s", queue, verb)
+            doc = {"error": {"code": "InternalError", "message": "internal error"}}
+            return 500, _encode(doc, binary), b""
+        finally:
+            counter[0] -= 1
+        return 200, _encode(doc, binary), b""
+
+    def _held(self) -> int:
+        return limits.connections(self.app, self.doorway.server)
+
+    def _write(self, status: int, payload: bytes, binary: bool, extra: bytes, keep: bool) -> None:
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        close = self.closing or not keep
+        head = _HEAD % (
+            status,
+            _REASONS.get(status, b"Error"),
+            MSGPACK.encode() if binary else b"application/json",
+            len(payload),
+            self.fast.date(),
+            extra,
+            b"Connection: close\r\n" if close else b"",
+        )
+        transport.write(head + payload)
+        if close:
+            transport.close()
+
+
+_MSGPACK = {t.encode() for t in MSGPACK_TYPES}
+_HEAD = b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\nDate: %s\r\n%s%s\r\n"
+
+
+def may_be_fast(data: bytes | bytearray) -> bool:
+    """Whether ``data`` is, or may still become, a request the fast path could serve."""
+    start = bytes(data[: len(PREFIX)])
+    return PREFIX.startswith(start) if len(start) < len(PREFIX) else start == PREFIX
+
+
+def _encode(doc: Any, binary: bool) -> bytes:
+    return _msgpack.encode(doc) if binary else _json.encode(doc)
+
+
+def _error(exc: QueueError, binary: bool) -> tuple[int, bytes, bytes]:
+    status = status_of(exc)
+    extra = b""
+    if status in RETRY_AFTER_S:
+        extra = b"Retry-After: %d\r\n" % RETRY_AFTER_S[status]
+    return status, _encode({"error": {"code": exc.code, "message": exc.message}}, binary), extra
+
+
+def _denied(denial: Denial, binary: bool) -> tuple[int, bytes, bytes]:
+    extra = b""
+    if denial.status == 401:
+        extra += b'WWW-Authenticate: Bearer realm="evq"\r\n'
+    if denial.wait is not None:
+        extra += b"Retry-After: %s\r\n" % retry_after(denial.wait).encode()
+    elif denial.status in RETRY_AFTER_S:
+        extra += b"Retry-After: %d\r\n" % RETRY_AFTER_S[denial.status]
+    doc = {"error": {"code": denial.code, "message": denial.message}}
+    return denial.status, _encode(doc, binary), extra
