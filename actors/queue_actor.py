@@ -269,6 +269,10 @@ class QueueActor:
             self.next_seq += len(events)
             entry.last_seq = self.next_seq - 1
             self._wake.set()
+            if self._takers and self.state.n_ready:
+                # Waiting takes decide now, into the same write (their replies still wait
+                # for it): a consumer's wait costs one durable write, not two.
+                self._wake_takers(self.state.n_ready)
         else:
             batch = self._last_batch
         if batch is None:

@@ -148,7 +148,8 @@ class AsyncClient(_Base):
         super().__init__(
             base_url, timeout=timeout, retries=retries, token=token, binary=binary, rng=rng
         )
-        self._session: aiohttp.ClientSession | None = None
+        # Hot commands on sessions of their own (client_wire.Call.hot): [other, hot]
+        self._sessions: list[aiohttp.ClientSession | None] = [None, None]
 
     async def __aenter__(self) -> Self:
         self._open()
@@ -160,15 +161,17 @@ class AsyncClient(_Base):
         await self.close()
 
     async def close(self) -> None:
-        """Close the session and its connections."""
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        """Close the sessions and their connections."""
+        for i, session in enumerate(self._sessions):
+            if session is not None:
+                await session.close()
+            self._sessions[i] = None
 
-    def _open(self) -> aiohttp.ClientSession:
-        if self._session is None or self._session.closed:
-            self._session = aiohttp.ClientSession()
-        return self._session
+    def _open(self, hot: bool = False) -> aiohttp.ClientSession:
+        session = self._sessions[hot]
+        if session is None or session.closed:
+            session = self._sessions[hot] = aiohttp.ClientSession()
+        return session
 
     async def _exchange(
         self, req: wire.Prepared, hold: float
@@ -176,7 +179,7 @@ class AsyncClient(_Base):
         timeout = aiohttp.ClientTimeout(total=self.timeout + hold, sock_connect=self.timeout)
         url = self.base_url + req.target
         try:
-            async with self._open().request(
+            async with self._open(req.hot).request(
                 req.method, url, data=req.body, headers=req.headers, timeout=timeout
             ) as resp:
                 data = await resp.read()
@@ -487,7 +490,8 @@ class Client(_Base):
         super().__init__(
             base_url, timeout=timeout, retries=retries, token=token, binary=binary, rng=rng
         )
-        self._conn: http.client.HTTPConnection | None = None
+        # Hot commands on a connection of their own (client_wire.Call.hot): [other, hot]
+        self._conns: list[http.client.HTTPConnection | None] = [None, None]
 
     def __enter__(self) -> Self:
         return self
@@ -498,20 +502,25 @@ class Client(_Base):
         self.close()
 
     def close(self) -> None:
-        """Close the connection."""
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
+        """Close the connections."""
+        for hot in (False, True):
+            self._drop(hot)
 
-    def _connection(self) -> http.client.HTTPConnection:
+    def _drop(self, hot: bool) -> None:
+        conn = self._conns[hot]
+        if conn is not None:
+            conn.close()
+            self._conns[hot] = None
+
+    def _connection(self, hot: bool) -> http.client.HTTPConnection:
         """The open connection, or a new one (the old one dropped if the server closed it)."""
-        conn = self._conn
+        conn = self._conns[hot]
         if conn is not None and conn.sock is not None:
             # Readable while idle means EOF (or junk): the server closed it; do not send on it.
             readable, _, _ = select.select([conn.sock], [], [], 0)
             if not readable:
                 return conn
-        self.close()
+        self._drop(hot)
         host, port = self._parts.hostname or "", self._parts.port
         if self._parts.scheme == "https":
             context = ssl.create_default_context()
@@ -523,13 +532,13 @@ class Client(_Base):
         except OSError as e:
             conn.close()
             raise TransportError(f"cannot connect to {self.base_url}: {e}", sent=False) from e
-        self._conn = conn
+        self._conns[hot] = conn
         return conn
 
     def _exchange(
         self, req: wire.Prepared, hold: float
     ) -> tuple[int, bytes, str | None, str | None]:
-        conn = self._connection()
+        conn = self._connection(req.hot)
         try:
             assert conn.sock is not None
             conn.sock.settimeout(self.timeout + hold)
@@ -537,11 +546,11 @@ class Client(_Base):
             resp = conn.getresponse()
             data = resp.read()
         except (OSError, http.client.HTTPException) as e:
-            self.close()
+            self._drop(req.hot)
             reason = str(e) or type(e).__name__
             raise TransportError(f"{req.method} {req.target}: {reason}", sent=True) from e
         if resp.will_close:
-            self.close()
+            self._drop(req.hot)
         return resp.status, data, resp.getheader("Content-Type"), resp.getheader("Retry-After")
 
     def _run(self, call: wire.Call[T]) -> T:

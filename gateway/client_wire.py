@@ -16,6 +16,7 @@ import enum
 import inspect
 import math
 import random
+import re
 import secrets
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -275,6 +276,16 @@ class Call(Generic[T]):
         """Path and query string."""
         return self.path + ("?" + urlencode(self.query) if self.query else "")
 
+    @property
+    def hot(self) -> bool:
+        """A put, take, ack, release or touch: the server's front door serves these itself
+        on connections that start with one (gateway/fast.py), so clients send them on
+        connections of their own."""
+        return self.method == "POST" and not self.query and _HOT.fullmatch(self.path) is not None
+
+
+_HOT = re.compile(r"/v1/queues/[^/]+/(messages|take|ack|release|touch)")
+
 
 @dataclass(frozen=True)
 class Prepared:
@@ -284,6 +295,7 @@ class Prepared:
     target: str
     headers: dict[str, str]
     body: bytes | None
+    hot: bool = False  # see Call.hot
 
 
 _json_encoder = msgspec.json.Encoder()
@@ -302,7 +314,7 @@ def prepare(call: Call[Any], *, binary: bool = False, token: str | None = None) 
     if call.payload is not None:
         body = (_msgpack_encoder if binary else _json_encoder).encode(call.payload)
         headers["Content-Type"] = ctype
-    return Prepared(call.method, call.target, headers, body)
+    return Prepared(call.method, call.target, headers, body, call.hot)
 
 
 def decode_payload(data: bytes, content_type: str | None) -> Any:

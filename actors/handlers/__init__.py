@@ -1,4 +1,4 @@
-"""Handlers: a Python function, pointed at a queue, run as Ray tasks.
+"""Handlers: a Python function, pointed at a queue, run in Ray workers.
 
     from actors.handlers import Message, Put, handler, run
 
@@ -9,9 +9,10 @@
 
     run(send, server="http://127.0.0.1:8700")  # or: evq handle mymodule:send
 
-The runtime (one Ray actor per handler) takes batches from the queue, runs the function as
-Ray tasks, acks what succeeds, releases what fails with backoff, extends the leases of long
-tasks, puts cascaded messages exactly once, and sizes its concurrency from the queue's depth
+The runtime (one Ray actor per handler) takes batches from the queue, runs the function over
+each chunk in a pool of worker actors (the handler's resources each; one kept warm when
+idle), acks what succeeds, releases what fails with backoff, extends the leases of long
+chunks, puts cascaded messages exactly once, and sizes its concurrency from the queue's depth
 (watched) and the cluster's free resources. See :mod:`actors.handlers.api` for what a
 function may return and :mod:`actors.handlers.cluster` for how it runs.
 

@@ -183,6 +183,7 @@ class HandlerOptions:
     resources: Mapping[str, float] | None = None
     runtime_env: Mapping[str, Any] | None = None
     drain_timeout: float = 30.0
+    warm_workers: int = 1  # idle workers kept for the next message (each holds its resources)
 
     def __post_init__(self) -> None:
         if not isinstance(self.queue, str) or not self.queue:
@@ -199,9 +200,11 @@ class HandlerOptions:
             raise ValueError("memory must be > 0 bytes")
         if not self.drain_timeout >= 0:
             raise ValueError("drain_timeout must be >= 0 seconds")
+        if not isinstance(self.warm_workers, int) or self.warm_workers < 0:
+            raise ValueError(f"warm_workers must be >= 0, not {self.warm_workers!r}")
 
     def ray_options(self) -> dict[str, Any]:
-        """The Ray task options these ask for."""
+        """The Ray options each worker asks for."""
         options: dict[str, Any] = {"num_cpus": self.num_cpus}
         if self.num_gpus:
             options["num_gpus"] = self.num_gpus
@@ -323,11 +326,12 @@ def handler(queue: str, **options: Any) -> Callable[[Callable[..., Any]], Handle
     """Register the decorated function (plain or ``async``) as the handler of ``queue``.
 
     Options: ``batch_size`` (messages per take, 1..1000, default 100), ``batch`` (call the
-    function once per batch with a list, default per message), ``max_concurrency`` (Ray tasks
-    in flight, default 8), ``visibility_timeout`` (seconds a take reserves; default the
-    queue's; leases of long tasks are extended), ``backoff`` (:class:`Backoff`), Ray's
-    ``num_cpus`` / ``num_gpus`` / ``memory`` / ``resources`` / ``runtime_env`` for each task,
-    ``drain_timeout`` (seconds a stop waits for running tasks before releasing their
+    function once per batch with a list, default per message), ``max_concurrency`` (chunks
+    running at once, default 8), ``visibility_timeout`` (seconds a take reserves; default the
+    queue's; leases of long chunks are extended), ``backoff`` (:class:`Backoff`), Ray's
+    ``num_cpus`` / ``num_gpus`` / ``memory`` / ``resources`` / ``runtime_env`` for each
+    worker, ``warm_workers`` (idle workers kept for the next message, default 1),
+    ``drain_timeout`` (seconds a stop waits for running chunks before releasing their
     messages), ``name``.
 
     Raises:

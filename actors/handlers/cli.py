@@ -70,15 +70,21 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         default=None,
         help="call the function once per batch with a list",
     )
-    p.add_argument("--max-concurrency", type=int, metavar="N", help="Ray tasks in flight")
+    p.add_argument("--max-concurrency", type=int, metavar="N", help="chunks running at once")
     p.add_argument("--visibility-timeout", type=_positive(float), metavar="S")
     p.add_argument("--backoff-base", type=_positive(float), metavar="S")
     p.add_argument("--backoff-factor", type=_positive(float), metavar="F")
     p.add_argument("--backoff-cap", type=_positive(float), metavar="S")
     p.add_argument("--backoff-jitter", type=_positive(float), metavar="J", help="0..1")
-    p.add_argument("--num-cpus", type=_positive(float), metavar="N", help="per task")
-    p.add_argument("--num-gpus", type=_positive(float), metavar="N", help="per task")
-    p.add_argument("--memory", type=_positive(int), metavar="BYTES", help="per task")
+    p.add_argument("--num-cpus", type=_positive(float), metavar="N", help="per worker")
+    p.add_argument("--num-gpus", type=_positive(float), metavar="N", help="per worker")
+    p.add_argument("--memory", type=_positive(int), metavar="BYTES", help="per worker")
+    p.add_argument(
+        "--warm-workers",
+        type=int,
+        metavar="N",
+        help="idle workers kept for the next message (default 1; 0: none when idle)",
+    )
     p.add_argument("--runtime-env", type=_json_object, metavar="JSON", help="Ray runtime_env")
     p.add_argument("--drain-timeout", type=_positive(float), metavar="S")
     p.add_argument(
@@ -112,6 +118,7 @@ _OPTIONS = {
     "memory": "memory",
     "runtime_env": "runtime_env",
     "drain_timeout": "drain_timeout",
+    "warm_workers": "warm_workers",
 }
 
 

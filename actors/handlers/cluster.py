@@ -1,11 +1,17 @@
-"""The handler runtime on Ray: one actor per handler, the user's function as Ray tasks.
+"""The handler runtime on Ray: one actor per handler, the user's function in a pool of
+worker actors.
 
 :func:`start` spawns a :class:`HandlerActor` (no CPU of its own, restarted by Ray if its
 process dies) and returns a :class:`HandlerRun` to watch and stop it; :func:`run` does the
 same and blocks until SIGTERM/SIGINT, then drains. Inside the actor a
-:class:`~actors.handlers.runtime.HandlerRuntime` submits :func:`~actors.handlers.task.run_task`
-as Ray tasks with the handler's resource options, and sizes its concurrency from the
-cluster's free resources.
+:class:`~actors.handlers.runtime.HandlerRuntime` hands chunks of messages to
+:class:`RayExecutor`: a pool of worker actors with the handler's resource options, each
+running :func:`~actors.handlers.task.run_task` over one chunk at a time, grown as the
+runtime asks and the cluster's free resources allow, shrunk when idle. Chunks go to a worker
+over a socket of its own (:mod:`actors.handlers.link`): one starts in a worker that was idle
+in ~0.5 ms, where a Ray actor call takes ~1.7 ms and a Ray task ~4 ms (loadtest/RESULTS.md),
+so an idle handler starts on a put within a few milliseconds, and a busy one pays the hop
+once per chunk, not per message.
 
 Where the messages come from (``transport``):
 
@@ -22,9 +28,11 @@ This is the only module of the package that imports Ray.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import random
+import secrets
 import signal
 import threading
 from collections.abc import Callable
@@ -36,6 +44,7 @@ import ray.exceptions as rex
 from actors.errors import Unavailable
 from actors.handlers.api import Handler, Message
 from actors.handlers.executor import Running, TaskFailed, WorkerLost
+from actors.handlers.link import WorkerPool, WorkerServer
 from actors.handlers.plan import resource_limit
 from actors.handlers.runtime import HandlerRuntime, HandlerStats
 from actors.handlers.source import DirectorySource, HttpSource, Source
@@ -58,7 +67,7 @@ DEFAULT_SERVER = "http://127.0.0.1:8700"
 NAMESPACE = "evq"  # as actors.spawn: where the shards are found
 TRANSPORTS = ("auto", "direct", "http")
 RESOURCES_TTL_S = 1.0  # how long a look at the cluster's free resources is reused
-SETTLE_S = 0.5  # after a submission, until a task surely shows in the cluster's resources
+SETTLE_S = 0.5  # after a worker starts, until its resources surely show in a look
 
 
 def _shard_name(index: int) -> str:
@@ -74,28 +83,18 @@ class HandlerStartError(RuntimeError):
 # ------------------------------------------------------------------ executor
 
 
-class _RayRun:
-    def __init__(self, ref: Any, submitted_at: float, runs: set[_RayRun]) -> None:
-        self.ref = ref
-        self.submitted_at = submitted_at
-        self._runs = runs
-        runs.add(self)
+class _Worker:
+    """A process that runs one handler's function over chunks of messages (a Ray actor,
+    wrapped in :class:`RayExecutor`; it holds the handler's resources while it lives). The
+    chunks come over a socket of its own (:mod:`actors.handlers.link`)."""
 
-    async def result(self) -> list[Any]:
-        try:
-            return await self.ref  # type: ignore[no-any-return]
-        except (rex.RayTaskError, rex.RuntimeEnvSetupError, rex.TaskUnschedulableError) as exc:
-            raise TaskFailed(_first_line(exc)) from None
-        except rex.RayError as exc:  # the worker (or its node) died, or a cancel
-            raise WorkerLost(f"{type(exc).__name__}: {_first_line(exc)}") from None
-        finally:
-            self._runs.discard(self)
+    def __init__(self, handler: Handler, secret: str) -> None:
+        self.server = WorkerServer(
+            lambda messages: run_task(handler, messages), secret, ray.util.get_node_ip_address()
+        )
 
-    def cancel(self) -> None:
-        try:
-            ray.cancel(self.ref)
-        except Exception as exc:  # already finished or gone: nothing to stop
-            log.debug("cancel: %r", exc)
+    def address(self) -> tuple[str, int]:
+        return self.server.address
 
 
 def _first_line(exc: BaseException) -> str:
@@ -104,15 +103,18 @@ def _first_line(exc: BaseException) -> str:
 
 
 class RayExecutor:
-    """Runs a handler's tasks on Ray with its resource options."""
+    """Runs a handler's chunks in a pool of worker actors with its resource options
+    (:class:`~actors.handlers.link.WorkerPool`): one chunk at a time per worker, a worker
+    started when chunks wait and none is free, ``warm_workers`` idle ones kept, the others
+    let go after ``idle_s`` idle."""
 
-    def __init__(self, handler: Handler) -> None:
+    def __init__(self, handler: Handler, *, idle_s: float = 60.0) -> None:
         options = handler.options
-        self._handler = ray.put(handler)  # shipped once, not with every task
-        self._remote = ray.remote(run_task).options(  # type: ignore[attr-defined]
-            max_retries=0,  # a task that died is not rerun by Ray: its leases expire instead
-            retry_exceptions=False,
-            name=f"evq-handler:{handler.name}",
+        self._handler = handler
+        self._secret = secrets.token_hex(16)  # what a connection to a worker begins with
+        self._class = ray.remote(_Worker).options(  # type: ignore[attr-defined]
+            max_restarts=0,  # a worker that died is replaced; its chunk's leases expire
+            max_task_retries=0,
             **options.ray_options(),
         )
         self._need = {
@@ -121,29 +123,65 @@ class RayExecutor:
             "memory": float(options.memory or 0),
             **dict(options.resources or {}),
         }
+        self._spawned: dict[Any, float] = {}  # worker -> when it was started (loop time)
         self._seen: tuple[float, dict[str, float]] | None = None
-        self._held = 0  # tasks holding resources when the resources were looked at
-        self._runs: set[_RayRun] = set()  # submitted, not yet answered
+        self._pool = WorkerPool(
+            self._spawn,
+            self._address,
+            self._kill,
+            self._secret,
+            warm=options.warm_workers,
+            idle_s=idle_s,
+        )
 
     def submit(self, messages: list[Message]) -> Running:
-        now = asyncio.get_running_loop().time()
-        return _RayRun(self._remote.remote(self._handler, messages), now, self._runs)
+        return self._pool.submit(messages)
+
+    def _spawn(self) -> Any:
+        worker = self._class.remote(self._handler, self._secret)
+        self._spawned[worker] = asyncio.get_running_loop().time()
+        return worker
+
+    async def _address(self, worker: Any) -> tuple[str, int]:
+        """Where a new worker listens, once it has started.
+
+        Raises:
+            TaskFailed: it did not start (e.g. the handler's module did not import there).
+            WorkerLost: it died.
+        """
+        try:
+            return tuple(await worker.address.remote())  # type: ignore[return-value]
+        except rex.RayActorError as exc:
+            if getattr(exc, "actor_init_failed", False):
+                raise TaskFailed(_first_line(exc)) from None
+            raise WorkerLost(f"{type(exc).__name__}: {_first_line(exc)}") from None
+        except (rex.RuntimeEnvSetupError, rex.RayTaskError) as exc:
+            raise TaskFailed(_first_line(exc)) from None
+
+    def _kill(self, worker: Any) -> None:
+        self._spawned.pop(worker, None)
+        with contextlib.suppress(Exception):  # already gone
+            ray.kill(worker, no_restart=True)
 
     async def limit(self, in_flight: Callable[[], int]) -> int | None:
-        """Tasks of this handler the cluster holds: those already holding resources plus
-        what fits in the free ones. A look at the cluster's resources is reused for a
-        second. Tasks submitted shortly before a look may not show in it yet (not scheduled,
-        or not yet reported), so they are not counted as held: their share is still in
-        the free resources, and counting both would overshoot."""
+        """Chunks the cluster can run at once: the workers alive (each holds its resources)
+        plus as many more as fit in the free ones. A look at the cluster's resources is
+        reused for a second. Workers started shortly before a look may not show in it yet,
+        so they are not counted as held: their share is still in the free resources, and
+        counting both would start workers that cannot be placed."""
         if not any(v > 0 for v in self._need.values()):
             return None
         loop = asyncio.get_running_loop()
         if self._seen is None or loop.time() - self._seen[0] > RESOURCES_TTL_S:
             available = await asyncio.to_thread(ray.available_resources)
-            now = loop.time()
-            self._held = sum(1 for r in self._runs if r.submitted_at <= now - SETTLE_S)
-            self._seen = (now, available)
-        return resource_limit(self._seen[1], self._need, self._held)
+            self._seen = (loop.time(), available)
+        looked = self._seen[0]
+        held = sum(1 for t in self._spawned.values() if t <= looked - SETTLE_S)
+        return resource_limit(self._seen[1], self._need, held)
+
+    async def close(self) -> None:
+        """Let go of every worker (their chunks were settled or released before)."""
+        await self._pool.close()
 
 
 # ------------------------------------------------------------------ sources

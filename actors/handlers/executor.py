@@ -2,7 +2,7 @@
 task can end with besides its outcomes.
 
 :class:`LocalExecutor` runs tasks in threads of the runtime's own process (the unit tests,
-debugging); ``actors.handlers.cluster.RayExecutor`` runs them as Ray tasks.
+debugging); ``actors.handlers.cluster.RayExecutor`` runs them in a pool of Ray worker actors.
 """
 
 from __future__ import annotations
@@ -51,6 +51,10 @@ class Executor(Protocol):
         ``in_flight`` counts the handler's running tasks at the moment it is called."""
         ...
 
+    async def close(self) -> None:
+        """Release what the executor holds (the runtime has drained)."""
+        ...
+
 
 class _ThreadRun:
     def __init__(self, future: asyncio.Future[list[Any]]) -> None:
@@ -79,3 +83,6 @@ class LocalExecutor:
 
     async def limit(self, in_flight: Callable[[], int]) -> int | None:
         return None
+
+    async def close(self) -> None:
+        """Nothing held: threads end with their tasks."""

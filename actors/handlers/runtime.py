@@ -153,6 +153,8 @@ class HandlerRuntime:
                 await loop
         with contextlib.suppress(Exception):
             await self.source.close()
+        with contextlib.suppress(Exception):
+            await self.executor.close()
         self.stats.state = "stopped"
         self._stopped.set()
         return self.snapshot()

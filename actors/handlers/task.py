@@ -1,4 +1,4 @@
-"""What runs inside one Ray task: the user's function over a batch of messages.
+"""What runs in a worker for one chunk: the user's function over a batch of messages.
 
 Each message gets its own outcome: what the function returned, or a :class:`Failure` when
 it raised (one failing message does not fail the others). An ``async`` function runs its

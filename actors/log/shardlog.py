@@ -151,11 +151,16 @@ class ShardLog:
         batch.size += size
         self._idle.clear()
         if not self._pump_scheduled:
-            # Start writing at the end of this loop iteration, not now: every append made by
-            # callbacks already queued (e.g. all the commands of a frame) rides in one block.
+            # Start writing two turns of the loop from now, not now: every append made by
+            # callbacks already queued rides in this block — all the commands of a frame,
+            # and the long-poll takes a put wakes (their tasks resume in the next turn), so a
+            # put and the take it serves share one write.
             self._pump_scheduled = True
-            asyncio.get_running_loop().call_soon(self._pump)
+            asyncio.get_running_loop().call_soon(self._next_turn)
         return batch
+
+    def _next_turn(self) -> None:
+        asyncio.get_running_loop().call_soon(self._pump)
 
     def last_batch(self) -> Batch | None:
         """The batch that holds the newest appended event, if it is not released yet."""

@@ -677,13 +677,17 @@ async def test_the_sync_client_reconnects_when_the_server_closed_the_idle_connec
     try:
         await asyncio.to_thread(c.create_queue, "q")
         await asyncio.to_thread(c.put, "q", "job")
-        assert c._conn is not None
-        assert c._conn.sock is not None
-        peer = c._conn.sock.getsockname()
+        hot = c._conns[True]  # puts and takes go on the connection for hot commands
+        assert hot is not None
+        assert hot.sock is not None
+        peer = hot.sock.getsockname()
         await server.close_connections()
         await asyncio.sleep(0.05)
         taken = await asyncio.to_thread(c.take, "q")  # a take is never resent: must not fail
         assert [m.body for m in taken] == [b"job"]
-        assert c._conn.sock.getsockname() != peer
+        again = c._conns[True]
+        assert again is not None
+        assert again.sock is not None
+        assert again.sock.getsockname() != peer
     finally:
         c.close()
