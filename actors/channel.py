@@ -103,8 +103,17 @@ class WatchKey(msgspec.Struct, array_like=True, tag=True):
 
 
 class Reply(msgspec.Struct, array_like=True):
+    """Results as the gateway reads them: each still encoded, decoded by its command's type."""
+
     rid: int
     items: list[tuple[int, msgspec.Raw]]
+
+
+class _Results(msgspec.Struct, array_like=True):
+    """A :class:`Reply` as the shard writes it: the results themselves, encoded in one go."""
+
+    rid: int
+    items: list[tuple[int, Any]]
 
 
 class ErrorWire(msgspec.Struct, array_like=True):
@@ -214,11 +223,10 @@ class _Frames:
         return frames
 
 
-def _encode_result(result: Any) -> tuple[int, msgspec.Raw]:
+def _result_item(result: Any) -> tuple[int, Any]:
     if isinstance(result, QueueError):
-        wire = ErrorWire(result.code, result.message, _plain(result.fields))
-        return (1, msgspec.Raw(_encoder.encode(wire)))
-    return (0, msgspec.Raw(_encoder.encode(result)))
+        return (1, ErrorWire(result.code, result.message, _plain(result.fields)))
+    return (0, result)
 
 
 def _plain(fields: dict[str, Any]) -> dict[str, Any]:
@@ -355,7 +363,7 @@ class _ServerConnection(asyncio.Protocol):
     def _reply(self, rid: int, results: list[Any]) -> None:
         transport = self.transport
         if transport is not None and not transport.is_closing():
-            reply = Reply(rid, [_encode_result(r) for r in results])
+            reply = _Results(rid, [_result_item(r) for r in results])
             transport.write(_frame(_encoder.encode(reply)))
 
     async def _dispatch(self, request: Any) -> list[Any]:

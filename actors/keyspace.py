@@ -109,6 +109,9 @@ class ShardKeys:
         self._flush: asyncio.TimerHandle | None = None
         self._loading: dict[str, asyncio.Future[None]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        # Queues whose ``queue:`` key the table holds a state of: a change of any other
+        # queue costs one set lookup (every write calls queue_changed).
+        self._known: set[str] = set()
 
     def next_version(self) -> int:
         """A queue-key version: greater than every earlier one, also across restarts."""
@@ -172,6 +175,8 @@ class ShardKeys:
             del self._loading[key]
 
     def _publish(self, key: str, version: int, value: Any) -> None:
+        if key.startswith(QUEUE_PREFIX):
+            self._known.add(key[len(QUEUE_PREFIX) :])
         state, fired = self.table.publish(key, version, value)
         for fut in fired:
             if not fut.done():
@@ -183,11 +188,21 @@ class ShardKeys:
         """An application key's new version is durable."""
         self._publish(view.key, view.version, view.value)
 
-    def queue_changed(self, name: str) -> None:
-        """A queue's counts may have changed (called on every durable change)."""
+    def cares(self, queue: Any) -> bool:
+        """Whether a change of ``queue`` (anything with a ``name``) matters to the watches:
+        a state of its ``queue:`` key is held (to publish, or to forget)."""
+        return queue.name in self._known
+
+    def queue_changed(self, queue: Any) -> None:
+        """``queue`` (anything with a ``name``) may have new counts (called on every durable
+        change of a queue)."""
+        name = queue.name
+        if name not in self._known:
+            return  # no state of its key is held: it is computed when someone asks
         key = QUEUE_PREFIX + name
         if not self.table.interested(key):
             self.table.forget(key)  # recomputed when someone asks
+            self._known.discard(name)
             return
         self._dirty.add(name)
         if self._flush is None:

@@ -11,8 +11,10 @@ The queue does not own the log: its host (the shard, :class:`QueueHost`) does, a
 failed writes for all of its queues at once (it reads the log again and hands each queue its
 recovered state, then decides again every command that was waiting behind the failed write).
 
-A timer sleeps until the engine's next due transition (activation, lease expiry, retention)
-and wakes whoever waits for changes; there is no periodic scan.
+An alarm is set for the engine's next due transition (activation, lease expiry, retention);
+when it goes off the queue advances its clock and wakes whoever waits for changes. There is
+no periodic scan, and a change moves the alarm only when it brings the next transition
+forward (a busy queue does not wake a timer on every write).
 """
 
 from __future__ import annotations
@@ -28,7 +30,17 @@ from typing import Any, Protocol
 from actors.clock import Clock
 from actors.core import commands as cmd
 from actors.core.decide import execute as execute_command
-from actors.core.events import MessagesReleased, MessagesTaken
+from actors.core.events import (
+    Checkpoint,
+    DeadLettersRouted,
+    KeySet,
+    MessagesAcked,
+    MessagesDeleted,
+    MessagesPut,
+    MessagesReleased,
+    MessagesTaken,
+    QueuePurged,
+)
 from actors.core.ids import IdSource
 from actors.core.state import Message, QueueState
 from actors.errors import NotReady, QueueError, Unavailable
@@ -62,6 +74,18 @@ class QueueHost(Protocol):
 
     def snapshot_taken(self, queue: QueueActor) -> None:
         """``queue`` has a new snapshot (the log may be prunable)."""
+        ...
+
+
+class QueueListener(Protocol):
+    """Told of a queue's durable changes (the shard's key table: ``queue:`` keys)."""
+
+    def cares(self, queue: QueueActor) -> bool:
+        """Whether a change of ``queue`` matters now; when not, it is not told."""
+        ...
+
+    def queue_changed(self, queue: QueueActor) -> None:
+        """``queue`` may have new counts."""
         ...
 
 
@@ -149,33 +173,37 @@ class QueueActor:
         self.durable_seq = next_seq - 1
         self.snapshots = sorted(snapshots or [])  # its snapshots' sequence numbers
         self.legacy = legacy  # version-1 segments of its own remain (pruned behind snapshots)
-        self.listeners: list[Callable[[QueueActor], None]] = []
+        # Told of durable changes, when it cares: a durable write of a busy queue nobody
+        # waits on or watches skips the telling (it happens for every queue of every write).
+        self.listener: QueueListener | None = None
         self.counters = QueueCounters()
         self.log_bytes = 0
         self.log_commits = 0
         self._last_batch: Batch | None = None  # the newest unreleased batch with our events
-        self._stopped: QueueError | None = None
-        self._timer: asyncio.Task[None] | None = None
-        self._wake = asyncio.Event()
+        self.stopped: QueueError | None = None  # why it serves nothing any more (None: it serves)
+        self._alarm: asyncio.TimerHandle | None = None
+        self._alarm_ms = 0  # when the alarm goes off (the due time it was set for)
+        self._rearm = True  # a change may bring the next transition forward
         self._background: set[asyncio.Task[Any]] = set()
         self._snapshotting = False
         self._snapshot_at_ms = host.clock.now_ms()
+        self._snapshot_due_seq = 0
+        self._snapshot_due_ms = 0
+        self._snapshot_due()
         self._routing = False
         self._takers: deque[asyncio.Future[bool]] = deque()  # long-poll takes, oldest first
 
     # ---------------------------------------------------------------- lifecycle
 
     def start(self) -> None:
-        """Start the timer; the queue serves from now on."""
-        if self._timer is None:
-            self._timer = asyncio.get_running_loop().create_task(self._timer_loop())
+        """Set the alarm; the queue serves from now on."""
         self._changed()
 
     async def close(self, *, snapshot: bool = True) -> None:
         """Stop taking commands, wait for the writes in flight, snapshot, stop the timer."""
-        if self._stopped is None:
-            self._stopped = NotReady(f"queue {self.name} is shutting down", queue=self.name)
-        self._wake_takers(len(self._takers))  # they retry, see _stopped, and fail
+        if self.stopped is None:
+            self.stopped = NotReady(f"queue {self.name} is shutting down", queue=self.name)
+        self._wake_takers(len(self._takers))  # they retry, see stopped, and fail
         batch = self._last_batch
         with contextlib.suppress(QueueError):
             if batch is not None:
@@ -193,17 +221,19 @@ class QueueActor:
         await self._stop_tasks()
 
     async def _stop_tasks(self) -> None:
-        tasks = [t for t in [self._timer, *self._background] if t is not None]
+        if self._alarm is not None:
+            self._alarm.cancel()
+            self._alarm = None
+        tasks = list(self._background)
         for task in tasks:
             task.cancel()
         for task in tasks:
             with contextlib.suppress(asyncio.CancelledError, QueueError):
                 await task
-        self._timer = None
 
     def stop(self, error: QueueError) -> None:
         """Serve nothing more (the shard lost its log): waiting takes end with ``error``."""
-        self._stopped = error
+        self.stopped = error
         self._wake_takers(len(self._takers))
 
     @property
@@ -244,16 +274,11 @@ class QueueActor:
         """
         ready = self.host.log_ready
         while True:
-            if self._stopped is not None:
-                raise self._stopped
+            if self.stopped is not None:
+                raise self.stopped
             if ready.is_set():
                 return
             await ready.wait()
-
-    @property
-    def stopped(self) -> QueueError | None:
-        """Why the queue serves nothing any more (None: it serves)."""
-        return self._stopped
 
     def decide(self, entry: Entry) -> None:
         """Decide and apply now; release the reply when everything before it is durable."""
@@ -265,10 +290,12 @@ class QueueActor:
             events, entry.error = [], exc
         if events:
             self._count(events, entry.reply)
-            batch = self._last_batch = self.host.wal.append(self.name, self.next_seq, events)
+            self._rearm = self._rearm or _may_bring_forward(events)
+            wal = self.host.wal
+            batch = self._last_batch = wal.append(self.name, self.next_seq, events)
+            self.log_bytes += wal.appended_bytes
             self.next_seq += len(events)
             entry.last_seq = self.next_seq - 1
-            self._wake.set()
             if self._takers and self.state.n_ready:
                 # Waiting takes decide now, into the same write (their replies still wait
                 # for it): a consumer's wait costs one durable write, not two.
@@ -280,14 +307,24 @@ class QueueActor:
         else:
             batch.entries.append(entry)
 
-    def durable(self, batch: Batch) -> None:
-        """``batch``, which holds events of this queue, is durable (with all before it)."""
-        self.durable_seq = batch.last_seq(self.name)
+    def durable(self, batch: Batch, last_seq: int, now_ms: int) -> None:
+        """``batch``, which holds this queue's events up to ``last_seq``, is durable (with
+        all before it); the shard's clock said ``now_ms``. Called for every queue of every
+        commit: kept lean."""
+        self.durable_seq = last_seq
         self.log_commits += 1
         if self._last_batch is batch:
             self._last_batch = None
-        self._changed()
-        self._maybe_snapshot()
+        listener = self.listener
+        if (
+            self._rearm
+            or self._takers
+            or self.state.outbox
+            or (listener is not None and listener.cares(self))
+        ):
+            self._changed()
+        if last_seq >= self._snapshot_due_seq or now_ms >= self._snapshot_due_ms:
+            self._maybe_snapshot(now_ms)
 
     def reloaded(self, state: QueueState, next_seq: int, snapshots: list[int]) -> None:
         """The shard read its log again after a failed write: this is what is durable."""
@@ -295,7 +332,9 @@ class QueueActor:
         self.next_seq = next_seq
         self.durable_seq = next_seq - 1
         self.snapshots = snapshots
+        self._snapshot_due()
         self._last_batch = None
+        self._rearm = True
         self._changed()
 
     # ---------------------------------------------------------------- figures
@@ -344,15 +383,17 @@ class QueueActor:
     # ---------------------------------------------------------------- time and changes
 
     def _changed(self) -> None:
-        """The durable state changed: wake the timer and waiting takes, route dead letters,
-        tell listeners."""
-        self._wake.set()
+        """The durable state changed: move the alarm (when the change may bring the next
+        transition forward), wake waiting takes, route dead letters, tell listeners."""
+        if self._rearm or self._alarm is None:
+            self._rearm = False
+            self._arm()
         if self._takers and self.state.n_ready:
             self._wake_takers(self.state.n_ready)
-        if self.state.outbox and not self._routing and self._stopped is None:
+        if self.state.outbox and not self._routing and self.stopped is None:
             self._spawn(self._route_dead_letters())
-        for listener in self.listeners:
-            listener(self)
+        if self.listener is not None:
+            self.listener.queue_changed(self)
 
     def _wake_takers(self, count: int) -> None:
         """Wake up to ``count`` waiting takes, oldest first (no herd on every change)."""
@@ -375,7 +416,7 @@ class QueueActor:
             remaining = deadline - loop.time()
             if taken or remaining <= 0:
                 return taken  # type: ignore[no-any-return]
-            if self.state.n_ready and self._stopped is None:
+            if self.state.n_ready and self.stopped is None:
                 # A put became durable while this take's empty answer waited for an earlier
                 # write: the wake-up already went by. Look again instead of sleeping.
                 await asyncio.sleep(0)
@@ -390,27 +431,31 @@ class QueueActor:
                 if not fut.done():
                     fut.cancel()
 
-    async def _timer_loop(self) -> None:
-        """Sleep until the next due transition (or a change), then advance the clock."""
-        loop = asyncio.get_running_loop()
-        clock = self.host.clock
-        while True:
-            self._wake.clear()
-            due = self.state.next_due_ms()
-            alarm = None
-            if due is not None:
-                delay = max(0.0, (due - clock.now_ms()) / 1000)
-                alarm = loop.call_later(delay, self._wake.set)
-            try:
-                await self._wake.wait()  # not wait_for: its cancellation can hang on 3.11
-            finally:
-                if alarm is not None:
-                    alarm.cancel()
-            if self.host.log_ready.is_set() and self._stopped is None:
-                before = self.state.transitions
-                self.state.advance(clock.now_ms())
-                if self.state.transitions != before:
-                    self._changed()
+    def _arm(self) -> None:
+        """Set the alarm for the next due transition, unless it goes off before that."""
+        if self.stopped is not None:
+            return
+        due = self.state.next_due_ms()
+        if due is None or (self._alarm is not None and self._alarm_ms <= due):
+            return  # nothing due, or the alarm comes first (it sets itself again then)
+        if self._alarm is not None:
+            self._alarm.cancel()
+        delay = max(0.0, (due - self.host.clock.now_ms()) / 1000)
+        self._alarm = asyncio.get_running_loop().call_later(delay, self._ring)
+        self._alarm_ms = due
+
+    def _ring(self) -> None:
+        """The alarm went off: bring time-driven transitions up to now; set it again. (While
+        the shard reads its log again it stays off: the reload sets it.)"""
+        self._alarm = None
+        if not self.host.log_ready.is_set() or self.stopped is not None:
+            return
+        before = self.state.transitions
+        self.state.advance(self.host.clock.now_ms())
+        if self.state.transitions != before:
+            self._changed()
+        else:
+            self._arm()
 
     async def _route_dead_letters(self) -> None:
         """Hand the outbox to the dead-letter queue until it is empty, retrying with backoff
@@ -419,7 +464,7 @@ class QueueActor:
         self._routing = True
         delay = 0.2
         try:
-            while self.state.outbox and self._stopped is None:
+            while self.state.outbox and self.stopped is None:
                 letters = list(self.state.outbox.values())
                 target = self.state.settings.dead_letter_queue
                 try:
@@ -428,7 +473,7 @@ class QueueActor:
                     await self.execute(cmd.ConfirmDeadLetters([m.seq for m in letters]))
                     delay = 0.2
                 except QueueError as exc:
-                    if self._stopped is not None:
+                    if self.stopped is not None:
                         return
                     log.warning(
                         "queue %s: dead-letter routing failed (%s); retrying in %.1fs",
@@ -443,14 +488,21 @@ class QueueActor:
 
     # ---------------------------------------------------------------- snapshots
 
-    def _maybe_snapshot(self) -> None:
-        if self._snapshotting or self._stopped is not None:
+    def _maybe_snapshot(self, now_ms: int) -> None:
+        if self._snapshotting or self.stopped is not None:
             return
         settings = self.host.log_settings
         since = self.durable_seq - (self.snapshots[-1] if self.snapshots else 0)
-        due_by_time = self.host.clock.now_ms() - self._snapshot_at_ms >= settings.snapshot_every_ms
+        due_by_time = now_ms - self._snapshot_at_ms >= settings.snapshot_every_ms
         if since >= settings.snapshot_every_records or (since > 0 and due_by_time):
             self._spawn(self._snapshot_in_background())
+
+    def _snapshot_due(self) -> None:
+        """When :meth:`durable` should look at snapshotting next (by record, by time)."""
+        settings = self.host.log_settings
+        base = self.snapshots[-1] if self.snapshots else 0
+        self._snapshot_due_seq = base + settings.snapshot_every_records
+        self._snapshot_due_ms = self._snapshot_at_ms + settings.snapshot_every_ms
 
     async def _snapshot_in_background(self) -> None:
         try:
@@ -482,6 +534,7 @@ class QueueActor:
                 return None
             self._snapshot_at_ms = self.host.clock.now_ms()
             self.snapshots = await prune_snapshots(store, self.name, sorted({*self.snapshots, seq}))
+            self._snapshot_due()
             if self.legacy:
                 self.legacy = await prune_legacy(store, self.name, self.snapshots)
             self.host.snapshot_taken(self)
@@ -498,7 +551,7 @@ class QueueActor:
             QueueError: the log or the store failed.
         """
         for _ in range(2):
-            if self.snapshot_floor >= upto or self._stopped is not None:
+            if self.snapshot_floor >= upto or self.stopped is not None:
                 return
             if self.snapshots and self.snapshots[-1] == self.next_seq - 1:
                 await self.execute(cmd.Checkpoint())
@@ -514,6 +567,26 @@ class QueueActor:
         task = asyncio.ensure_future(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+
+# Events after which the next time-driven transition can only be as late as before or later:
+# acks and deletions remove work; a put of messages ready at once adds retention work no
+# earlier than its queue's oldest message's (an alarm is set whenever anything is due).
+_NEVER_SOONER = frozenset(
+    {MessagesAcked, MessagesDeleted, QueuePurged, KeySet, DeadLettersRouted, Checkpoint}
+)
+
+
+def _may_bring_forward(events: list[Any]) -> bool:
+    """Whether ``events`` may bring the queue's next time-driven transition forward."""
+    for event in events:
+        kind = type(event)
+        if kind is MessagesPut:
+            if any(item.activate_at_ms > event.at_ms for item in event.items):
+                return True
+        elif kind not in _NEVER_SOONER:
+            return True
+    return False
 
 
 def unavailable(queue: str) -> Unavailable:

@@ -68,6 +68,15 @@ def _tombstone(name: str) -> str:
     return f"{keys.queue_prefix(name)}DELETED"
 
 
+class LogWrites(msgspec.Struct):
+    """What a shard has written to its log since it started (commits are blocks)."""
+
+    blocks: int = 0
+    records: int = 0
+    bytes: int = 0  # of the records
+    segments: int = 0  # segments the log holds now (not yet pruned)
+
+
 class ShardStatus(msgspec.Struct):
     """Whether a shard has recovered its queues, and what recovery found (in each queue's
     snapshots and own version-1 segments, and in the shard's log)."""
@@ -79,6 +88,7 @@ class ShardStatus(msgspec.Struct):
     reports: list[RecoveryReport]
     failed: dict[str, str]
     log: ShardReport | None = None
+    writes: LogWrites | None = None
 
 
 class QueueShard:
@@ -117,12 +127,12 @@ class QueueShard:
             roll_after_ms=self.log_settings.segment_roll_ms,
         )
         self.queues: dict[str, QueueActor] = {}
-        self.listeners: list[Callable[[QueueActor], None]] = []
         self.wal: ShardLog = ShardLog(self.device, 0, 1)  # replaced by start()
         self.log_ready = asyncio.Event()
         self.report: ShardReport | None = None
         self.reports: list[RecoveryReport] = []  # what recovery found per queue
         self._segments: deque[SegmentInfo] = deque()  # the log's segments, oldest first
+        self._written = LogWrites()
         self._deleted: dict[str, int] = {}  # queue -> seq of its deletion record
         self._erased: set[str] = set()  # deleted queues whose objects are gone
         self._stream_seq = 1
@@ -135,7 +145,6 @@ class QueueShard:
         self._pruning = False
         self._checkpointing: set[str] = set()
         self.keys = ShardKeys(self.clock, self._get_app_key, self._get_stats)
-        self.listeners.append(self._queue_changed)
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -185,9 +194,14 @@ class QueueShard:
         for name, recovered in opened.queues.items():
             queue = self.queues.get(name)
             if queue is None:
-                queue = self._new_queue(name, recovered.state, recovered.next_seq)
-                queue.snapshots = recovered.snapshots
-                queue.legacy = recovered.legacy
+                queue = QueueActor(
+                    name,
+                    self,
+                    recovered.state,
+                    recovered.next_seq,
+                    snapshots=recovered.snapshots,
+                    legacy=recovered.legacy,
+                )
                 self._attach(queue)
             else:
                 queue.reloaded(recovered.state, recovered.next_seq, recovered.snapshots)
@@ -200,7 +214,8 @@ class QueueShard:
         return QueueActor(name, self, state, next_seq)
 
     def _attach(self, queue: QueueActor) -> None:
-        queue.listeners.extend(self.listeners)
+        if not is_partition(queue.name):  # key partitions have no queue: key of their own
+            queue.listener = self.keys
         self.queues[queue.name] = queue
         queue.start()
 
@@ -214,6 +229,12 @@ class QueueShard:
             list(self.reports),
             self._failed,
             self.report,
+            LogWrites(
+                self._written.blocks,
+                self._written.records,
+                self._written.bytes,
+                len(self._segments),
+            ),
         )
 
     async def close(self, *, snapshot: bool = True) -> None:
@@ -232,6 +253,10 @@ class QueueShard:
     # ---------------------------------------------------------------- the log
 
     def _on_durable(self, batch: Batch) -> None:
+        written = self._written
+        written.blocks += 1
+        written.records += batch.count
+        written.bytes += batch.size
         now = time.perf_counter()
         for entry in batch.entries:
             if entry.last_seq:
@@ -242,12 +267,12 @@ class QueueShard:
             info = SegmentInfo(batch.segment, batch.first_lsn)
             self._segments.append(info)
         queues = self.queues
+        now_ms = self.clock.now_ms()
         for name, (first, records) in batch.groups.items():
-            info.queues[name] = first + len(records) - 1
+            last = info.queues[name] = first + len(records) - 1
             queue = queues.get(name)
             if queue is not None:
-                queue.log_bytes += sum(map(len, records))
-                queue.durable(batch)
+                queue.durable(batch, last, now_ms)
 
     def _on_broken(self, exc: QueueError) -> None:
         """A write failed: decide nothing more until the log has been read again."""
@@ -564,10 +589,6 @@ class QueueShard:
             BadRequest: an invalid key.
         """
         return await self.keys.watch(key, version)
-
-    def _queue_changed(self, queue: QueueActor) -> None:
-        if not is_partition(queue.name):
-            self.keys.queue_changed(queue.name)
 
     async def _get_app_key(self, key: str) -> rp.KeyView:
         [result] = await self.execute_many(partition_of(key), [cmd.GetKey(key)])

@@ -4,13 +4,15 @@ Gateway figures are kept here as requests pass (requests by route and status, la
 histograms, watchers, batch sizes toward the shards, dropped log records). Queue figures live
 in the shards: a scrape asks every shard for its queues' figures (one call per shard) and
 renders them — messages by state, puts, takes, acks, releases, dead letters, oldest ready
-age, receive counts, time to durable, log bytes and segments, snapshot age, recovery time.
+age, receive counts, time to durable, log bytes and commits, snapshot age, recovery time —
+and every shard for its log's writes (commits, records, bytes, segments held).
 With several gateway processes, each answers for its own requests and watchers and for every
 queue (the queue figures are the same from any process).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from typing import Any
@@ -27,6 +29,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from actors.metrics import Histogram as PlainHistogram
 from actors.metrics import QueueMetrics
+from actors.shard import ShardStatus
 from gateway import logs, native
 
 __all__ = ["METRICS", "GatewayMetrics", "install"]
@@ -55,6 +58,7 @@ class GatewayMetrics:
         )
         self._children: dict[tuple[str, str, int], tuple[Any, Any]] = {}
         self._queues: list[QueueMetrics] = []
+        self._shards: list[ShardStatus] = []
         self._app: web.Application | None = None
         self.registry.register(_Live(self))
 
@@ -72,8 +76,10 @@ class GatewayMetrics:
         if seconds is not None:
             children[1].observe(seconds)
 
-    def render(self, app: web.Application, queues: list[QueueMetrics]) -> bytes:
-        self._app, self._queues = app, queues
+    def render(
+        self, app: web.Application, queues: list[QueueMetrics], shards: list[ShardStatus]
+    ) -> bytes:
+        self._app, self._queues, self._shards = app, queues, shards
         return generate_latest(self.registry)
 
 
@@ -89,6 +95,7 @@ class _Live:
             return
         yield from _gateway_families(app)
         yield from _queue_families(self.owner._queues)
+        yield from _shard_families(self.owner._shards)
 
 
 def _gateway_families(app: web.Application) -> Iterator[Metric]:
@@ -154,7 +161,10 @@ def _queue_families(queues: list[QueueMetrics]) -> Iterator[Metric]:
     simple = {
         "evq_queue_oldest_ready_age_seconds": ("oldest_ready_age_s", "Age of the oldest ready"),
         "evq_queue_log_bytes": ("log_bytes", "Log bytes written by this incarnation"),
-        "evq_queue_log_segments": ("log_segments", "Log segments written by this incarnation"),
+        "evq_queue_log_segments": (
+            "log_segments",
+            "Group commits holding this queue's events, this incarnation",
+        ),
         "evq_queue_snapshot_age_seconds": ("snapshot_age_s", "Time since the last snapshot"),
         "evq_queue_recovery_seconds": ("recovery_s", "How long the last recovery took"),
     }
@@ -174,6 +184,25 @@ def _queue_families(queues: list[QueueMetrics]) -> Iterator[Metric]:
         queues,
         "durable",
     )
+
+
+def _shard_families(shards: list[ShardStatus]) -> Iterator[Metric]:
+    writes = [(str(s.index), s.writes) for s in shards if s.writes is not None]
+    for name, field, text in (
+        ("evq_shard_log_commits", "blocks", "Group commits (blocks) written to a shard's log"),
+        ("evq_shard_log_records", "records", "Records written to a shard's log"),
+        ("evq_shard_log_bytes", "bytes", "Bytes of records written to a shard's log"),
+    ):
+        c = CounterMetricFamily(name, text, labels=["shard"])
+        for shard, w in writes:
+            c.add_metric([shard], getattr(w, field))
+        yield c
+    g = GaugeMetricFamily(
+        "evq_shard_log_segments", "Segments a shard's log holds (not yet pruned)", labels=["shard"]
+    )
+    for shard, w in writes:
+        g.add_metric([shard], w.segments)
+    yield g
 
 
 def _histogram(name: str, text: str, queues: list[QueueMetrics], field: str) -> Metric:
@@ -217,8 +246,9 @@ async def metrics_middleware(request: web.Request, handler: Handler) -> web.Stre
 
 
 async def metrics_page(request: web.Request) -> web.Response:
-    queues = await request.app[native.DIRECTORY].metrics()
-    body = request.app[METRICS].render(request.app, queues)
+    directory = request.app[native.DIRECTORY]
+    queues, shards = await asyncio.gather(directory.metrics(), directory.status())
+    body = request.app[METRICS].render(request.app, queues, shards)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 
 

@@ -115,6 +115,7 @@ class ShardLog:
         self.on_broken = on_broken  # called at once when a write fails (stop deciding)
         self.on_failed = on_failed  # called once the writes in flight have finished
         self.failed: QueueError | None = None
+        self.appended_bytes = 0  # the size of the records of the last append
         self.blocks_written = 0
         self.bytes_written = 0
         self._gathering: list[Batch] = []
@@ -149,6 +150,7 @@ class ShardLog:
             group[1].extend(records)
         batch.count += len(records)
         batch.size += size
+        self.appended_bytes = size
         self._idle.clear()
         if not self._pump_scheduled:
             # Start writing two turns of the loop from now, not now: every append made by
@@ -199,9 +201,8 @@ class ShardLog:
 
     async def _write_one(self, batch: Batch) -> None:
         try:
-            block = encode_block(
-                self.epoch, batch.first_lsn, [(q, s, r) for q, (s, r) in batch.groups.items()]
-            )
+            groups = [(q, s, r) for q, (s, r) in batch.groups.items()]
+            block = encode_block(self.epoch, batch.first_lsn, groups, batch.count)
             batch.segment = await self.device.write(self.epoch, batch.first_lsn, block)
         except QueueError as exc:
             batch.outcome = exc

@@ -196,11 +196,17 @@ def decode_wal_header(data: bytes | memoryview) -> WalHeader:
 
 
 def encode_block(
-    epoch: int, first_lsn: int, groups: Sequence[tuple[str, int, list[bytes]]]
+    epoch: int,
+    first_lsn: int,
+    groups: Sequence[tuple[str, int, list[bytes]]],
+    count: int | None = None,
 ) -> bytes:
-    """A block holding ``groups``: ``(queue, first seq, records from encode_record)``."""
-    body = _encoder.encode([(q, s, [msgspec.Raw(r) for r in recs]) for q, s, recs in groups])
-    count = sum(len(recs) for _, _, recs in groups)
+    """A block holding ``groups``: ``(queue, first seq, records from encode_record)``;
+    ``count``: their number of records, when the caller knows it."""
+    raw = msgspec.Raw
+    body = _encoder.encode([(q, s, [raw(r) for r in recs]) for q, s, recs in groups])
+    if count is None:
+        count = sum(len(recs) for _, _, recs in groups)
     if len(body) > MAX_BLOCK:
         raise DataError(f"block of {len(body)} bytes is over the {MAX_BLOCK} limit")
     rest = struct.pack("<QQII", epoch, first_lsn, count, 0)

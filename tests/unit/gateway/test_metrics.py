@@ -66,3 +66,21 @@ async def test_metrics_after_real_traffic(api: Api) -> None:
     assert value(f, "evq_log_records_dropped_total") >= 0
     assert not any(s.labels.get("queue", "").startswith("__evq") for s in f["evq_queue_messages"])
     await ws.close()
+
+
+async def test_shard_log_figures_count_commits_records_and_bytes(api: Api) -> None:
+    await api.create("w1")
+    before = await scrape(api)
+    commits = sum(s.value for s in before["evq_shard_log_commits"])
+    records = sum(s.value for s in before["evq_shard_log_records"])
+    written = sum(s.value for s in before["evq_shard_log_bytes"])
+    for body in ("a", "b", "c"):
+        await api.put("w1", body)  # one at a time: a commit each
+
+    after = await scrape(api)
+    shards = {s.labels["shard"] for s in after["evq_shard_log_commits"]}
+    assert shards == {str(i) for i in range(len(shards))} and shards
+    assert sum(s.value for s in after["evq_shard_log_commits"]) >= commits + 3
+    assert sum(s.value for s in after["evq_shard_log_records"]) >= records + 3
+    assert sum(s.value for s in after["evq_shard_log_bytes"]) > written + 3
+    assert all(s.value >= 1 for s in after["evq_shard_log_segments"])

@@ -1,0 +1,99 @@
+"""Many queues against one: the same single-put producers on 1, 8 and 64 queues of one server.
+
+Starts a fresh ``evq serve`` (durable local store; ``--serve`` passes it options) and drives
+it with the shared load generator (``../shared/bench/loadgen.py``: raw HTTP keep-alive
+clients, closed loop, one 100-B message per put) from ``--procs`` processes with
+``--producers`` producers in all, spread over the queues by ``loadtest/evq_queues.py``: with
+64 producers from 8 processes, 8 queues get 8 producers each and 64 queues one each. The
+counts alternate within each round (1, 8, 64, 1, 8, 64, …) so that noise on the machine
+falls on all of them; each round creates fresh queues. Prints every run and the medians as
+JSON lines. The load generator runs in the shared harness's virtualenv
+(``../shared/bench/setup.sh`` makes ``/tmp/venv-anchors``).
+
+    .venv/bin/python loadtest/bench_queues.py --loadgen-python /tmp/venv-anchors/bin/python \\
+        [--runs 3] [--queues 1 8 64] [--producers 64] [--procs 8] [--duration 5] \\
+        [--serve --shards 1 ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from served import ROOT, EvqServe
+
+BENCH = ROOT.parent / "shared" / "bench"
+HERE = Path(__file__).resolve().parent
+
+
+def run_once(lg_python: str, url: str, queues: int, args: argparse.Namespace, out: str) -> dict:
+    """One measured run of the load generator against ``queues`` queues."""
+    name = f"q{queues}-{time.monotonic_ns()}"
+    cmd = [lg_python, str(BENCH / "loadgen.py"), "--adapter", "evq_queues:SpreadAdapter"]
+    cmd += ["--target", url, "--queue", name, "--producers", str(args.producers)]
+    cmd += ["--procs", str(args.procs), "--opt", f"queues={queues}"]
+    cmd += ["--opt", f"per_proc={args.producers // args.procs}", "--size", "100"]
+    cmd += ["--duration", str(args.duration), "--warmup", "2", "--runs", "1"]
+    cmd += ["--record-group", name, "--name", name]
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(HERE),
+        "ANCHORS_RESULTS_DIR": out,
+        "ANCHORS_QUIET_MAX_WAIT": "0",
+    }
+    subprocess.run(cmd, cwd=BENCH, env=env, check=True, stdout=subprocess.DEVNULL, timeout=300)
+    with open(os.path.join(out, f"{name}.jsonl")) as f:
+        run = [json.loads(line) for line in f if line.strip()][-1]["runs"][0]
+    return {
+        "queues": queues,
+        "puts_per_s": round(run["put_s"]),
+        "p50_ms": round(run["put_p50_ms"], 2),
+        "p99_ms": round(run["put_p99_ms"], 2),
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--loadgen-python", default="/tmp/venv-anchors/bin/python")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--queues", type=int, nargs="+", default=[1, 8, 64])
+    ap.add_argument("--producers", type=int, default=64)
+    ap.add_argument("--procs", type=int, default=8)
+    ap.add_argument("--duration", type=float, default=5.0)
+    ap.add_argument("--dir", default=None, help="where the server's data directory goes")
+    ap.add_argument("--serve", nargs=argparse.REMAINDER, default=[], help="evq serve options")
+    args = ap.parse_args()
+    runs: dict[int, list[dict]] = {q: [] for q in args.queues}
+    with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+        server = EvqServe(Path(tmp) / "data", Path(tmp) / "serve.log", args.serve)
+        try:
+            server.wait_ready(120)
+            for _ in range(args.runs):
+                for queues in args.queues:
+                    rec = run_once(args.loadgen_python, server.url, queues, args, tmp)
+                    runs[queues].append(rec)
+                    print(json.dumps(rec), flush=True)
+        finally:
+            print(json.dumps({"server_stop": server.stop()}), flush=True)
+    for queues, recs in runs.items():
+        summary = {
+            "queues": queues,
+            "producers": args.producers,
+            "procs": args.procs,
+            "median_puts_per_s": statistics.median(r["puts_per_s"] for r in recs),
+            "runs_puts_per_s": [r["puts_per_s"] for r in recs],
+            "median_p50_ms": statistics.median(r["p50_ms"] for r in recs),
+        }
+        print(json.dumps(summary), flush=True)
+
+
+if __name__ == "__main__":
+    main()
