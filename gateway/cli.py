@@ -174,6 +174,12 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("purge", help="delete every message of a queue")
     s.add_argument("name")
 
+    s = sub.add_parser(
+        "reshard",
+        help="change the shard count of a stopped server's store (--shards N; serve's options)",
+    )
+    _serve_arguments(s)
+
     s = sub.add_parser("pipeline", help="Spark jobs over the event log: stats, audit, archive")
     pipeline_args.add_arguments(s)
     _handle_command(sub)
@@ -473,16 +479,17 @@ class _Usage(Exception):
 
 
 def _serve(args: argparse.Namespace, err: IO[str]) -> int:
-    """Run ``gateway.server.main(args)``, imported only now (it pulls in Ray)."""
+    """Run ``gateway.server.main(args)`` (or its ``reshard_main``), imported only now (it
+    pulls in Ray)."""
     try:
         server = importlib.import_module("gateway.server")
     except ModuleNotFoundError as e:
         if e.name != "gateway.server":
             raise
         server = None
-    run = getattr(server, "main", None)
+    run = getattr(server, "main" if args.command == "serve" else "reshard_main", None)
     if run is None:
-        print("evq serve: not available", file=err)
+        print(f"evq {args.command}: not available", file=err)
         return 2
     result = run(args)
     return result if isinstance(result, int) else 0
@@ -534,7 +541,7 @@ def main(
             args = parse_args(parser, argv)
     except SystemExit as e:  # argparse: --help (0) or a usage error (2)
         return e.code if isinstance(e.code, int) else 2
-    if args.command == "serve":
+    if args.command in ("serve", "reshard"):
         return _serve(args, err)
     if args.command == "pipeline":  # runs Spark locally; no server involved
         return pipeline_main.run(args, err)

@@ -9,10 +9,13 @@ requests in flight, close every queue (finish writes, snapshot), stop Ray, exit 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
 import os
 import secrets
 import sys
+
+import msgspec
 
 from actors.errors import QueueError
 from actors.settings import LogSettings
@@ -25,7 +28,7 @@ from gateway.settings import ServerSettings, add_arguments, load_settings
 from gateway.watches import WatchOptions
 from gateway.workers import supervise
 
-__all__ = ["add_arguments", "app_options", "main", "run"]
+__all__ = ["add_arguments", "app_options", "main", "reshard_main", "run", "settle_shards"]
 
 log = logging.getLogger("evq.serve")
 
@@ -65,8 +68,67 @@ def main(args: argparse.Namespace) -> int:
     return run(settings)
 
 
+def settle_shards(settings: ServerSettings) -> ServerSettings:
+    """``settings`` with the shard count to run: the one asked for, else the one the store's
+    shard logs were written with, else the default for this machine (see
+    :mod:`actors.log.layout`).
+
+    Raises:
+        LayoutMismatch: the count asked for is not the store's.
+        QueueError: the store failed or its layout does not decode.
+    """
+    from actors.log.layout import settle_layout
+    from actors.log.store import open_store
+
+    async def settle() -> int:
+        store = open_store(settings.store_target(), **settings.store_options())
+        try:
+            return await settle_layout(store, settings.shards, settings.shard_count())
+        finally:
+            await store.close()
+
+    return msgspec.structs.replace(settings, shards=asyncio.run(settle()))
+
+
+def reshard_main(args: argparse.Namespace) -> int:
+    """``evq reshard --shards N``: change the shard count of a stopped server's store (same
+    settings sources as ``evq serve``); return the exit code."""
+    from actors.log.store import open_store
+    from actors.reshard import describe, reshard
+
+    try:
+        settings = load_settings(args)
+    except (QueueError, OSError, ValueError) as exc:
+        print(f"evq reshard: {exc}", file=sys.stderr)
+        return 2
+    if settings.shards is None:
+        print("evq reshard: say how many shards: --shards N", file=sys.stderr)
+        return 2
+    count = settings.shards
+
+    async def go() -> str:
+        store = open_store(settings.store_target(), **settings.store_options())
+        try:
+            say = lambda text: print(f"evq reshard: {text}", file=sys.stderr)  # noqa: E731
+            return describe(await reshard(store, count, say=say))
+        finally:
+            await store.close()
+
+    try:
+        print(asyncio.run(go()))
+    except QueueError as exc:
+        print(f"evq reshard: {exc.code}: {exc.message}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def run(settings: ServerSettings) -> int:
     """Serve with ``settings``; return the exit code."""
+    try:
+        settings = settle_shards(settings)
+    except QueueError as exc:
+        print(f"evq serve: {exc}", file=sys.stderr)
+        return 2
     log_settings = LogSettings(
         snapshot_every_records=settings.snapshot_every_records,
         snapshot_every_ms=int(settings.snapshot_every_s * 1000),

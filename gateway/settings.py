@@ -9,7 +9,7 @@ import argparse
 import os
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 
@@ -34,7 +34,8 @@ class ServerSettings(msgspec.Struct, kw_only=True):
     host: str = "127.0.0.1"
     port: int = 8700
     workers: int = 1  # gateway processes sharing the port (SO_REUSEPORT)
-    shards: int | None = None  # default: one per CPU, bounded by memory
+    # default: the store's count (actors.log.layout), else one per two CPUs (memory-bound)
+    shards: Annotated[int, msgspec.Meta(ge=1)] | None = None
     auto_create: bool = False
     max_body_bytes: int = 32 * MIB
     max_requests: int = 10_000
@@ -101,10 +102,16 @@ class ServerSettings(msgspec.Struct, kw_only=True):
         return int(total / 2 / self.shard_count())
 
     def shard_count(self) -> int:
-        """Shards to run: as set, else one per CPU bounded by the memory share."""
+        """Shards to run: as set, else one per two CPUs bounded by the memory share (the
+        server settles it against the store's layout before it starts: gateway.server).
+
+        One per two CPUs, not one per CPU: a busy shard keeps about half a core busy for
+        every core the gateway uses on the hot path, and each shard adds a log and a commit
+        stream of its own; on 2 cores one shard serves 64 producers spread over 64 queues
+        at about 16.9k puts/s where two served 12.8-15.1k (loadtest/RESULTS.md)."""
         if self.shards is not None:
             return self.shards
-        cpus = os.cpu_count() or 1
+        cpus = max(1, (os.cpu_count() or 1) // 2)
         try:
             total_mib = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / MIB
         except (ValueError, OSError):
@@ -139,7 +146,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         help="a WebSocket watcher with more unsent data than this is closed (code 4008)",
     )
-    add("--shards", type=int, help="queue shard processes (default: one per CPU)")
+    add(
+        "--shards",
+        type=int,
+        help="queue shard processes (default: the store's count, else one per two CPUs)",
+    )
     add("--auto-create", action="store_true", default=None, help="create queues on first put")
     add("--max-body-bytes", type=int)
     add("--max-requests", type=int)

@@ -123,16 +123,7 @@ def open_device(
 
 
 def _segment_keys(listed: list[str]) -> list[tuple[int, str]]:
-    found = []
-    for key in listed:
-        if "/" in key[len(keys.WAL_ROOT) + 5 :]:
-            continue  # reports/, damaged/
-        try:
-            found.append((keys.seq_of(key), key))
-        except DataError:
-            continue  # LOCK and anything else that is not a segment
-    found.sort()
-    return found
+    return sorted((keys.seq_of(key), key) for key in listed if keys.is_wal_segment(key))
 
 
 # ------------------------------------------------------------------ objects

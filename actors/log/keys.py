@@ -6,6 +6,7 @@ from actors.errors import DataError
 
 __all__ = [
     "damaged_key",
+    "is_wal_segment",
     "log_prefix",
     "queue_of",
     "queue_prefix",
@@ -71,6 +72,17 @@ def wal_prefix(shard: int) -> str:
 def wal_segment_key(shard: int, first_lsn: int) -> str:
     """Name of the shard log segment whose first record is ``first_lsn``."""
     return f"{WAL_ROOT}{shard:04d}/{first_lsn:0{_SEQ_WIDTH}d}.seg"
+
+
+def is_wal_segment(key: str) -> bool:
+    """Whether ``key`` names a segment of a shard log (not a report, lock or damaged copy)."""
+    if not key.startswith(WAL_ROOT) or not key.endswith(".seg") or "/" in key[len(WAL_ROOT) + 5 :]:
+        return False
+    try:
+        seq_of(key)
+    except DataError:
+        return False
+    return True
 
 
 def wal_report_key(shard: int, epoch: int) -> str:

@@ -2,7 +2,9 @@
 
 :func:`open_shard_log` is what a new incarnation of a shard runs before it serves anything:
 
-1. take the log (:meth:`LogDevice.open`: a local log's exclusive lock);
+1. check the store's layout (:mod:`actors.log.layout`: the logs were written with this shard
+   count; a store without one gets one), then take the log (:meth:`LogDevice.open`: a local
+   log's exclusive lock);
 2. for every queue of the shard found in the store, restore its newest valid snapshot, and
    replay its own version-1 segments after it if it has any (data written before the shard
    log existed; :func:`actors.log.replay.replay`);
@@ -36,6 +38,7 @@ from actors.core.state import QueueState
 from actors.errors import DataError, QueueError, Unavailable
 from actors.log import keys
 from actors.log.device import LogDevice
+from actors.log.layout import claim_layout
 from actors.log.replay import Discarded, RecoveryReport, replay
 from actors.log.shardlog import ShardLog
 from actors.log.snapshots import encode_state, write_snapshot
@@ -157,16 +160,18 @@ async def open_shard_log(
     """Recover shard ``shard`` of ``count`` and take ownership of its log.
 
     Raises:
+        LayoutMismatch: the store's shard logs were written with another shard count.
         Unavailable: the store failed, another process holds the log, or other incarnations
             kept winning the claim.
     """
+    epoch_floor = await claim_layout(store, count)
     await device.open()
     last_error: QueueError | None = None
     for attempt in range(_CLAIM_ATTEMPTS):
         started = time.perf_counter()  # a duration for the report; state time is in events
         recovery = _Recovery(store, device, shard, count, progress)
         await recovery.run()
-        epoch = recovery.max_epoch + 1
+        epoch = max(recovery.max_epoch, epoch_floor) + 1
         report = recovery.report
         report.epoch = epoch
         await recovery.repair(epoch)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -20,7 +21,15 @@ from actors.errors import MessageNotFound, NotReady, QueueError, QueueNotFound, 
 from actors.shard import placement
 from gateway.client import AsyncClient, Client, Message, NewMessage
 from tests.integration.conftest import SHARDS, Names, ServerFactory
-from tests.integration.server import Server, eventually, request
+from tests.integration.server import (
+    EVQ,
+    ROOT,
+    Server,
+    eventually,
+    free_port,
+    request,
+    server_env,
+)
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
@@ -443,3 +452,52 @@ def test_killed_shard_actor_is_restarted_and_recovers_its_queues(
     assert c.take(bystander)[0].body == b"b"
     c.close()
     assert server.stop() == 0
+
+
+# ------------------------------------------------------------------ the shard count
+
+
+def test_the_shard_count_is_kept_and_changed_only_by_reshard(
+    make_server: ServerFactory, names: Names
+) -> None:
+    """The store remembers the count it was written with: a later start without --shards uses
+    it, one with another count is refused, and ``evq reshard`` changes it — after a SIGKILL,
+    with every message, lease and key kept."""
+    server = make_server("--shards", "2")
+    queues = [names("rs") for _ in range(6)]
+    with Client(server.url, retries=0, timeout=20) as c:
+        for q in queues:
+            c.create_queue(q)
+            c.put(q, [f"{q}/{i}" for i in range(4)])
+        [held] = c.take(queues[0], 1, visibility_timeout=600)
+        c.set_key("app:reshard", {"n": 1})
+    server.kill()  # the records are in the shard logs only
+
+    command = [*EVQ, "serve", "--data", str(server.data), "--port", str(free_port())]
+    refused = subprocess.run(
+        [*command, "--shards", "3"], cwd=ROOT, env=server_env(), capture_output=True, timeout=120
+    )
+    assert refused.returncode == 2
+    assert b"written with 2 shard(s), not 3" in refused.stderr
+    assert b"evq reshard --shards 3" in refused.stderr
+
+    changed = subprocess.run(
+        [*EVQ, "reshard", "--data", str(server.data), "--shards", "3"],
+        cwd=ROOT,
+        env=server_env(),
+        capture_output=True,
+        timeout=120,
+    )
+    assert changed.returncode == 0, changed.stderr.decode()
+    assert b"2 shard(s) -> 3 shard(s)" in changed.stdout
+    assert (server.data / "wal" / "LAYOUT").read_bytes().startswith(b'{"format":2,"shards":3')
+
+    again = make_server(data=server.data)  # no --shards: the store's count
+    assert "3 shard(s)" in again.log()
+    with Client(again.url, retries=0, timeout=20) as c:
+        c.ack(queues[0], held)  # the lease taken before the change still holds
+        for q in queues:
+            bodies = sorted(m.body.decode() for m in drain(c, q))
+            expected = [f"{q}/{i}" for i in range(4)]
+            assert bodies == [b for b in expected if b != held.body.decode()]
+        assert c.get_key("app:reshard").value == {"n": 1}
