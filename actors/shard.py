@@ -472,7 +472,9 @@ class QueueShard:
         raise QueueNotFound("no such queue", queue=name)
 
     def _spawn(self, coro: Awaitable[Any]) -> None:
-        _spawn_in(self._background, coro)
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -632,12 +634,6 @@ class _ProgressLog:
             log.info(
                 "shard %d: replayed %d/%d segments, %d records", self.shard, done, total, records
             )
-
-
-def _spawn_in(tasks: set[asyncio.Task[Any]], coro: Awaitable[Any]) -> None:
-    task = asyncio.ensure_future(coro)
-    tasks.add(task)
-    task.add_done_callback(tasks.discard)
 
 
 class MemoryBudget:

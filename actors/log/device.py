@@ -126,6 +126,15 @@ def _segment_keys(listed: list[str]) -> list[tuple[int, str]]:
     return sorted((keys.seq_of(key), key) for key in listed if keys.is_wal_segment(key))
 
 
+async def _keep_copy(store: ObjectStore, key: str, epoch: int) -> None:
+    """Copy segment ``key`` under ``damaged/`` for people (gone already: nothing to keep)."""
+    try:
+        data = await store.get(key)
+    except KeyNotFound:
+        return
+    await store.put(keys.wal_damaged_key(key, epoch), data)
+
+
 # ------------------------------------------------------------------ objects
 
 
@@ -161,11 +170,7 @@ class ObjectLogDevice:
         await self.store.put(key, data[:length])
 
     async def keep_copy(self, key: str, epoch: int) -> None:
-        try:
-            data = await self.store.get(key)
-        except KeyNotFound:
-            return
-        await self.store.put(keys.wal_damaged_key(key, epoch), data)
+        await _keep_copy(self.store, key, epoch)
 
     async def begin(self, epoch: int, next_lsn: int) -> None:
         """Nothing to prepare: each block is an object of its own."""
@@ -352,11 +357,7 @@ class LocalLogDevice:
             raise StoreError(f"cannot truncate {key}: {exc}", ambiguous=True) from exc
 
     async def keep_copy(self, key: str, epoch: int) -> None:
-        try:
-            data = await self.store.get(key)
-        except KeyNotFound:
-            return
-        await self.store.put(keys.wal_damaged_key(key, epoch), data)
+        await _keep_copy(self.store, key, epoch)
 
     # -- writing
 
