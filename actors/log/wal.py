@@ -126,14 +126,19 @@ class WalRead(msgspec.Struct):
 
 def encode_record(event: Event) -> bytes:
     """One event as it is stored in a block: its msgpack, or a zstd frame of it when the
-    event is large and compresses well (as a msgpack extension)."""
+    event is large and compresses well (as a msgpack extension).
+
+    Raises:
+        DataError: the event's msgpack is over ``MAX_RECORD`` bytes.
+    """
     data = _encoder.encode(event)
+    # Checked before compressing: a reader refuses a frame whose content is over the limit.
+    if len(data) > MAX_RECORD:
+        raise DataError(f"record of {len(data)} bytes is over the {MAX_RECORD} limit")
     if len(data) >= COMPRESS_MIN:
         packed = zstandard.ZstdCompressor(level=_ZSTD_LEVEL).compress(data)
         if len(packed) <= COMPRESS_GAIN * len(data):
             return _encoder.encode(msgspec.msgpack.Ext(_ZSTD_EXT, packed))
-    if len(data) > MAX_RECORD:
-        raise DataError(f"record of {len(data)} bytes is over the {MAX_RECORD} limit")
     return data
 
 

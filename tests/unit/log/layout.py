@@ -213,3 +213,26 @@ def blocks(data: bytes) -> list[BlockAt]:
         out.append(BlockAt(pos, length, crc, epoch, first_lsn, count, flags, body))
         pos += BLOCK_HEADER + length
     return out
+
+
+def build_block(
+    body: bytes,
+    *,
+    epoch: int = 1,
+    first_lsn: int = 1,
+    count: int = 1,
+    flags: int = 0,
+    length: int | None = None,
+    crc: int | None = None,
+) -> bytes:
+    """A block around ``body`` as stored; length and CRC are correct unless given."""
+    rest = struct.pack("<QQII", epoch, first_lsn, count, flags)
+    return (
+        struct.pack(
+            "<II",
+            len(body) if length is None else length,
+            zlib.crc32(body, zlib.crc32(rest)) if crc is None else crc,
+        )
+        + rest
+        + body
+    )
