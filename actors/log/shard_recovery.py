@@ -72,7 +72,7 @@ def placement(name: str, count: int) -> int:
 class QueueRecovered:
     """One queue as recovery rebuilt it."""
 
-    __slots__ = ("gap", "legacy", "name", "next_seq", "report", "snapshots", "state")
+    __slots__ = ("gap", "headless", "legacy", "name", "next_seq", "report", "snapshots", "state")
 
     def __init__(self, name: str, state: QueueState, next_seq: int, report: RecoveryReport) -> None:
         self.name = name
@@ -82,6 +82,9 @@ class QueueRecovered:
         self.snapshots: list[int] = []  # sequence numbers of its valid snapshots, oldest first
         self.legacy = False  # it still has version-1 segments of its own
         self.gap = False  # a record was missing: later ones were not applied
+        # Set to the first missing sequence number while skipping the rest of a deleted life
+        # whose first records were pruned (see _Recovery._skip_headless); 0 otherwise.
+        self.headless = 0
 
 
 class SegmentInfo:
@@ -262,6 +265,9 @@ class _Recovery:
     async def run(self) -> None:
         await self._load_queues()
         await self._replay_wal()
+        for queue in self.queues.values():
+            if queue.headless:  # no QueueDeleted ended it: records are missing
+                self._gap(queue, queue.headless)
         self.report.records = self.records
 
     # ---------------------------------------------------------------- snapshots and v1
@@ -398,10 +404,11 @@ class _Recovery:
             if queue.gap:
                 return
             starts = type(event) is QueueCreated and not queue.state.created
+            if not (starts or queue.state.created) and (queue.headless or seq != queue.next_seq):
+                self._skip_headless(queue, seq, event)
+                continue
             if seq != queue.next_seq and not starts:
-                queue.gap = True
-                reason = f"gap: record {queue.next_seq} of queue {queue.name} is missing"
-                queue.report.discarded.append(Discarded(self.device.url, 0, None, reason))
+                self._gap(queue, queue.next_seq)
                 return
             queue.state.apply(event)
             queue.next_seq = seq + 1
@@ -412,6 +419,24 @@ class _Recovery:
             elif starts:
                 self.deleted.pop(queue.name, None)
         queue.report.last_seq = queue.next_seq - 1
+
+    def _skip_headless(self, queue: QueueRecovered, seq: int, event: Event) -> None:
+        """Skip a record of a queue that does not exist, whose records before it are gone:
+        the rest of a deleted life whose first segments were pruned (FORMAT.md: a deleted
+        queue's segments may go once its objects are erased), up to its ``QueueDeleted``. A
+        ``QueueCreated`` after it starts the queue's next life; without a ``QueueDeleted``
+        the records are missing (reported once the log is read)."""
+        if not queue.headless:
+            queue.headless = queue.next_seq
+        queue.next_seq = seq + 1
+        if type(event) is QueueDeleted:
+            queue.headless = 0
+            self.deleted[queue.name] = seq
+
+    def _gap(self, queue: QueueRecovered, missing: int) -> None:
+        queue.gap = True
+        reason = f"gap: record {missing} of queue {queue.name} is missing"
+        queue.report.discarded.append(Discarded(self.device.url, 0, None, reason))
 
     # ---------------------------------------------------------------- repairs
 
