@@ -298,6 +298,7 @@ class FastHttp(asyncio.Protocol):
         )
         transport.write(head + payload)
         if close:
+            self.closing = True  # serve nothing pipelined after it (RFC 9112, 9.6)
             transport.close()
 
 
