@@ -400,6 +400,7 @@ class ChannelClient:
         self._connection: _ClientConnection | None = None
         self._rids = itertools.count(1)
         self._connecting: asyncio.Lock | None = None
+        self._connecting_loop: asyncio.AbstractEventLoop | None = None
 
     async def run_batch(self, items: list[tuple[str, object]]) -> list[Any]:
         """Run ``(queue, command)`` items in the shard; each result is a reply or a
@@ -495,13 +496,16 @@ class ChannelClient:
 
     async def _connect(self) -> _ClientConnection:
         connection = self._connection
-        if connection is not None and connection.open:
+        loop = asyncio.get_running_loop()
+        if connection is not None and connection.open and connection.loop is loop:
             return connection
-        if self._connecting is None:
-            self._connecting = asyncio.Lock()
+        if self._connecting is None or self._connecting_loop is not loop:
+            # A client used from another event loop (a test's second asyncio.run) connects
+            # again: the old connection's transport belongs to a loop that no longer runs.
+            self._connecting, self._connecting_loop = asyncio.Lock(), loop
         async with self._connecting:
             connection = self._connection
-            if connection is not None and connection.open:
+            if connection is not None and connection.open and connection.loop is loop:
                 return connection
             try:
                 host, port = await self._address()
@@ -524,6 +528,7 @@ class _ClientConnection(asyncio.Protocol):
     """The gateway's end of a channel: requests out, replies matched to their calls."""
 
     def __init__(self) -> None:
+        self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.frames = _Frames()
         self.pending: dict[int, tuple[asyncio.Future[Any], list[type]]] = {}

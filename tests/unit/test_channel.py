@@ -280,3 +280,63 @@ def set_key_command(key: str, value: Any) -> tuple[str, list[object]]:
 
     queue, command = make(key, value)
     return queue, [command]
+
+
+# The first loop's connection is abandoned with its loop (nothing can close it any more):
+# its transport warns when collected, here, inside this test.
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_client_used_from_a_new_event_loop_connects_again(tmp_path: Path) -> None:
+    """A client's connection belongs to the loop that made it: once that loop is gone (a
+    second ``asyncio.run``), the next call connects again instead of writing into a transport
+    no loop serves (it used to wait forever)."""
+    import gc
+    import threading
+
+    ready: list[tuple[str, int]] = []
+    served = threading.Event()
+    stop = threading.Event()
+
+    def serve() -> None:  # the shard on a loop of its own, in another thread
+        async def run() -> None:
+            store = LocalDirStore(tmp_path)
+            shard = QueueShard(0, 1, store)
+            await shard.start()
+            await shard.create("q", QueueSettings(), [])
+            server = ChannelServer(shard, SECRET)
+            ready.append(await server.start("127.0.0.1"))
+            served.set()
+            await asyncio.to_thread(stop.wait)
+            await server.close()
+            await shard.close()
+            await store.close()
+
+        asyncio.run(run())
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    assert served.wait(30), "the shard did not start"
+    asked = 0
+
+    async def where() -> tuple[str, int]:
+        nonlocal asked
+        asked += 1
+        return ready[0]
+
+    client = ChannelClient(where, SECRET)
+
+    async def put(body: bytes, close: bool = False) -> Any:
+        [results] = await asyncio.wait_for(
+            client.execute_many("q", [cmd.Put([cmd.NewMessage(body=body)])]), 10
+        )
+        if close:
+            await client.close()
+        return results
+
+    try:
+        assert asyncio.run(put(b"first"))[0].status == "created"
+        assert asyncio.run(put(b"second", close=True))[0].status == "created"
+        assert asked == 2  # one connection per loop
+    finally:
+        stop.set()
+        thread.join(30)
+        gc.collect()
