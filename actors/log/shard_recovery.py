@@ -513,7 +513,7 @@ async def _store_report(
     store: ObjectStore, shard: int, report: ShardReport, reports: list[RecoveryReport]
 ) -> None:
     """Keep what recovery found (the log, and each queue that had something to tell)."""
-    notable = [r for r in reports if not r.clean or r.segments_replayed]
+    notable = [r for r in reports if not r.clean or r.segments_replayed or r.records_replayed]
     data = msgspec.json.encode(StoredReport(report, notable))
     try:
         await store.put(keys.wal_report_key(shard, report.epoch), data)
