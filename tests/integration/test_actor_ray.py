@@ -10,9 +10,9 @@ import asyncio
 import os
 import signal
 import time
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import pytest
 
@@ -34,6 +34,8 @@ from tests.integration.local_ray import local_ray
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
+T = TypeVar("T")
+
 # Before Ray is imported or started: no token auth, everything on loopback.
 COUNT = 2
 
@@ -49,6 +51,20 @@ class ProbeShard(ShardActor):
     async def delete_raising(self, name: str) -> None:
         self._ensure_started()
         await self.shard.delete(name)
+
+
+def run_on(directory: RayDirectory, coro: Coroutine[Any, Any, T]) -> T:
+    """Run ``coro`` in a loop of its own, then close the directory's channels in that loop
+    (a channel's connection belongs to the loop that opened it)."""
+
+    async def run() -> T:
+        try:
+            return await coro
+        finally:
+            for channel in directory.channels:
+                await channel.close()
+
+    return asyncio.run(run())
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +93,7 @@ def directory(ray_runtime: Any, store: Path) -> RayDirectory:
             assert time.monotonic() < deadline, "shards did not get ready"
             await asyncio.sleep(0.1)
 
-    asyncio.run(ready())
+    run_on(directory, ready())
     return directory
 
 
@@ -167,7 +183,7 @@ def test_errors_keep_type_and_fields_across_ray(ray_runtime: Any, directory: Ray
         taken = await directory.take("no-such-queue", cmd.Take(max=1), 0.1)
         assert type(taken) is QueueNotFound
 
-    asyncio.run(scenario())
+    run_on(directory, scenario())
 
 
 def test_killed_shard_process_is_restarted_with_its_queues(
@@ -184,7 +200,7 @@ def test_killed_shard_process_is_restarted_with_its_queues(
         )
         return [r.id for r in results]
 
-    ids = asyncio.run(before())
+    ids = run_on(directory, before())
     old_pid = ray_runtime.get(handle.pid.remote(), timeout=30)
     os.kill(old_pid, signal.SIGKILL)
 
@@ -203,7 +219,7 @@ def test_killed_shard_process_is_restarted_with_its_queues(
                     return stats
             await asyncio.sleep(0.2)
 
-    description = asyncio.run(after())
+    description = run_on(directory, after())
     new_pid = ray_runtime.get(handle.pid.remote(), timeout=30)
     assert new_pid != old_pid
     assert description is not None
@@ -213,4 +229,4 @@ def test_killed_shard_process_is_restarted_with_its_queues(
         assert [v.body for v in views] == [b"m0", b"m1", b"m2"]
         assert name in await directory.names()
 
-    asyncio.run(check())
+    run_on(directory, check())
