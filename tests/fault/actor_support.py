@@ -11,9 +11,11 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable, Coroutine
+from pathlib import Path
 from typing import Any, TypeVar
 
 import msgspec
+from obstore.store import MemoryStore
 
 from actors.clock import Clock
 from actors.core import commands as cmd
@@ -22,8 +24,9 @@ from actors.core.ids import IdSource, SequentialIds
 from actors.core.snapshot import snapshot
 from actors.core.state import QueueState
 from actors.log.device import LogDevice, open_device
+from actors.log.obstore_store import ObstoreStore
 from actors.log.shard_recovery import SHARD_STREAM, read_shard
-from actors.log.store import ObjectStore
+from actors.log.store import LocalDirStore, ObjectStore
 from actors.log.wal import decode_groups, decode_record, scan_segment
 from actors.queue_actor import QueueActor
 from actors.settings import LogSettings, QueueSettings
@@ -33,6 +36,14 @@ NAME = "q"
 CLIENT_IDS = QueueSettings(id_mode="client")
 
 _T = TypeVar("_T")
+
+
+def empty_store(kind: str, root: Path) -> ObjectStore:
+    """A real, empty store: ``"local"`` a directory under ``root``, otherwise obstore's
+    in-memory store."""
+    if kind == "local":
+        return LocalDirStore(root / "store")
+    return ObstoreStore(MemoryStore(), "memory://")
 
 
 def body_of(mid: str) -> bytes:

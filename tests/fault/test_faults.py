@@ -55,6 +55,7 @@ from tests.fault.actor_support import (
     deletes_id,
     device_of,
     durable_view,
+    empty_store,
     open_actor,
     put,
     put_ids,
@@ -77,10 +78,7 @@ DELAY = 0.1  # how long an injected slow write takes: long enough to pile comman
 @pytest.fixture(params=["local", "memory"])
 async def inner(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[ObjectStore]:
     """A real, empty store for FaultyStore to wrap."""
-    if request.param == "local":
-        st: ObjectStore = LocalDirStore(tmp_path / "store")
-    else:
-        st = ObstoreStore(MemoryStore(), "memory://")
+    st = empty_store(request.param, tmp_path)
     yield st
     await st.close()
 

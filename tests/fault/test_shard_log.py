@@ -27,7 +27,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from obstore.store import MemoryStore
 
 from actors.clock import ManualClock
 from actors.core import commands as cmd
@@ -36,13 +35,12 @@ from actors.core import replies as rp
 from actors.core.ids import SequentialIds
 from actors.errors import QueueError, QueueNotFound
 from actors.log import keys
-from actors.log.obstore_store import ObstoreStore
 from actors.log.shard_recovery import SHARD_STREAM, read_shard
-from actors.log.store import LocalDirStore, ObjectStore
+from actors.log.store import ObjectStore
 from actors.log.wal import decode_groups, decode_record, scan_segment
 from actors.settings import LogSettings
 from actors.shard import QueueShard
-from tests.fault.actor_support import CLIENT_IDS, device_of, put, state_view
+from tests.fault.actor_support import CLIENT_IDS, device_of, empty_store, put, state_view
 
 pytestmark = pytest.mark.fault
 
@@ -54,10 +52,7 @@ NO_AUTO = LogSettings(segment_bytes=700, snapshot_every_records=10**9, snapshot_
 @pytest.fixture(params=["local", "memory"])
 async def store(request: pytest.FixtureRequest, tmp_path: Path) -> AsyncIterator[ObjectStore]:
     """A real, empty store: a local directory, or obstore's in-memory store."""
-    if request.param == "local":
-        st: ObjectStore = LocalDirStore(tmp_path / "store")
-    else:
-        st = ObstoreStore(MemoryStore(), "memory://")
+    st = empty_store(request.param, tmp_path)
     yield st
     await st.close()
 
