@@ -28,6 +28,7 @@ import hashlib
 import json
 import struct
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -229,7 +230,15 @@ def build() -> dict[str, bytes]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    return write_once(build, __doc__, argv)
+
+
+def write_once(
+    build: Callable[[], dict[str, bytes]], doc: str | None, argv: list[str] | None
+) -> int:
+    """The command line of a golden-file script: write what ``build`` makes into ``--out``,
+    refusing if any of its files is there already (``doc``: the script's docstring)."""
+    parser = argparse.ArgumentParser(description=(doc or "").split("\n", 1)[0])
     parser.add_argument("--out", type=Path, default=HERE, help="directory to write into")
     args = parser.parse_args(argv)
     files = build()

@@ -30,7 +30,6 @@ clock (ManualClock), no randomness (a fixed claim nonce).
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import json
 import struct
@@ -41,7 +40,12 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from make_golden import describe, file_facts, large_body  # tests/data/, beside this script
+from make_golden import (  # tests/data/, beside this script
+    describe,
+    file_facts,
+    large_body,
+    write_once,
+)
 
 from actors.clock import ManualClock
 from actors.core import events as ev
@@ -287,23 +291,7 @@ def build() -> dict[str, bytes]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--out", type=Path, default=HERE, help="directory to write into")
-    args = parser.parse_args(argv)
-    files = build()
-    taken = [name for name in files if (args.out / name).exists()]
-    if taken:
-        print(
-            f"refusing to overwrite {', '.join(taken)} in {args.out}: golden files are written "
-            "once per format version and never regenerated",
-            file=sys.stderr,
-        )
-        return 1
-    args.out.mkdir(parents=True, exist_ok=True)
-    for name, data in files.items():
-        (args.out / name).write_bytes(data)
-        print(f"wrote {args.out / name} ({len(data)} bytes)")
-    return 0
+    return write_once(build, __doc__, argv)
 
 
 if __name__ == "__main__":
