@@ -28,7 +28,14 @@ from typing import Protocol
 from actors.clock import Clock, SystemClock
 from actors.errors import DataError, Fenced, Unavailable
 from actors.log import keys
-from actors.log.store import KeyNotFound, LocalDirStore, ObjectStore, StoreError, fsync_dir
+from actors.log.store import (
+    KeyNotFound,
+    LocalDirStore,
+    ObjectStore,
+    StoreError,
+    copy_object,
+    fsync_dir,
+)
 from actors.log.wal import SEGMENT_HEADER_SIZE, decode_wal_header, encode_wal_header
 
 __all__ = [
@@ -128,11 +135,7 @@ def _segment_keys(listed: list[str]) -> list[tuple[int, str]]:
 
 async def _keep_copy(store: ObjectStore, key: str, epoch: int) -> None:
     """Copy segment ``key`` under ``damaged/`` for people (gone already: nothing to keep)."""
-    try:
-        data = await store.get(key)
-    except KeyNotFound:
-        return
-    await store.put(keys.wal_damaged_key(key, epoch), data)
+    await copy_object(store, key, keys.wal_damaged_key(key, epoch))
 
 
 # ------------------------------------------------------------------ objects

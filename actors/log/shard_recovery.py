@@ -42,7 +42,7 @@ from actors.log.layout import claim_layout
 from actors.log.replay import Discarded, RecoveryReport, replay
 from actors.log.shardlog import ShardLog
 from actors.log.snapshots import encode_state, write_snapshot
-from actors.log.store import KeyNotFound, ObjectStore
+from actors.log.store import KeyNotFound, ObjectStore, copy_object
 from actors.log.wal import Block, WalRead, decode_groups, decode_record, scan_segment
 
 __all__ = [
@@ -501,12 +501,8 @@ async def _set_legacy_damage_aside(
 
 async def _move_aside(store: ObjectStore, damaged: list[str], epoch: int) -> None:
     for key in damaged:
-        try:
-            data = await store.get(key)
-        except KeyNotFound:
-            continue
-        await store.put(keys.damaged_key(key, epoch), data)
-        await store.delete(key)
+        if await copy_object(store, key, keys.damaged_key(key, epoch)):
+            await store.delete(key)
 
 
 async def _store_report(

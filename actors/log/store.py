@@ -45,6 +45,7 @@ __all__ = [
     "ObstoreStore",
     "StoreError",
     "check_key",
+    "copy_object",
     "fsync_dir",
     "open_store",
 ]
@@ -151,6 +152,16 @@ def _store_error(op: str, key: str, exc: BaseException, *, ambiguous: bool) -> S
 # ---------------------------------------------------------------- local directory
 
 _T = TypeVar("_T")
+
+
+async def copy_object(store: ObjectStore, key: str, to: str) -> bool:
+    """Copy object ``key`` to ``to``; False when ``key`` is gone already (nothing copied)."""
+    try:
+        data = await store.get(key)
+    except KeyNotFound:
+        return False
+    await store.put(to, data)
+    return True
 
 
 def fsync_dir(path: str) -> None:
