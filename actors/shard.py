@@ -325,13 +325,17 @@ class QueueShard:
     def snapshot_taken(self, queue: QueueActor) -> None:
         """A queue has a new snapshot: drop the segments that snapshots now cover."""
         if not self._pruning:
+            # Marked now, not when the task starts: two snapshots in one turn of the loop
+            # would otherwise start two prunes, and the second would drop from the list a
+            # segment it never deleted (a gap the next recovery stops at).
+            self._pruning = True
             self._spawn(self._prune())
 
     async def _prune(self) -> None:
         """Delete the oldest segments while every record in them is covered by two snapshots
         of its queue (or its queue is gone); when too much of the log is kept, ask the queues
-        that hold its oldest segment for snapshots."""
-        self._pruning = True
+        that hold its oldest segment for snapshots. Runs as the only prune
+        (``_pruning``, set by :meth:`snapshot_taken`)."""
         try:
             segments = self._segments
             while len(segments) > 1 and segments[0].key != self.device.active():

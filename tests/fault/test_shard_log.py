@@ -361,6 +361,44 @@ async def test_an_idle_queue_pinning_the_oldest_segment_checkpoints_so_it_can_go
         await again.close(snapshot=False)
 
 
+async def test_snapshots_in_one_turn_prune_the_log_once_and_leave_no_gap(
+    store: ObjectStore, clock: ManualClock
+) -> None:
+    """Two snapshots finishing in one turn of the loop start one prune, not two: a second
+    prune racing the first dropped a segment from the shard's list without deleting it, then
+    deleted the ones after it, and the next recovery stopped at that gap (acknowledged
+    records lost)."""
+    shard = await open_shard(store, clock)
+    try:
+        await create(shard, "q")
+        for i in range(8):  # across several 700-byte segments
+            await run(shard, "q", put(f"m{i}"))
+        await create(shard, "pin")  # never snapshotted: its segment must stay
+        for i in range(8, 16):
+            await run(shard, "q", put(f"m{i}"))
+        queue = shard.queues["q"]
+        await queue.snapshot()
+        await settle(shard)
+        await run(shard, "q", put("m16"))
+        await queue.snapshot()  # the second snapshot: q's segments may go now...
+        shard.snapshot_taken(queue)  # ...and another queue's snapshot lands in the same turn
+        await settle(shard)
+        listed = await segment_keys(store)
+        assert listed == [info.key for info in shard._segments]  # nothing dropped unseen
+        assert "pin" in (await last_seqs(store))[listed[0]]  # pruned up to pin's segment
+        await run(shard, "q", put("after"))
+        live = views(shard, clock.now_ms())
+    finally:
+        await shard.close(snapshot=False)
+    again = await open_shard(store, clock)
+    try:
+        assert again.report is not None
+        assert again.report.clean, again.report
+        assert views(again, clock.now_ms()) == live
+    finally:
+        await again.close(snapshot=False)
+
+
 # ================================================================ deleting queues
 
 
