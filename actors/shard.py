@@ -268,7 +268,7 @@ class QueueShard:
             self._segments.append(info)
         queues = self.queues
         now_ms = self.clock.now_ms()
-        for name, (first, records) in batch.groups.items():
+        for name, first, records in batch.groups.values():
             last = info.queues[name] = first + len(records) - 1
             queue = queues.get(name)
             if queue is not None:

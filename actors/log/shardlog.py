@@ -22,10 +22,12 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import msgspec
+
 from actors.core.events import Event
 from actors.errors import QueueError, Unavailable
 from actors.log.device import LogDevice
-from actors.log.wal import encode_block, encode_record
+from actors.log.wal import encode_raw_block, encode_record
 
 __all__ = ["Batch", "FailureHandler", "ShardLog"]
 
@@ -48,7 +50,9 @@ class Batch:
     )
 
     def __init__(self) -> None:
-        self.groups: dict[str, tuple[int, list[bytes]]] = {}  # queue -> (first seq, records)
+        # queue -> [queue, first seq, records]: the block's body as it is encoded, each
+        # record a msgspec.Raw of encode_record's bytes
+        self.groups: dict[str, list[Any]] = {}
         self.count = 0
         self.size = 0
         self.first_lsn = 0  # set when the batch goes out
@@ -63,7 +67,7 @@ class Batch:
     def last_seq(self, queue: str) -> int:
         """The sequence number of ``queue``'s last event in this batch (0: none)."""
         group = self.groups.get(queue)
-        return group[0] + len(group[1]) - 1 if group is not None else 0
+        return group[1] + len(group[2]) - 1 if group is not None else 0
 
     def wait(self) -> asyncio.Future[None]:
         """A future of its own for one waiter (cancelling it affects nobody else); done at
@@ -136,7 +140,8 @@ class ShardLog:
         """
         if self.failed is not None:
             raise self.failed
-        records = [encode_record(e) for e in events]
+        raw = msgspec.Raw
+        records = [raw(encode_record(e)) for e in events]
         size = sum(map(len, records))
         batch = self._gathering[-1] if self._gathering else None
         if batch is None or (batch.count and batch.size + size > self.max_batch_bytes):
@@ -144,10 +149,10 @@ class ShardLog:
             self._gathering.append(batch)
         group = batch.groups.get(queue)
         if group is None:
-            batch.groups[queue] = (first_seq, records)
+            batch.groups[queue] = [queue, first_seq, records]
         else:
-            assert group[0] + len(group[1]) == first_seq, "a queue's events arrive in order"
-            group[1].extend(records)
+            assert group[1] + len(group[2]) == first_seq, "a queue's events arrive in order"
+            group[2].extend(records)
         batch.count += len(records)
         batch.size += size
         self.appended_bytes = size
@@ -201,8 +206,8 @@ class ShardLog:
 
     async def _write_one(self, batch: Batch) -> None:
         try:
-            groups = [(q, s, r) for q, (s, r) in batch.groups.items()]
-            block = encode_block(self.epoch, batch.first_lsn, groups, batch.count)
+            groups = list(batch.groups.values())
+            block = encode_raw_block(self.epoch, batch.first_lsn, groups, batch.count)
             batch.segment = await self.device.write(self.epoch, batch.first_lsn, block)
         except QueueError as exc:
             batch.outcome = exc

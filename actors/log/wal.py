@@ -36,6 +36,7 @@ __all__ = [
     "decode_record",
     "decode_wal_header",
     "encode_block",
+    "encode_raw_block",
     "encode_record",
     "encode_wal_header",
     "scan_segment",
@@ -209,9 +210,20 @@ def encode_block(
     """A block holding ``groups``: ``(queue, first seq, records from encode_record)``;
     ``count``: their number of records, when the caller knows it."""
     raw = msgspec.Raw
-    body = _encoder.encode([(q, s, [raw(r) for r in recs]) for q, s, recs in groups])
     if count is None:
         count = sum(len(recs) for _, _, recs in groups)
+    return encode_raw_block(
+        epoch, first_lsn, [(q, s, [raw(r) for r in recs]) for q, s, recs in groups], count
+    )
+
+
+def encode_raw_block(
+    epoch: int, first_lsn: int, groups: Sequence[Sequence[object]], count: int
+) -> bytes:
+    """:func:`encode_block` for groups already in the form the body holds: ``[queue, first
+    seq, records]`` with each record a ``msgspec.Raw`` of :func:`encode_record`'s bytes
+    (the shard's writer keeps its batches so: no copy per group when a block goes out)."""
+    body = _encoder.encode(groups)
     if len(body) > MAX_BLOCK:
         raise DataError(f"block of {len(body)} bytes is over the {MAX_BLOCK} limit")
     rest = struct.pack("<QQII", epoch, first_lsn, count, 0)
