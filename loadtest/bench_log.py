@@ -12,11 +12,13 @@
             syscalls (pwrite of one block into a zero-filled segment, fdatasync), timed; the
             writer and its submitters with a device that accepts every block at once (their
             CPU alone); and the rate a closed loop of N submitters could reach if the two
-            only added up.
+            only added up. ``--files K`` splits each commit over K files (a log per queue
+            with one commit for all: the fallback layout for many queues), each synced.
 
     .venv/bin/python loadtest/bench_log.py writer --submitters 1 16 64 256 --sizes 100 4096
     .venv/bin/python loadtest/bench_log.py recovery --events 1000000 10000000
     .venv/bin/python loadtest/bench_log.py floor --submitters 64 --dir /work/bench-tmp
+    .venv/bin/python loadtest/bench_log.py floor --submitters 64 --files 32 --dir /work/bench-tmp
 
 Results are printed as JSON lines; loadtest/RESULTS.md quotes them.
 """
@@ -171,31 +173,40 @@ class _AcceptingDevice:
         pass
 
 
-def _syscall_floor(root: Path, block: bytes, blocks: int) -> dict[str, float]:
+def _syscall_floor(root: Path, block: bytes, blocks: int, files: int = 1) -> dict[str, float]:
     """Median milliseconds of the local log's write path (same calls, no Python writer):
     ``pwrite`` of ``block`` after the previous one into a zero-filled segment, then
-    ``fdatasync``; ``blocks`` times."""
-    path = root / "segment"
-    size = len(block) * blocks + 4096
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    ``fdatasync``; ``blocks`` times. With ``files`` > 1, the fallback layout the issue names
+    for many queues (a log per queue, one commit for all): each commit splits ``block`` over
+    that many zero-filled segments, one per queue, and syncs each of them."""
+    part = -(-len(block) // files)
+    size = part * blocks + 4096
+    fds = [
+        os.open(root / f"segment-{i}", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        for i in range(files)
+    ]
     try:
         zero = bytes(1 << 20)
-        for off in range(0, size, len(zero)):
-            os.pwrite(fd, zero[: size - off], off)
-        os.fdatasync(fd)
+        for fd in fds:
+            for off in range(0, size, len(zero)):
+                os.pwrite(fd, zero[: size - off], off)
+            os.fdatasync(fd)
         writes, syncs = [], []
         pos = 32
         for _ in range(blocks):
             t0 = time.perf_counter()
-            os.pwrite(fd, block, pos)
+            for i, fd in enumerate(fds):
+                os.pwrite(fd, block[i * part : (i + 1) * part], pos)
             t1 = time.perf_counter()
-            os.fdatasync(fd)
+            for fd in fds:
+                os.fdatasync(fd)
             t2 = time.perf_counter()
-            pos += len(block)
+            pos += part
             writes.append((t1 - t0) * 1000)
             syncs.append((t2 - t1) * 1000)
     finally:
-        os.close(fd)
+        for fd in fds:
+            os.close(fd)
     return {"pwrite": statistics.median(writes), "fdatasync": statistics.median(syncs)}
 
 
@@ -212,7 +223,7 @@ def bench_floor(args: argparse.Namespace) -> None:
             # CPU per block when every block holds n events, from the rate without I/O.
             cpu_ms = statistics.median(1000 * n / r["records_per_s"] for r in cpu_runs)
             with _scratch_dirs(args.runs, args.dir) as roots:
-                io_runs = [_syscall_floor(r, block, args.segments) for r in roots]
+                io_runs = [_syscall_floor(r, block, args.segments, args.files) for r in roots]
             totals = [sum(r.values()) for r in io_runs]
             io_ms = statistics.median(totals)
             # Each event waits at least for the write of its block, and the submitters run
@@ -225,6 +236,7 @@ def bench_floor(args: argparse.Namespace) -> None:
                         "bench": "floor",
                         "submitters": n,
                         "size": size,
+                        "files": args.files,
                         "block_bytes": len(block),
                         "syscalls_ms": {
                             s: round(statistics.median(r[s] for r in io_runs), 3)
@@ -365,6 +377,13 @@ def main() -> None:
     f.add_argument("--submitters", type=int, nargs="+", default=[64])
     f.add_argument("--sizes", type=int, nargs="+", default=[100])
     f.add_argument("--segments", type=int, default=1000, help="blocks written per run")
+    f.add_argument(
+        "--files",
+        type=int,
+        default=1,
+        help="split each commit over this many files, one per queue, each synced (the "
+        "per-queue log with a shared commit)",
+    )
     f.add_argument("--seconds", type=float, default=3.0, help="length of each no-I/O run")
     f.add_argument("--runs", type=int, default=3)
     f.add_argument("--dir", default=None, help="where the temporary directories go")
