@@ -64,7 +64,13 @@ def execute(state: QueueState, command: object, now_ms: int, ids: IdSource) -> D
     else:
         events, reply = decide(state, command, now_ms, ids)
     for event in events:
-        state.apply(event)
+        if event is events[0] and event.at_ms == now_ms:
+            # Advanced to now_ms above, and deciding moved no time: apply's own advance
+            # would find nothing due. Only for the first event: applying one may make a
+            # transition due for the next.
+            state.apply_advanced(event)
+        else:
+            state.apply(event)
     return events, reply
 
 

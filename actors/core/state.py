@@ -178,6 +178,11 @@ class QueueState:
         self.advance(event.at_ms)
         _APPLY[type(event)](self, event)
 
+    def apply_advanced(self, event: ev.Event) -> None:
+        """:meth:`apply` for a state already advanced to the event's time, with nothing
+        applied since (the live path: advance, decide, apply)."""
+        _APPLY[type(event)](self, event)
+
     def _apply_created(self, e: ev.QueueCreated) -> None:
         self.name = e.name
         self.settings = e.settings
