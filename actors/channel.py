@@ -9,7 +9,8 @@ whose work in the shard took 2.2 ms, most of it serialisation and thread hand-of
 processes; this channel adds a fraction of a millisecond.
 
 Frames are a 4-byte little-endian length and a msgpack body. A connection starts with
-``Hello(secret)`` (the secret is made per ``evq serve`` and given to every shard at spawn);
+``Hello(secret)`` (the cluster secret: ``EVQ_CLUSTER_SECRET``, or made per embedded ``evq
+serve``; given to every shard at spawn);
 then requests (``Batch``, ``TakeWait``, ``Cancel``, …) and replies (``Reply``) with request
 ids, answered in any order. A ``Batch`` carries ``(queue, command)`` items for any queues of
 the shard: the shard decides them all at once, so they share one group commit, and answers
@@ -327,7 +328,11 @@ class _ServerConnection(asyncio.Protocol):
             if not isinstance(request, Hello) or not hmac.compare_digest(
                 request.secret, self.server._secret
             ):
-                log.warning("channel: refused a connection without the right secret")
+                log.warning(
+                    "channel: refused a connection from %s without this cluster's secret "
+                    "(EVQ_CLUSTER_SECRET)",
+                    self.transport.get_extra_info("peername") if self.transport else None,
+                )
                 self.close()
                 return
             self.hello = True

@@ -1,9 +1,11 @@
 """The only place that makes Ray actors: shard processes and their handles.
 
 Each shard is an async Ray actor named ``evq-shard-<i>`` in the ``evq`` namespace, so every
-gateway process of the cluster finds the same shards. Ray restarts a shard whose process
-died (``max_restarts=-1``); the new incarnation recovers its queues from the store on its
-first call. Calls are not retried by Ray: a call that died with its actor may have taken
+gateway process of the cluster finds the same shards. In a cluster a gateway joined, the
+shards are detached: they belong to the cluster, not to the gateway that created them, and
+``evq shards stop`` ends them. Ray restarts a shard whose process died
+(``max_restarts=-1``); the new incarnation recovers its queues from the store on its first
+call. Calls are not retried by Ray: a call that died with its actor may have taken
 effect, and only the client can decide whether repeating it is safe (its puts carry
 idempotency keys).
 """
@@ -11,6 +13,8 @@ idempotency keys).
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hmac
 import logging
 from typing import Any
 
@@ -24,7 +28,14 @@ from actors.log.store import open_store
 from actors.settings import LogSettings, QueueSettings
 from actors.shard import QueueShard, ShardStatus, placement
 
-__all__ = ["NAMESPACE", "ShardActor", "ShardSpec", "shard_handles", "spawn_shards"]
+__all__ = [
+    "NAMESPACE",
+    "ShardActor",
+    "ShardSpec",
+    "running_shards",
+    "shard_handles",
+    "spawn_shards",
+]
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +108,23 @@ class ShardActor:
         no reach beyond the cluster's own."""
         return self.spec.count, self.spec.secret
 
+    async def check(self, count: int, store: str, secret: str) -> str | None:
+        """Why a gateway with this shard count, store and cluster secret may not use this
+        shard (None: it may). The secret is compared, never returned."""
+        if not hmac.compare_digest(secret.encode(), self.spec.secret.encode()):
+            return (
+                f"shard {self.index} of this Ray cluster holds another cluster secret: every "
+                "gateway of a cluster needs the same EVQ_CLUSTER_SECRET (or cluster_secret_file)"
+            )
+        if count != self.spec.count:
+            return (
+                f"the shards of this Ray cluster are {self.spec.count}, not {count}: stop them "
+                "(evq shards stop) before changing the count"
+            )
+        if store != self.spec.store:
+            return f"shard {self.index} of this Ray cluster serves another store: {self.spec.store}"
+        return None
+
     async def status(self) -> ShardStatus:
         """Readiness without waiting for it."""
         self._ensure_started()
@@ -157,9 +185,14 @@ class ShardActor:
 
 
 def spawn_shards(
-    spec: ShardSpec, *, spread: bool = False, resource: str | None = None
+    spec: ShardSpec, *, spread: bool = False, resource: str | None = None, detached: bool = False
 ) -> list[Any]:
     """Create (or find) the ``spec.count`` shard actors; return their handles in order.
+
+    ``detached``: the shards belong to the Ray cluster, not to this process; they keep
+    running when it exits, however it exits (``evq shards stop`` stops them). Named actors
+    make creation race-free: two gateways starting together get the same shards, and the
+    second one's ``spec`` is not used (:meth:`ShardActor.check` says whether it matches).
 
     ``spread`` places them on as many nodes as possible (Ray's SPREAD strategy) instead of
     packing them on the driver's node; ``resource`` makes each shard need one unit of that
@@ -182,10 +215,22 @@ def spawn_shards(
             max_task_retries=0,
             max_concurrency=10_000,
             num_cpus=0,
+            lifetime="detached" if detached else None,
             **placement_options,
         ).remote(index, spec)
         handles.append(handle)
     return handles
+
+
+def running_shards() -> dict[int, Any]:
+    """The shard actors alive in this Ray cluster's ``evq`` namespace: index -> handle."""
+    found = {}
+    for name in ray.util.list_named_actors():
+        prefix = shard_name(0)[:-1]
+        if name.startswith(prefix) and name[len(prefix) :].isdigit():
+            with contextlib.suppress(ValueError):
+                found[int(name[len(prefix) :])] = ray.get_actor(name, namespace=NAMESPACE)
+    return dict(sorted(found.items()))
 
 
 def shard_handles(count: int) -> list[Any]:

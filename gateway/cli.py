@@ -180,6 +180,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _serve_arguments(s)
 
+    s = sub.add_parser(
+        "shards", help="the shard actors of a Ray cluster, which outlive its gateways"
+    )
+    s.add_argument("action", choices=["status", "stop"], help="list them, or close and end them")
+    s.add_argument("--ray-address", help="the Ray cluster (default: EVQ_RAY_ADDRESS, else auto)")
+    s.add_argument("--timeout", type=_seconds, default=60.0, help="per shard call (s)")
+
     s = sub.add_parser("pipeline", help="Spark jobs over the event log: stats, audit, archive")
     pipeline_args.add_arguments(s)
     _handle_command(sub)
@@ -487,7 +494,8 @@ def _serve(args: argparse.Namespace, err: IO[str]) -> int:
         if e.name != "gateway.server":
             raise
         server = None
-    run = getattr(server, "main" if args.command == "serve" else "reshard_main", None)
+    entry = {"serve": "main", "reshard": "reshard_main", "shards": "shards_main"}[args.command]
+    run = getattr(server, entry, None)
     if run is None:
         print(f"evq {args.command}: not available", file=err)
         return 2
@@ -541,7 +549,7 @@ def main(
             args = parse_args(parser, argv)
     except SystemExit as e:  # argparse: --help (0) or a usage error (2)
         return e.code if isinstance(e.code, int) else 2
-    if args.command in ("serve", "reshard"):
+    if args.command in ("serve", "reshard", "shards"):
         return _serve(args, err)
     if args.command == "pipeline":  # runs Spark locally; no server involved
         return pipeline_main.run(args, err)

@@ -237,9 +237,11 @@ class RayDirectory(ChannelDirectory):
     """Shard actors on Ray (handles from :mod:`actors.spawn`): Ray places, restarts and
     locates them; every call goes over their data channels."""
 
-    def __init__(self, handles: list[Any], secret: str) -> None:
+    def __init__(self, handles: list[Any], secret: str, *, owns_shards: bool = True) -> None:
         self.handles = handles
         self.secret = secret
+        # False: the shards belong to the Ray cluster (detached) and outlive this gateway.
+        self.owns_shards = owns_shards
         super().__init__(len(handles), secret, self.address)
 
     async def address(self, index: int) -> tuple[str, int]:
@@ -266,8 +268,11 @@ class RayDirectory(ChannelDirectory):
             h.start.remote()  # recovery runs in the shards; status() reports its progress
 
     async def close(self) -> None:
-        """Close the shards: finish writes, snapshot (graceful shutdown of the server)."""
+        """Close the shards when this gateway owns them: finish writes, snapshot (graceful
+        shutdown of the server); else only let go of them."""
         await super().close()  # our channels first: the shards closing is not a failure
+        if not self.owns_shards:
+            return
         await asyncio.gather(
             *(self._call(h.close.remote()) for h in self.handles), return_exceptions=True
         )

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import logging
 import os
 import secrets
@@ -133,6 +134,20 @@ def run(settings: ServerSettings) -> int:
         snapshot_every_records=settings.snapshot_every_records,
         snapshot_every_ms=int(settings.snapshot_every_s * 1000),
     )
+    try:
+        secret = settings.cluster_secret_value()
+    except QueueError as exc:
+        print(f"evq serve: {exc}", file=sys.stderr)
+        return 2
+    if secret is None:
+        if settings.ray_address:
+            print(
+                "evq serve: joining a Ray cluster (--ray-address) needs the cluster's secret: "
+                "set EVQ_CLUSTER_SECRET or cluster_secret_file, the same for every gateway",
+                file=sys.stderr,
+            )
+            return 2
+        secret = secrets.token_hex(16)  # the embedded default: this server's own cluster
     workers = max(1, settings.workers)
     if settings.no_ray:
         if workers > 1:
@@ -140,7 +155,15 @@ def run(settings: ServerSettings) -> int:
             return 2
         directory: Directory = _local_directory(settings, log_settings)
     else:
-        directory = _ray_directory(settings, log_settings)
+        try:
+            directory = _ray_directory(settings, log_settings, secret)
+        except ShardsRefused as exc:
+            log.error("evq serve: %s", exc)
+            print(f"evq serve: {exc}", file=sys.stderr)
+            import ray
+
+            ray.shutdown()
+            return 2
     app = make_app(directory, app_options(settings))
     if workers > 1:
         assert isinstance(directory, RayDirectory)
@@ -212,7 +235,24 @@ def _local_directory(settings: ServerSettings, log_settings: LogSettings) -> Loc
     )
 
 
-def _ray_directory(settings: ServerSettings, log_settings: LogSettings) -> RayDirectory:
+CHECK_WAIT_S = 20.0  # how long a starting gateway waits to check the shards it found
+
+
+class ShardsRefused(Exception):
+    """The shards this gateway found in the Ray cluster are not for it (another cluster
+    secret, shard count or store)."""
+
+
+def _ray_directory(
+    settings: ServerSettings, log_settings: LogSettings, secret: str
+) -> RayDirectory:
+    """The shards on Ray: this server's own (a local Ray it starts: they stop with it), or,
+    joining a cluster (``ray_address``), the cluster's: attached to if they run, created
+    detached if not, and left running when this gateway stops.
+
+    Raises:
+        ShardsRefused: the cluster's shards hold another secret, count or store.
+    """
     import ray
 
     from actors.spawn import NAMESPACE, ShardSpec, spawn_shards
@@ -235,7 +275,6 @@ def _ray_directory(settings: ServerSettings, log_settings: LogSettings) -> RayDi
         # behind everything else on a busy machine.
         _system_config={"worker_niceness": 0} if not settings.ray_address else None,
     )
-    secret = secrets.token_hex(16)  # gateways show it to the shards' data channels
     spec = ShardSpec(
         count=settings.shard_count(),
         store=settings.store_target(),
@@ -244,8 +283,67 @@ def _ray_directory(settings: ServerSettings, log_settings: LogSettings) -> RayDi
         log_settings=log_settings,
         memory_budget_bytes=settings.shard_memory_bytes(),
     )
-    handles = spawn_shards(spec, spread=settings.shard_spread, resource=settings.shard_resource)
-    return RayDirectory(handles, secret)
+    handles = spawn_shards(
+        spec, spread=settings.shard_spread, resource=settings.shard_resource, detached=not local
+    )
+    checks = [h.check.remote(spec.count, spec.store, secret) for h in handles]
+    done, waiting = ray.wait(checks, num_returns=len(checks), timeout=CHECK_WAIT_S)
+    refused = [r for r in ray.get(done) if r is not None]
+    if refused:
+        raise ShardsRefused(refused[0])
+    if waiting:  # not placed yet (no node for them): their channels will refuse a bad secret
+        log.warning("%d shard(s) not running yet: not checked against this gateway", len(waiting))
+    return RayDirectory(handles, secret, owns_shards=local)
+
+
+def shards_main(args: argparse.Namespace) -> int:
+    """``evq shards status|stop``: the shards of a Ray cluster, which outlive its gateways;
+    ``stop`` closes each (writes finished, queues snapshotted) and ends it. Returns the exit
+    code."""
+    import ray
+
+    from actors.spawn import NAMESPACE, running_shards
+
+    address = args.ray_address or os.environ.get("EVQ_RAY_ADDRESS") or "auto"
+    try:
+        ray.init(
+            address=address,
+            namespace=NAMESPACE,
+            logging_level=logging.WARNING,
+            log_to_driver=False,
+            include_dashboard=False,
+        )
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        print(f"evq shards: cannot join the Ray cluster at {address}: {exc}", file=sys.stderr)
+        return 2
+    try:
+        shards = running_shards()
+        if args.action == "status":
+            for index, handle in shards.items():
+                try:
+                    status, pid = ray.get(
+                        [handle.status.remote(), handle.pid.remote()], timeout=args.timeout
+                    )
+                    doc = {"shard": index, "pid": pid, "ready": status.ready}
+                    doc |= {"queues": status.queues}
+                except (ray.exceptions.RayError, TimeoutError) as exc:
+                    doc = {"shard": index, "error": type(exc).__name__}
+                print(json.dumps(doc), flush=True)
+            if not shards:
+                print("evq shards: no shards run in this Ray cluster", file=sys.stderr)
+            return 0
+        for index, handle in shards.items():
+            try:
+                ray.get(handle.close.remote(), timeout=args.timeout)
+            except (ray.exceptions.RayError, TimeoutError) as exc:
+                print(
+                    f"evq shards: shard {index} did not close ({exc!r}); ending it", file=sys.stderr
+                )
+            ray.kill(handle, no_restart=True)
+            print(json.dumps({"shard": index, "stopped": True}), flush=True)
+        return 0
+    finally:
+        ray.shutdown()
 
 
 def _parser() -> argparse.ArgumentParser:

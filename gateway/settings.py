@@ -22,6 +22,7 @@ MIB = 1024 * 1024
 # shards may use at most this share of the machine's memory.
 SHARD_MEMORY_SHARE = 0.05
 SHARD_PROCESS_MIB = 52
+MIN_SECRET_CHARS = 16
 
 
 class ServerSettings(msgspec.Struct, kw_only=True):
@@ -61,6 +62,34 @@ class ServerSettings(msgspec.Struct, kw_only=True):
     # keep secrets off the command line). Set: every SQS request needs a valid SigV4.
     sqs_keys: str | None = None
     tokens_file: str | None = None  # bearer tokens and permissions (gateway/auth.py)
+    # The secret every gateway, shard and handler of one Ray cluster shows the shards' data
+    # channels: EVQ_CLUSTER_SECRET (or TOML), or a file; never on the command line. Unset,
+    # the embedded default makes one; joining a cluster (ray_address) needs it.
+    cluster_secret: str | None = None
+    cluster_secret_file: str | None = None
+
+    def cluster_secret_value(self) -> str | None:
+        """The cluster secret as set (None: not set).
+
+        Raises:
+            BadRequest: the file does not read, or the secret is shorter than 16 characters.
+        """
+        if self.cluster_secret:
+            value = self.cluster_secret.strip()
+        elif self.cluster_secret_file:
+            try:
+                value = Path(self.cluster_secret_file).read_text().strip()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise BadRequest(
+                    f"cannot read cluster_secret_file {self.cluster_secret_file}: {exc}"
+                ) from None
+        else:
+            return None
+        if len(value) < MIN_SECRET_CHARS:
+            raise BadRequest(
+                f"the cluster secret must be at least {MIN_SECRET_CHARS} characters long"
+            )
+        return value
 
     def sqs_key_map(self) -> dict[str, str]:
         """The SQS access keys and their secrets.
@@ -123,6 +152,17 @@ class ServerSettings(msgspec.Struct, kw_only=True):
 _FIELDS = ServerSettings.__struct_fields__
 
 
+class _RefuseSecret(argparse.Action):
+    """``--cluster-secret`` is refused: a command line is visible to every user of the
+    machine (ps, /proc)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *_: Any, **__: Any) -> None:
+        parser.error(
+            "the cluster secret is not taken on the command line: "
+            "set EVQ_CLUSTER_SECRET, or name a file with --cluster-secret-file"
+        )
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``evq serve`` options (defaults come from the environment and TOML, not here)."""
     add = parser.add_argument
@@ -180,6 +220,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--tokens-file",
         metavar="FILE",
         help="bearer tokens with per-queue permissions (TOML or JSON); also EVQ_TOKENS (JSON)",
+    )
+    add(
+        "--cluster-secret",
+        action=_RefuseSecret,
+        help=argparse.SUPPRESS,  # named only to refuse it, not to abbreviate the file option
+    )
+    add(
+        "--cluster-secret-file",
+        metavar="FILE",
+        help="file holding the secret the gateways and shards of one Ray cluster share "
+        "(also EVQ_CLUSTER_SECRET; needed with --ray-address)",
     )
     add("--shutdown-timeout-s", type=float)
     add("--log-level")

@@ -63,7 +63,11 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     """Ray in this process (never ``ray stop``), and ``evq serve`` joined to it."""
     with local_ray(num_cpus=2, namespace="evq-handler-tests") as ray:
         address = ray.get_runtime_context().gcs_address
-        server = Server(tmp_path_factory.mktemp("evq") / "data", "--ray-address", address)
+        server = Server(
+            tmp_path_factory.mktemp("evq") / "data",
+            *("--ray-address", address),
+            env=server_env(EVQ_CLUSTER_SECRET="handler-tests-cluster-secret"),
+        )
         try:
             server.start()
             yield Cluster(address, server)

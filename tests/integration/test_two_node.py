@@ -61,6 +61,7 @@ HEALTH_CHECKS = {
     "RAY_health_check_timeout_ms": "500",
     "RAY_health_check_failure_threshold": "3",
 }
+CLUSTER_SECRET = "two-node-tests-cluster-secret"
 _SHARD_LINE = re.compile(r"actors\.shard: shard (\d+)/\d+: recovering")
 
 
@@ -68,7 +69,11 @@ def cluster_env() -> dict[str, str]:
     """Ray without token auth, usage stats or the single-node restriction; tight health
     checks unless ``EVQ_TWO_NODE_HEALTH_CHECKS=default`` (to measure Ray's own defaults)."""
     tight = os.environ.get("EVQ_TWO_NODE_HEALTH_CHECKS") != "default"
-    return server_env(RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="1", **(HEALTH_CHECKS if tight else {}))
+    return server_env(
+        RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="1",
+        EVQ_CLUSTER_SECRET=CLUSTER_SECRET,
+        **(HEALTH_CHECKS if tight else {}),
+    )
 
 
 class RayNode:

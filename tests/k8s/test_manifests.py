@@ -104,6 +104,14 @@ def test_the_s3_secret_reaches_the_shards_and_the_jobs(base: Objs) -> None:
     assert config["EVQ_STORE"].startswith("s3://")
 
 
+def test_the_cluster_secret_reaches_the_gateway_that_joins_the_ray_cluster(base: Objs) -> None:
+    gateway = find(base, "Deployment", "evq-gateway")["spec"]["template"]["spec"]
+    container = gateway["containers"][0]
+    assert "--ray-address" in " ".join(container["args"])  # joining: the secret is required
+    assert {"secretRef": {"name": "evq-cluster"}} in container["envFrom"]
+    assert "EVQ_CLUSTER_SECRET" in find(base, "Secret", "evq-cluster")["stringData"]
+
+
 # ---------------------------------------------------------------- broken manifests
 
 

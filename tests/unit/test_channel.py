@@ -142,7 +142,7 @@ async def test_errors_keep_their_class_code_and_fields(rig: Rig) -> None:
         await client.close()
 
 
-async def test_a_wrong_secret_is_refused(rig: Rig) -> None:
+async def test_a_wrong_secret_is_refused(rig: Rig, caplog: pytest.LogCaptureFixture) -> None:
     client = rig.client("wrong")
     try:
         with pytest.raises(Unavailable):
@@ -151,6 +151,10 @@ async def test_a_wrong_secret_is_refused(rig: Rig) -> None:
         await client.close()
     stats = (await rig.shard.execute_many("q", [cmd.Stats()]))[0]
     assert stats.total == 0
+    refusals = [r.getMessage() for r in caplog.records if "refused a connection" in r.message]
+    assert refusals, "the refusal is not in the log"
+    assert "EVQ_CLUSTER_SECRET" in refusals[0]
+    assert "127.0.0.1" in refusals[0]  # from where
 
 
 async def test_a_waiting_take_is_answered_by_a_put_from_another_connection(rig: Rig) -> None:

@@ -30,3 +30,55 @@ def test_a_shard_count_below_one_is_refused(value: str) -> None:
     with pytest.raises(BadRequest, match="shards"):
         load_settings(argparse.Namespace(), {"EVQ_SHARDS": value})
     assert load_settings(argparse.Namespace(), {"EVQ_SHARDS": "3"}).shards == 3
+
+
+def _settings(environ: dict[str, str], *argv: str) -> ServerSettings:
+    from gateway.settings import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return load_settings(parser.parse_args(list(argv)), environ)
+
+
+def test_the_cluster_secret_comes_from_the_environment_or_a_file(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    assert _settings({}).cluster_secret_value() is None
+    secret = "s" * 16
+    assert _settings({"EVQ_CLUSTER_SECRET": f" {secret}\n"}).cluster_secret_value() == secret
+    path = tmp_path / "secret"
+    path.write_text(f"{secret}-from-a-file\n")
+    from_file = _settings({}, "--cluster-secret-file", str(path))
+    assert from_file.cluster_secret_value() == f"{secret}-from-a-file"
+    env_file = _settings({"EVQ_CLUSTER_SECRET_FILE": str(path)})
+    assert env_file.cluster_secret_value() == f"{secret}-from-a-file"
+    # The variable wins over the file.
+    both = _settings({"EVQ_CLUSTER_SECRET": secret}, "--cluster-secret-file", str(path))
+    assert both.cluster_secret_value() == secret
+
+
+def test_the_cluster_secret_is_not_taken_on_the_command_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    parser = argparse.ArgumentParser()
+    from gateway.settings import add_arguments
+
+    add_arguments(parser)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--cluster-secret", "s" * 16])
+    err = capsys.readouterr().err
+    assert "not taken on the command line" in err
+    assert "s" * 16 not in err
+
+
+@pytest.mark.parametrize("value", ["", "short", "x" * 15])
+def test_a_short_cluster_secret_is_refused(value: str, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    path = tmp_path / "secret"
+    path.write_text(value)
+    settings = _settings({}, "--cluster-secret-file", str(path))
+    with pytest.raises(BadRequest, match="at least 16 characters"):
+        settings.cluster_secret_value()
+
+
+def test_an_unreadable_cluster_secret_file_says_which(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    missing = tmp_path / "nowhere"
+    with pytest.raises(BadRequest, match=r"cannot read cluster_secret_file .*nowhere"):
+        _settings({}, "--cluster-secret-file", str(missing)).cluster_secret_value()

@@ -1,0 +1,151 @@
+"""Shards that belong to the Ray cluster, not to a gateway (issue 17).
+
+A Ray head runs on its own (``ray start --head`` on 127.0.0.2, in a session of its own), and
+``evq serve --ray-address`` gateways join it with the cluster's secret
+(``EVQ_CLUSTER_SECRET``). The first gateway creates the shards, detached; a gateway that is
+SIGKILLed or stopped leaves them running, and the next one attaches to the same processes
+and serves every message the first one acknowledged. A gateway with another secret, or
+none, is refused with a clear error. ``evq shards status|stop`` lists and ends them.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.integration.server import EVQ, ROOT, Server, eventually, free_port, request
+from tests.integration.test_two_node import HEAD_IP, RAY, RayNode, cluster_env
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+
+SHARDS = 2
+MESSAGES = 20
+
+
+class Head:
+    """A one-node Ray cluster in a temp dir of its own."""
+
+    def __init__(self) -> None:
+        # Short: Ray puts Unix sockets under it (a socket path holds at most 107 bytes).
+        self.root = Path(tempfile.mkdtemp(prefix="evqsh-", dir="/tmp"))
+        port = free_port()
+        self.address = f"{HEAD_IP}:{port}"
+        self.node = RayNode(
+            "head",
+            [
+                "--head",
+                *("--port", str(port), "--node-ip-address", HEAD_IP, "--num-cpus", "1"),
+                *("--include-dashboard", "false", "--temp-dir", str(self.root)),
+            ],
+            self.root / "head.log",
+        )
+
+    def up(self) -> bool:
+        if self.node.proc is None or self.node.proc.poll() is not None:
+            raise RuntimeError(f"ray start exited:\n{self.node.log()}")
+        status = subprocess.run(
+            [RAY, "status", "--address", self.address],
+            env=cluster_env(),
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        return status.stdout.count(" node_") == 1
+
+    def gateway(self, name: str, env: dict[str, str] | None = None) -> Server:
+        """An ``evq serve`` joining this cluster (not started)."""
+        return Server(
+            self.root / "data",
+            *("--ray-address", self.address, "--shards", str(SHARDS)),
+            env=env or cluster_env(),
+            log=self.root / f"{name}.log",
+        )
+
+    def shards(self, action: str = "status") -> list[dict]:
+        """``evq shards ACTION`` against this cluster: its JSON lines."""
+        done = subprocess.run(
+            [*EVQ, "shards", action, "--ray-address", self.address],
+            cwd=ROOT,
+            env=cluster_env(),
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+    def shard_pids(self) -> dict[int, int]:
+        """Running shards: index -> pid."""
+        return {doc["shard"]: doc["pid"] for doc in self.shards()}
+
+
+@pytest.fixture
+def head() -> Iterator[Head]:
+    h = Head()
+    try:
+        h.node.start()
+        eventually(h.up, timeout=60, interval=1.0, what="a one-node Ray cluster")
+        yield h
+    finally:
+        h.node.kill()
+        shutil.rmtree(h.root, ignore_errors=True)
+
+
+def _stop(server: Server) -> None:
+    if server.proc is not None and server.running():
+        server.kill()
+
+
+def test_the_shards_outlive_their_gateways_and_only_the_cluster_secret_opens_them(
+    head: Head,
+) -> None:
+    first = head.gateway("first").start(ready_timeout=120)
+    second = head.gateway("second")
+    try:
+        assert request("PUT", f"{first.url}/v1/queues/jobs", {})[0] in (200, 201)
+        for i in range(MESSAGES):
+            status, doc = request(
+                "POST", f"{first.url}/v1/queues/jobs/messages", {"messages": [{"body": f"m{i}"}]}
+            )
+            assert status == 200, doc
+        pids = head.shard_pids()
+        assert sorted(pids) == list(range(SHARDS))
+
+        first.kill()  # SIGKILL: no goodbye to the shards
+        assert head.shard_pids() == pids, "the shards died with the gateway"
+
+        second.start(ready_timeout=120)
+        status, doc = request(
+            "POST", f"{second.url}/v1/queues/jobs/take", {"max": 100, "visibility_timeout": 60}
+        )
+        assert status == 200, doc
+        assert sorted(m["body"] for m in doc["messages"]) == sorted(
+            f"m{i}" for i in range(MESSAGES)
+        )
+        assert head.shard_pids() == pids, "the shards restarted"
+
+        wrong = head.gateway("wrong", {**cluster_env(), "EVQ_CLUSTER_SECRET": "x" * 32})
+        with pytest.raises(RuntimeError, match="holds another cluster secret"):
+            wrong.start(ready_timeout=120)
+        unset = {k: v for k, v in cluster_env().items() if k != "EVQ_CLUSTER_SECRET"}
+        with pytest.raises(RuntimeError, match="needs the cluster's secret"):
+            head.gateway("unset", unset).start(ready_timeout=120)
+        short = head.gateway("short", {**cluster_env(), "EVQ_CLUSTER_SECRET": "short"})
+        with pytest.raises(RuntimeError, match="at least 16 characters"):
+            short.start(ready_timeout=120)
+
+        second.stop(timeout=45)  # SIGTERM: it lets go of the shards, does not close them
+        assert head.shard_pids() == pids
+
+        stopped = head.shards("stop")
+        assert sorted(doc["shard"] for doc in stopped if doc["stopped"]) == list(range(SHARDS))
+        assert head.shard_pids() == {}
+    finally:
+        _stop(first)
+        _stop(second)
