@@ -14,7 +14,10 @@ import json
 import shutil
 import subprocess
 import tempfile
+import time
+import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -149,3 +152,55 @@ def test_the_shards_outlive_their_gateways_and_only_the_cluster_secret_opens_the
     finally:
         _stop(first)
         _stop(second)
+
+
+def test_every_gateway_of_the_cluster_serves_every_queue_wait_and_watch(head: Head) -> None:
+    """Two gateways on the same shards: a take waiting on one is answered by a put through
+    the other, a watcher on one sees a key set through the other, and each one's /metrics
+    and queue list show the queues made through the other."""
+    a = head.gateway("a").start(ready_timeout=120)
+    b = head.gateway("b")
+    try:
+        b.start(ready_timeout=120)
+        assert request("PUT", f"{b.url}/v1/queues/made-on-b", {})[0] in (200, 201)
+        assert request("PUT", f"{a.url}/v1/queues/made-on-a", {})[0] in (200, 201)
+        for gw in (a, b):
+            status, doc = request("GET", f"{gw.url}/v1/queues")
+            assert status == 200, doc
+            names = {q["name"] if isinstance(q, dict) else q for q in doc["queues"]}
+            assert {"made-on-a", "made-on-b"} <= names, (gw.url, doc)
+            with urllib.request.urlopen(f"{gw.url}/metrics", timeout=10) as r:
+                text = r.read().decode()
+            assert 'queue="made-on-a"' in text
+            assert 'queue="made-on-b"' in text
+
+        with ThreadPoolExecutor(2) as pool:
+            waiting = pool.submit(
+                request, "POST", f"{a.url}/v1/queues/made-on-b/take", {"max": 1, "wait": 20}, 30
+            )
+            status, doc = request("PUT", f"{b.url}/v1/keys/k", {"value": 1})
+            assert status == 200, doc
+            version = doc["version"]
+            watching = pool.submit(
+                request, "GET", f"{a.url}/v1/watch/k?version={version}&timeout=20", None, 30
+            )
+            time.sleep(1.0)  # both are waiting on gateway a now
+            assert not waiting.done()
+            assert not watching.done()
+            put = request(
+                "POST", f"{b.url}/v1/queues/made-on-b/messages", {"messages": [{"body": "x"}]}
+            )
+            assert put[0] == 200, put
+            status, doc = request("PUT", f"{b.url}/v1/keys/k", {"value": 2})
+            assert status == 200, doc
+            status, taken = waiting.result(timeout=15)
+            assert status == 200, taken
+            assert [m["body"] for m in taken["messages"]] == ["x"]
+            status, seen = watching.result(timeout=15)
+            assert status == 200, seen
+            assert seen["value"] == 2
+            assert seen["version"] > version
+    finally:
+        _stop(a)
+        _stop(b)
+        head.shards("stop")
