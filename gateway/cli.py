@@ -108,7 +108,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--server",
         default=None,
-        help=f"server URL (default: $EVQ_SERVER or {DEFAULT_URL})",
+        help=f"server URL, or several separated by commas: the next is tried when one cannot "
+        f"be reached (default: $EVQ_SERVER or {DEFAULT_URL})",
     )
     p.add_argument("--token", default=None, help="bearer token (default: $EVQ_TOKEN)")
     p.add_argument("--json", action="store_true", help="machine output (JSON / JSON lines)")

@@ -8,6 +8,11 @@ Errors: a non-2xx reply raises the ``actors.errors`` class named by its error co
 ``fields["status"]``; no reply at all raises :class:`TransportError` (an ``Unavailable``)
 with ``fields["sent"]``.
 
+Servers: ``base_url`` is one URL (a gateway, or a Service in front of several), or several
+(a list, or one string with commas: ``EVQ_SERVER`` and ``--server`` take that form). After a
+failure to reach one (no connection, or no reply), the client moves to the next, and the
+retry below goes there at once: every gateway of a cluster serves every queue.
+
 Retries: up to ``retries`` more attempts, with exponential backoff and jitter, on 429 and
 503 (honouring Retry-After) and on connection failures. When a failure leaves the outcome
 unknown (the connection broke after the request went out), only calls that are safe to
@@ -33,7 +38,7 @@ import random
 import select
 import ssl
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from types import TracebackType
 from typing import Any, Self, TypeVar
 from urllib.parse import urlsplit
@@ -84,7 +89,7 @@ class _Base:
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | Sequence[str],
         *,
         timeout: float,
         retries: int | RetryPolicy,
@@ -92,20 +97,43 @@ class _Base:
         binary: bool,
         rng: random.Random | None,
     ) -> None:
-        parts = urlsplit(base_url)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"base_url must be http(s)://host[:port][/prefix], not {base_url!r}")
-        self.base_url = base_url.rstrip("/")
-        self._parts = parts
-        self._prefix = parts.path.rstrip("/")
+        self.servers = _servers(base_url)
+        self._use(0)
         self.timeout = timeout
         self.policy = retries if isinstance(retries, RetryPolicy) else RetryPolicy(retries=retries)
         self.binary = binary
         self._token = token
         self._rng = rng if rng is not None else random.Random()
 
+    def _use(self, index: int) -> None:
+        """Send from now on to server ``index`` of :attr:`servers`."""
+        self._server = index
+        self.base_url = self.servers[index]
+        self._parts = urlsplit(self.base_url)
+        self._prefix = self._parts.path.rstrip("/")
+
+    def _fail_over(self) -> bool:
+        """After a transport failure: move to the next server, if there is another."""
+        if len(self.servers) < 2:
+            return False
+        self._use((self._server + 1) % len(self.servers))
+        return True
+
     def _prepare(self, call: wire.Call[Any]) -> wire.Prepared:
         return wire.prepare(call, binary=self.binary, token=self._token)
+
+
+def _servers(base_url: str | Sequence[str]) -> list[str]:
+    """The server URLs: one, several (a list, or one string with commas), or a Service's."""
+    urls = base_url.split(",") if isinstance(base_url, str) else list(base_url)
+    urls = [u.strip().rstrip("/") for u in urls if u.strip()]
+    if not urls:
+        raise ValueError("base_url names no server")
+    for url in urls:
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"base_url must be http(s)://host[:port][/prefix], not {url!r}")
+    return urls
 
 
 def _settings(
@@ -137,7 +165,7 @@ class AsyncClient(_Base):
 
     def __init__(
         self,
-        base_url: str = DEFAULT_URL,
+        base_url: str | Sequence[str] = DEFAULT_URL,
         *,
         timeout: float = 30.0,
         retries: int | RetryPolicy = 3,
@@ -203,9 +231,12 @@ class AsyncClient(_Base):
                 status, data, ctype, retry_after = await self._exchange(req, call.hold)
                 return wire.handle_reply(call, status, data, ctype, retry_after)
             except QueueError as error:
+                moved = isinstance(error, TransportError) and self._fail_over()
                 pause = self.policy.next_pause(attempt, error, call.resend, self._rng)
                 if pause is None:
                     raise
+                if moved and attempt == 0:
+                    pause = 0.0  # another gateway: no reason to wait before the first try
             attempt += 1
             await asyncio.sleep(pause)
 
@@ -479,7 +510,7 @@ class Client(_Base):
 
     def __init__(
         self,
-        base_url: str = DEFAULT_URL,
+        base_url: str | Sequence[str] = DEFAULT_URL,
         *,
         timeout: float = 30.0,
         retries: int | RetryPolicy = 3,
@@ -561,9 +592,14 @@ class Client(_Base):
                 status, data, ctype, retry_after = self._exchange(req, call.hold)
                 return wire.handle_reply(call, status, data, ctype, retry_after)
             except QueueError as error:
+                moved = isinstance(error, TransportError) and self._fail_over()
+                if moved:
+                    self.close()  # its connections lead to the server that failed
                 pause = self.policy.next_pause(attempt, error, call.resend, self._rng)
                 if pause is None:
                     raise
+                if moved and attempt == 0:
+                    pause = 0.0  # another gateway: no reason to wait before the first try
             attempt += 1
             time.sleep(pause)
 

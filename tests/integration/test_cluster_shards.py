@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 
+from gateway.client import Client, RetryPolicy
 from tests.integration.server import EVQ, ROOT, Server, eventually, free_port, request
 from tests.integration.test_two_node import HEAD_IP, RAY, RayNode, cluster_env
 
@@ -201,6 +202,44 @@ def test_every_gateway_of_the_cluster_serves_every_queue_wait_and_watch(head: He
             assert seen["value"] == 2
             assert seen["version"] > version
     finally:
+        _stop(a)
+        _stop(b)
+        head.shards("stop")
+
+
+def test_a_client_of_two_gateways_carries_on_when_one_is_killed(
+    head: Head, record_property: pytest.RecordProperty
+) -> None:
+    """A producer with both gateways' URLs keeps putting while one gateway is SIGKILLed: no
+    put fails (a put is resent with its idempotency keys), none is lost or doubled. The
+    longest wait for a put across the kill is printed (``failover_s``)."""
+    a = head.gateway("a").start(ready_timeout=120)
+    b = head.gateway("b")
+    client = Client(
+        [a.url, b.url], timeout=5.0, retries=RetryPolicy(retries=8, backoff=0.05, max_backoff=1)
+    )
+    try:
+        b.start(ready_timeout=120)
+        client.create_queue("jobs")
+        acked: list[str] = []
+        slowest = 0.0
+        for i in range(300):
+            if i == 100:
+                a.kill()
+            started = time.monotonic()
+            [result] = client.put("jobs", f"m{i}")
+            slowest = max(slowest, time.monotonic() - started)
+            assert result.status == "created"
+            acked.append(f"m{i}")
+        assert client.base_url == b.url
+        bodies: list[str] = []
+        while batch := client.take("jobs", 1000, visibility_timeout=60):
+            bodies += [m.body.decode() for m in batch]
+        assert sorted(bodies) == sorted(acked)
+        print(f"failover_s={slowest:.3f}")
+        record_property("failover_s", round(slowest, 3))
+    finally:
+        client.close()
         _stop(a)
         _stop(b)
         head.shards("stop")

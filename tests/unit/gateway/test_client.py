@@ -691,3 +691,77 @@ async def test_the_sync_client_reconnects_when_the_server_closed_the_idle_connec
         assert again.sock.getsockname() != peer
     finally:
         c.close()
+
+
+# ====================================================================== several servers
+
+
+def test_several_servers_come_as_a_list_or_one_string_with_commas() -> None:
+    c = Client("http://a:1, http://b:2/evq/ ,")
+    assert c.servers == ["http://a:1", "http://b:2/evq"]
+    assert c.base_url == "http://a:1"
+    assert AsyncClient(["http://a:1", "https://b"]).servers == ["http://a:1", "https://b"]
+    for bad in ("", " , ", "http://a:1,ftp://b"):
+        with pytest.raises(ValueError, match="base_url"):
+            Client(bad)
+
+
+@pytest.mark.parametrize("kind", ["async", "sync"])
+async def test_a_client_moves_past_a_server_it_cannot_reach(
+    fake: tuple[FakeServer, str], kind: str
+) -> None:
+    server, url = fake
+    dead = f"http://127.0.0.1:{free_port()}"
+    if kind == "async":
+        c: Any = AsyncClient([dead, url], retries=FAST)
+        created = await c.create_queue("q")
+        results = await c.put("q", "job")
+        await c.close()
+    else:
+        sync = Client(f"{dead},{url}", retries=FAST)
+        created = await asyncio.to_thread(sync.create_queue, "q")
+        results = await asyncio.to_thread(sync.put, "q", "job")
+        sync.close()
+        c = sync
+    assert created.created is True
+    assert [r.status for r in results] == ["created"]
+    assert c.base_url == url  # and stays there
+    assert len(server.calls("create_queue")) == 1
+
+
+@pytest.mark.parametrize("kind", ["async", "sync"])
+async def test_a_put_resent_to_the_next_server_keeps_its_idempotency_keys(
+    fake: tuple[FakeServer, str], kind: str
+) -> None:
+    server, url = fake
+    port = url.rsplit(":", 1)[1]
+    # Two names of one server: the second stands for another gateway of the same cluster.
+    urls = [f"http://127.0.0.1:{port}", f"http://localhost:{port}"]
+    c: Any = (
+        AsyncClient(urls, retries=FAST)
+        if kind == "async"
+        else _Threaded(Client(urls, retries=FAST))
+    )
+    try:
+        await c.create_queue("q")
+        server.inject("put", Fault(drop="after"))  # stored, but the reply is lost
+        results = await c.put("q", ["a", "b"])
+        attempts = server.calls("put")
+        assert [s.headers["Host"].split(":")[0] for s in attempts] == ["127.0.0.1", "localhost"]
+        keys = [[m["idempotency_key"] for m in s.payload["messages"]] for s in attempts]
+        assert keys[0] == keys[1]
+        assert [r.status for r in results] == ["duplicate", "duplicate"]
+        assert len(server.queues["q"].messages) == 2
+
+        # A take that may have reached the first is not resent; the next call goes on.
+        server.inject("take", Fault(drop="after"))
+        with pytest.raises(TransportError):
+            await c.take("q")
+        assert len(server.calls("take")) == 1
+        stats = (await c.get_queue("q")).stats
+        assert stats.reserved == 1  # leased by the lost take; back after its timeout
+        assert server.calls("get_queue")[-1].headers["Host"].startswith("127.0.0.1")
+    finally:
+        result = c.close()
+        if asyncio.iscoroutine(result):
+            await result
