@@ -15,6 +15,7 @@ import logging
 import os
 import secrets
 import sys
+from typing import Any
 
 import msgspec
 
@@ -286,14 +287,26 @@ def _ray_directory(
     handles = spawn_shards(
         spec, spread=settings.shard_spread, resource=settings.shard_resource, detached=not local
     )
-    checks = [h.check.remote(spec.count, spec.store, secret) for h in handles]
+    if not local:  # a local Ray is new: its shards are this server's own
+        _check_shards(handles, spec)
+    return RayDirectory(handles, secret, owns_shards=local)
+
+
+def _check_shards(handles: list[Any], spec: Any) -> None:
+    """Whether the cluster's shards are for this gateway (its secret, count and store).
+
+    Raises:
+        ShardsRefused: a shard says why not.
+    """
+    import ray
+
+    checks = [h.check.remote(spec.count, spec.store, spec.secret) for h in handles]
     done, waiting = ray.wait(checks, num_returns=len(checks), timeout=CHECK_WAIT_S)
     refused = [r for r in ray.get(done) if r is not None]
     if refused:
         raise ShardsRefused(refused[0])
     if waiting:  # not placed yet (no node for them): their channels will refuse a bad secret
         log.warning("%d shard(s) not running yet: not checked against this gateway", len(waiting))
-    return RayDirectory(handles, secret, owns_shards=local)
 
 
 def shards_main(args: argparse.Namespace) -> int:

@@ -24,7 +24,7 @@ import pytest
 
 from gateway.client import Client, RetryPolicy
 from tests.integration.server import EVQ, ROOT, Server, eventually, free_port, request
-from tests.integration.test_two_node import HEAD_IP, RAY, RayNode, cluster_env
+from tests.integration.test_two_node import HEAD_IP, RayNode, cluster_env, ray_status
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -53,14 +53,7 @@ class Head:
     def up(self) -> bool:
         if self.node.proc is None or self.node.proc.poll() is not None:
             raise RuntimeError(f"ray start exited:\n{self.node.log()}")
-        status = subprocess.run(
-            [RAY, "status", "--address", self.address],
-            env=cluster_env(),
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        return status.stdout.count(" node_") == 1
+        return ray_status(self.address).count(" node_") == 1
 
     def gateway(self, name: str, env: dict[str, str] | None = None) -> Server:
         """An ``evq serve`` joining this cluster (not started)."""

@@ -76,6 +76,17 @@ def cluster_env() -> dict[str, str]:
     )
 
 
+def ray_status(address: str) -> str:
+    """What ``ray status`` says of the cluster at ``address``."""
+    return subprocess.run(
+        [RAY, "status", "--address", address],
+        env=cluster_env(),
+        capture_output=True,
+        text=True,
+        timeout=30,
+    ).stdout
+
+
 class RayNode:
     """One ``ray start --block`` in a session of its own."""
 
@@ -178,14 +189,8 @@ class Cluster:
         for node in (self.head, self.second):
             if node.proc is None or node.proc.poll() is not None:  # fail now, not at timeout
                 raise RuntimeError(f"ray start of the {node.name} node exited:\n{self._logs()}")
-        status = subprocess.run(
-            [RAY, "status", "--address", self.address],
-            env=cluster_env(),
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        return status.stdout.count(" node_") == 2 and "0.0/16.0 evq_shard" in status.stdout
+        status = ray_status(self.address)
+        return status.count(" node_") == 2 and "0.0/16.0 evq_shard" in status
 
     def _logs(self) -> str:
         return f"head:\n{self.head.log()}\nsecond:\n{self.second.log()}"
