@@ -224,12 +224,13 @@ def spawn_shards(
 
 def running_shards() -> dict[int, Any]:
     """The shard actors alive in this Ray cluster's ``evq`` namespace: index -> handle."""
+    prefix = shard_name(0).removesuffix("0")
     found = {}
     for name in ray.util.list_named_actors():
-        prefix = shard_name(0)[:-1]
-        if name.startswith(prefix) and name[len(prefix) :].isdigit():
-            with contextlib.suppress(ValueError):
-                found[int(name[len(prefix) :])] = ray.get_actor(name, namespace=NAMESPACE)
+        index = name.removeprefix(prefix)
+        if index != name and index.isdigit():
+            with contextlib.suppress(ValueError):  # ended since it was listed
+                found[int(index)] = ray.get_actor(name, namespace=NAMESPACE)
     return dict(sorted(found.items()))
 
 

@@ -119,6 +119,20 @@ class _Base:
         self._use((self._server + 1) % len(self.servers))
         return True
 
+    def _pause_after(self, attempt: int, error: QueueError, resend: Resend) -> float | None:
+        """After failed attempt ``attempt``: move to the next server if the failure was the
+        transport's; return the pause before the next attempt, or None to raise ``error``."""
+        moved = isinstance(error, TransportError) and self._fail_over()
+        if moved:
+            self._left_server()
+        pause = self.policy.next_pause(attempt, error, resend, self._rng)
+        if pause is not None and moved and attempt == 0:
+            pause = 0.0  # another gateway: no reason to wait before the first try
+        return pause
+
+    def _left_server(self) -> None:
+        """The client moved to another server (connections to the old one may go)."""
+
     def _prepare(self, call: wire.Call[Any]) -> wire.Prepared:
         return wire.prepare(call, binary=self.binary, token=self._token)
 
@@ -231,12 +245,9 @@ class AsyncClient(_Base):
                 status, data, ctype, retry_after = await self._exchange(req, call.hold)
                 return wire.handle_reply(call, status, data, ctype, retry_after)
             except QueueError as error:
-                moved = isinstance(error, TransportError) and self._fail_over()
-                pause = self.policy.next_pause(attempt, error, call.resend, self._rng)
+                pause = self._pause_after(attempt, error, call.resend)
                 if pause is None:
                     raise
-                if moved and attempt == 0:
-                    pause = 0.0  # another gateway: no reason to wait before the first try
             attempt += 1
             await asyncio.sleep(pause)
 
@@ -537,6 +548,9 @@ class Client(_Base):
         for hot in (False, True):
             self._drop(hot)
 
+    def _left_server(self) -> None:
+        self.close()  # its connections lead to the server that failed
+
     def _drop(self, hot: bool) -> None:
         conn = self._conns[hot]
         if conn is not None:
@@ -592,14 +606,9 @@ class Client(_Base):
                 status, data, ctype, retry_after = self._exchange(req, call.hold)
                 return wire.handle_reply(call, status, data, ctype, retry_after)
             except QueueError as error:
-                moved = isinstance(error, TransportError) and self._fail_over()
-                if moved:
-                    self.close()  # its connections lead to the server that failed
-                pause = self.policy.next_pause(attempt, error, call.resend, self._rng)
+                pause = self._pause_after(attempt, error, call.resend)
                 if pause is None:
                     raise
-                if moved and attempt == 0:
-                    pause = 0.0  # another gateway: no reason to wait before the first try
             attempt += 1
             time.sleep(pause)
 

@@ -15,7 +15,7 @@ import logging
 import os
 import secrets
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -29,6 +29,9 @@ from gateway.logs import setup_logging
 from gateway.settings import ServerSettings, add_arguments, load_settings
 from gateway.watches import WatchOptions
 from gateway.workers import supervise
+
+if TYPE_CHECKING:
+    from actors.spawn import ShardSpec
 
 __all__ = ["add_arguments", "app_options", "main", "reshard_main", "run", "settle_shards"]
 
@@ -292,7 +295,7 @@ def _ray_directory(
     return RayDirectory(handles, secret, owns_shards=local)
 
 
-def _check_shards(handles: list[Any], spec: Any) -> None:
+def _check_shards(handles: list[Any], spec: ShardSpec) -> None:
     """Whether the cluster's shards are for this gateway (its secret, count and store).
 
     Raises:
@@ -337,8 +340,12 @@ def shards_main(args: argparse.Namespace) -> int:
                     status, pid = ray.get(
                         [handle.status.remote(), handle.pid.remote()], timeout=args.timeout
                     )
-                    doc = {"shard": index, "pid": pid, "ready": status.ready}
-                    doc |= {"queues": status.queues}
+                    doc = {
+                        "shard": index,
+                        "pid": pid,
+                        "ready": status.ready,
+                        "queues": status.queues,
+                    }
                 except (ray.exceptions.RayError, TimeoutError) as exc:
                     doc = {"shard": index, "error": type(exc).__name__}
                 print(json.dumps(doc), flush=True)
