@@ -20,6 +20,13 @@ need any valid token. ``/healthz``, ``/readyz`` and the dashboard page are open;
 has its own SigV4 keys.
 
 Without tokens the server is open and must listen on loopback only (see gateway/server.py).
+
+Rate limits are per gateway process: each one (``--workers``, and every gateway of a
+cluster) keeps its own bucket per token, so a token's whole rate is ``rate`` times the
+processes its requests reach. Set ``rate`` to a process's share. A limit that held across
+gateways would need a count shared by all of them, consulted on every request: a hop to
+another process that costs about what a put costs, on the requests the limit is there to
+keep cheap, and a single point that every gateway waits on.
 """
 
 from __future__ import annotations

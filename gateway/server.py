@@ -26,7 +26,7 @@ from gateway.app import AppOptions, make_app
 from gateway.auth import Token, read_tokens
 from gateway.directory import Directory, LocalDirectory, RayDirectory
 from gateway.logs import setup_logging
-from gateway.settings import ServerSettings, add_arguments, load_settings
+from gateway.settings import PLACEHOLDER, ServerSettings, add_arguments, load_settings
 from gateway.watches import WatchOptions
 from gateway.workers import supervise
 
@@ -68,6 +68,14 @@ def main(args: argparse.Namespace) -> int:
         return 2
     if tokens:
         log.info("auth on: %d bearer token(s)", len(tokens))
+        for token in tokens:
+            if token.token.startswith(PLACEHOLDER):
+                log.error(
+                    "token %r is the shipped placeholder (%s…): anyone who read the "
+                    "manifests can use it; replace it",
+                    token.name,
+                    PLACEHOLDER,
+                )
     else:
         log.warning("no tokens configured: the API is open, listening on %s only", settings.host)
     return run(settings)
@@ -152,6 +160,12 @@ def run(settings: ServerSettings) -> int:
             )
             return 2
         secret = secrets.token_hex(16)  # the embedded default: this server's own cluster
+    elif secret.startswith(PLACEHOLDER):
+        log.error(
+            "the cluster secret is the shipped placeholder (%s…): replace it in every gateway "
+            "(EVQ_CLUSTER_SECRET), then stop and restart the shards",
+            PLACEHOLDER,
+        )
     workers = max(1, settings.workers)
     if settings.no_ray:
         if workers > 1:

@@ -23,6 +23,9 @@ MIB = 1024 * 1024
 SHARD_MEMORY_SHARE = 0.05
 SHARD_PROCESS_MIB = 52
 MIN_SECRET_CHARS = 16
+# The shipped Kubernetes manifests' secrets start with this: they work, and are logged as an
+# error until replaced.
+PLACEHOLDER = "REPLACE_ME"
 
 
 class ServerSettings(msgspec.Struct, kw_only=True):

@@ -6,8 +6,9 @@ with the object it is about (``Kind/name``): first the object's schema
 requests ≤ limits), probes of the gateway on /readyz and /healthz, probe and Service ports
 that name a real container port, selectors of Services and PodDisruptionBudgets that select
 something, references to ConfigMaps, Secrets, volumes and service accounts that exist, a
-termination grace period that covers the gateway's graceful stop, and Ray nodes that can
-host every shard.
+termination grace period that covers the gateway's graceful stop, a gateway on a pod
+address with tokens and (when it joins Ray) a cluster secret, and Ray nodes that can host
+every shard.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import re
 from decimal import Decimal
 from typing import Any
 
+from gateway.settings import MIN_SECRET_CHARS
 from tests.k8s.objects import Obj, Pod, World, data_of, name, parse_quantity, pods_of, target_name
 from tests.k8s.schemas import schema_problems
 
@@ -306,6 +308,18 @@ def check_gateway(obj: Obj, world: World) -> list[str]:
                 found.append(f"{where}: evq serve listens on {port}, not a container port")
             if env.get("EVQ_HOST", "127.0.0.1") in ("127.0.0.1", "localhost"):
                 found.append(f"{where}: EVQ_HOST must not be loopback in a pod")
+            elif not (env.get("EVQ_TOKENS") or env.get("EVQ_TOKENS_FILE")):
+                # evq serve refuses an open API on a non-loopback address (exit 2).
+                found.append(f"{where}: listens on {env.get('EVQ_HOST')} without tokens")
+            words = " ".join(str(w) for w in [*(c.get("command") or []), *(c.get("args") or [])])
+            if "--ray-address" in words and not (
+                len(env.get("EVQ_CLUSTER_SECRET", "")) >= MIN_SECRET_CHARS
+                or env.get("EVQ_CLUSTER_SECRET_FILE")
+            ):
+                found.append(
+                    f"{where}: joins a Ray cluster without a cluster secret of at least "
+                    f"{MIN_SECRET_CHARS} characters"
+                )
             pre_stop = (c.get("lifecycle") or {}).get("preStop")
             if not pre_stop:
                 found.append(f"{where}: no preStop hook to leave the Service before stopping")

@@ -112,6 +112,27 @@ def test_the_cluster_secret_reaches_the_gateway_that_joins_the_ray_cluster(base:
     assert "EVQ_CLUSTER_SECRET" in find(base, "Secret", "evq-cluster")["stringData"]
 
 
+def test_the_gateway_is_replicated_replaced_one_at_a_time_and_budgeted(base: Objs) -> None:
+    deployment = find(base, "Deployment", "evq-gateway")
+    spec = deployment["spec"]
+    assert spec["replicas"] >= 2
+    assert spec["strategy"]["type"] == "RollingUpdate"
+    assert spec["strategy"]["rollingUpdate"]["maxUnavailable"] == 0  # a new pod first
+    labels = spec["template"]["metadata"]["labels"]
+    budgets = [
+        o
+        for o in base
+        if o["kind"] == "PodDisruptionBudget"
+        and o["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    ]
+    assert len(budgets) == 1
+    assert budgets[0]["spec"]["maxUnavailable"] == 1
+    container = spec["template"]["spec"]["containers"][0]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    sources = {ref["secretRef"]["name"] for ref in container["envFrom"] if "secretRef" in ref}
+    assert {"evq-cluster", "evq-tokens", "evq-s3"} <= sources
+
+
 # ---------------------------------------------------------------- broken manifests
 
 
@@ -192,6 +213,17 @@ BROKEN: list[tuple[str, Mutation, str]] = [
         "RayCluster of an unknown version",
         lambda o: _set(find(o, "RayCluster", "evq-ray"), "apiVersion", "ray.io/v2"),
         "no CRD schema for ray.io/v2 RayCluster",
+    ),
+    # Rules: what evq serve itself refuses at start.
+    (
+        "gateway on the pod address without tokens",
+        lambda o: _gateway(o)["envFrom"].remove({"secretRef": {"name": "evq-tokens"}}),
+        "listens on 0.0.0.0 without tokens",
+    ),
+    (
+        "cluster secret too short",
+        lambda o: _set(find(o, "Secret", "evq-cluster"), "stringData.EVQ_CLUSTER_SECRET", "short"),
+        "without a cluster secret of at least 16 characters",
     ),
     # Rules: replicas and quantities.
     (
