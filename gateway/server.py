@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import ipaddress
 import json
 import logging
 import os
@@ -37,7 +38,17 @@ __all__ = ["add_arguments", "app_options", "main", "reshard_main", "run", "settl
 
 log = logging.getLogger("evq.serve")
 
-LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address (127.0.0.0/8, ::1) or ``localhost``."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 # The tokens read at start (the environment is read here only); workers get them with the
 # settings.
 settings_tokens: list[Token] = []
@@ -52,7 +63,7 @@ def main(args: argparse.Namespace) -> int:
     except (QueueError, OSError, ValueError) as exc:
         print(f"evq serve: {exc}", file=sys.stderr)
         return 2
-    if not tokens and settings.host not in LOOPBACK:
+    if not tokens and not is_loopback(settings.host):
         print(
             f"evq serve: no tokens configured: the API would be open to anyone on "
             f"{settings.host}; configure tokens (--tokens-file or EVQ_TOKENS) or listen on "

@@ -106,8 +106,10 @@ class Server:
         port: int | None = None,
         log: Path | None = None,
         env: dict[str, str] | None = None,
+        host: str = "127.0.0.1",
     ) -> None:
         self.data = data
+        self.host = host
         self.port = port or free_port()
         self.args = list(args)
         self.log_path = log or data.parent / f"evq-serve-{self.port}.log"
@@ -118,7 +120,7 @@ class Server:
     @property
     def url(self) -> str:
         """Base URL of the server."""
-        return f"http://127.0.0.1:{self.port}"
+        return f"http://{self.host}:{self.port}"
 
     @property
     def pid(self) -> int:
@@ -135,6 +137,8 @@ class Server:
         """
         assert self.proc is None or self.proc.poll() is not None, "already running"
         command = [*EVQ, "serve", "--data", str(self.data), "--port", str(self.port), *self.args]
+        if self.host != "127.0.0.1":
+            command += ["--host", self.host]
         self._log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
         self._log = self.log_path.open("ab")
         self.proc = subprocess.Popen(

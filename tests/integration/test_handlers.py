@@ -273,13 +273,13 @@ def test_free_cluster_resources_bound_the_concurrency(
 class Handle:
     """``evq handle`` in a session of its own, reaped whatever happens."""
 
-    def __init__(self, args: list[str], log: Path) -> None:
+    def __init__(self, args: list[str], log: Path, env: dict[str, str] | None = None) -> None:
         self.log = log
         with log.open("ab") as out:
             self.proc = subprocess.Popen(
                 [*EVQ, "handle", *args, "--status-every", "0"],
                 cwd=ROOT,
-                env=server_env(),
+                env=env or server_env(),
                 stdout=out,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,

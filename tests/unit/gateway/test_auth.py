@@ -14,6 +14,7 @@ import pytest
 from actors.errors import BadRequest
 from gateway.app import AppOptions
 from gateway.auth import _RULES, Token, load_tokens
+from gateway.server import is_loopback
 from tests.unit.gateway.conftest import Api, Serve
 
 ADMIN = Token(name="admin", token="admin-token-0123456789", queues={"*": "admin"})
@@ -175,3 +176,20 @@ def test_without_tokens_the_server_refuses_to_listen_beyond_loopback(tmp_path: A
     assert done.returncode == 2
     assert "no tokens configured" in done.stderr
     assert "127.0.0.1" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("host", "loopback"),
+    [
+        ("127.0.0.1", True),
+        ("127.0.0.3", True),
+        ("::1", True),
+        ("localhost", True),
+        ("0.0.0.0", False),
+        ("10.1.2.3", False),
+        ("::", False),
+        ("gateway.example", False),
+    ],
+)
+def test_only_loopback_addresses_may_serve_without_tokens(host: str, loopback: bool) -> None:
+    assert is_loopback(host) is loopback
