@@ -6,6 +6,10 @@ multiprocessing child ``SpawnProcess-<p + 1>``; a single process is 0), so 64 pr
 
 Run with ``loadtest/`` on ``PYTHONPATH`` and ``--adapter evq_queues:SpreadAdapter``;
 ``loadtest/bench_queues.py`` does.
+
+``GatewaysAdapter`` spreads the processes over gateways instead: ``--opt targets=URL,URL``
+sends the producers of process ``p`` to gateway ``p % len(targets)``, all on one queue
+(``loadtest/bench_gateways.py``).
 """
 
 from __future__ import annotations
@@ -50,3 +54,27 @@ class SpreadAdapter(HttpJsonAdapter):
             for name in _queues(queue, opts):
                 async with s.delete(f"{target.rstrip('/')}/v1/queues/{name}"):
                     pass
+
+
+def _targets(opts: dict) -> list[str]:
+    return [t for t in str(opts["targets"]).split(",") if t]
+
+
+class GatewaysAdapter(HttpJsonAdapter):
+    name = "evq_gateways"
+
+    def __init__(self, target: str, queue: str, opts: dict) -> None:
+        targets = _targets(opts)
+        super().__init__(targets[_process_slot() % len(targets)], queue, opts)
+
+    @classmethod
+    async def prepare(cls, target: str, queue: str, opts: dict) -> None:
+        async with aiohttp.ClientSession() as s:
+            async with s.put(f"{_targets(opts)[0]}/v1/queues/{queue}", json={}) as r:
+                r.raise_for_status()
+
+    @classmethod
+    async def cleanup(cls, target: str, queue: str, opts: dict) -> None:
+        async with aiohttp.ClientSession() as s:
+            async with s.delete(f"{_targets(opts)[0]}/v1/queues/{queue}"):
+                pass

@@ -62,15 +62,20 @@ class EvqServe:
     """``evq serve --data DATA`` on 127.0.0.1 with ``extra`` arguments, in its own session."""
 
     def __init__(
-        self, data: Path, log_path: Path, extra: Sequence[str] = (), port: int | None = None
+        self,
+        data: Path,
+        log_path: Path,
+        extra: Sequence[str] = (),
+        port: int | None = None,
+        env: dict[str, str] | None = None,
     ) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
         self.command = [sys.executable, "-m", "gateway.cli", "serve", "--data", str(data)]
         self.command += ["--host", "127.0.0.1", "--port", str(self.port), *extra]
-        env = {**os.environ, **RAY_ENV, "PYTHONUNBUFFERED": "1"}
-        self._log = open(log_path, "wb")  # noqa: SIM115 - lives as long as the server
+        env = {**os.environ, **RAY_ENV, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self._log = open(log_path, "ab")  # noqa: SIM115 - lives as long as the server
         self.proc = subprocess.Popen(
             self.command,
             cwd=ROOT,
