@@ -69,12 +69,12 @@ class GatewaysAdapter(HttpJsonAdapter):
 
     @classmethod
     async def prepare(cls, target: str, queue: str, opts: dict) -> None:
-        async with aiohttp.ClientSession() as s:
-            async with s.put(f"{_targets(opts)[0]}/v1/queues/{queue}", json={}) as r:
-                r.raise_for_status()
+        url = f"{_targets(opts)[0]}/v1/queues/{queue}"
+        async with aiohttp.ClientSession() as s, s.put(url, json={}) as r:
+            r.raise_for_status()
 
     @classmethod
     async def cleanup(cls, target: str, queue: str, opts: dict) -> None:
-        async with aiohttp.ClientSession() as s:
-            async with s.delete(f"{_targets(opts)[0]}/v1/queues/{queue}"):
-                pass
+        url = f"{_targets(opts)[0]}/v1/queues/{queue}"
+        async with aiohttp.ClientSession() as s, s.delete(url):
+            pass
