@@ -150,8 +150,9 @@ def test_the_shards_outlive_their_gateways_and_only_the_cluster_secret_opens_the
 
 def test_every_gateway_of_the_cluster_serves_every_queue_wait_and_watch(head: Head) -> None:
     """Two gateways on the same shards: a take waiting on one is answered by a put through
-    the other, a watcher on one sees a key set through the other, and each one's /metrics
-    and queue list show the queues made through the other."""
+    the other, a watcher on one sees a key set through the other, and each one's /metrics,
+    queue list and shard status (what the dashboard shows) cover the queues made through the
+    other."""
     a = head.gateway("a").start(ready_timeout=120)
     b = head.gateway("b")
     try:
@@ -167,6 +168,11 @@ def test_every_gateway_of_the_cluster_serves_every_queue_wait_and_watch(head: He
                 text = r.read().decode()
             assert 'queue="made-on-a"' in text
             assert 'queue="made-on-b"' in text
+            # The dashboard's other source: every shard's status, from either gateway.
+            status, doc = request("GET", f"{gw.url}/v1/status")
+            assert status == 200, doc
+            assert sorted(s["index"] for s in doc["shards"]) == list(range(SHARDS))
+            assert sum(s["queues"] for s in doc["shards"]) >= 2
 
         with ThreadPoolExecutor(2) as pool:
             waiting = pool.submit(
