@@ -77,14 +77,18 @@ def cluster_env() -> dict[str, str]:
 
 
 def ray_status(address: str) -> str:
-    """What ``ray status`` says of the cluster at ``address``."""
-    return subprocess.run(
-        [RAY, "status", "--address", address],
-        env=cluster_env(),
-        capture_output=True,
-        text=True,
-        timeout=30,
-    ).stdout
+    """What ``ray status`` says of the cluster at ``address`` ("" when it did not answer:
+    before the head's GCS is up, ``ray status`` may wait for it longer than we do)."""
+    try:
+        return subprocess.run(
+            [RAY, "status", "--address", address],
+            env=cluster_env(),
+            capture_output=True,
+            text=True,
+            timeout=20,
+        ).stdout
+    except subprocess.TimeoutExpired:
+        return ""
 
 
 class RayNode:
