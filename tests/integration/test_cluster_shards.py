@@ -87,7 +87,7 @@ def head() -> Iterator[Head]:
     h = Head()
     try:
         h.node.start()
-        eventually(h.up, timeout=60, interval=1.0, what="a one-node Ray cluster")
+        eventually(h.up, timeout=120, interval=1.0, what="a one-node Ray cluster")
         yield h
     finally:
         h.node.kill()
