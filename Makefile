@@ -4,6 +4,9 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 EXTRAS ?= dev
+# The SQS query protocol as older SDKs speak it (see the rule for $(LEGACY) below).
+LEGACY_VENV := .venv-sqs-legacy
+LEGACY      := $(LEGACY_VENV)/.installed
 
 .PHONY: setup serve test test-all lint fmt bench clean
 
@@ -29,17 +32,24 @@ fmt: $(STAMP)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-test: $(STAMP) lint chromium
+test: $(STAMP) lint chromium $(LEGACY)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-test-all: $(STAMP) chromium
+test-all: $(STAMP) chromium $(LEGACY)
 	$(PY) -m pytest -m '' $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) loadtest/bench_engine.py
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache build *.egg-info
+	rm -rf $(VENV) $(LEGACY_VENV) .pytest_cache .ruff_cache build *.egg-info
+
+# The SQS query protocol as older SDKs speak it: boto3/botocore 1.34.50 in a virtualenv of
+# their own, for tests/integration/test_sqs_legacy.py (pins in tests/sqs_legacy/).
+$(LEGACY): tests/sqs_legacy/requirements.txt
+	$(PYTHON) -m venv $(LEGACY_VENV)
+	$(LEGACY_VENV)/bin/pip install -q -r tests/sqs_legacy/requirements.txt
+	touch $(LEGACY)
 
 # A short headless Locust run of the mixed fleet (1000 producers + 1000 consumers, 60 s)
 # against a fresh evq serve on 127.0.0.1; CSV and HTML reports in loadtest/reports/.

@@ -44,6 +44,27 @@ _MAP_ITEMS = {
     "Tags": ("Tag", "Key", "Value"),
     "MessageAttributes": ("MessageAttribute", "Name", "Value"),
 }
+# The actions whose responses have an output shape: AWS sends their ``<{Action}Result>``
+# element even when it is empty, and the query protocol's parsers (botocore's among them)
+# look it up without a default. The others (DeleteMessage, PurgeQueue, …) have none.
+WITH_RESULT = frozenset(
+    {
+        "CancelMessageMoveTask",
+        "ChangeMessageVisibilityBatch",
+        "CreateQueue",
+        "DeleteMessageBatch",
+        "GetQueueAttributes",
+        "GetQueueUrl",
+        "ListDeadLetterSourceQueues",
+        "ListMessageMoveTasks",
+        "ListQueueTags",
+        "ListQueues",
+        "ReceiveMessage",
+        "SendMessage",
+        "SendMessageBatch",
+        "StartMessageMoveTask",
+    }
+)
 # XML 1.0 turns a raw CR into LF when parsing: send it as a character reference.
 _ENTITIES = {"\r": "&#xD;", '"': "&quot;"}
 
@@ -64,7 +85,7 @@ def json_error(error: SqsError) -> tuple[bytes, dict[str, str]]:
 def xml_result(action: str, result: dict[str, Any], request_id: str) -> bytes:
     """The query protocol's XML body for a result."""
     parts = [f'<?xml version="1.0"?><{action}Response xmlns="{XML_NS}">']
-    if result:
+    if result or action in WITH_RESULT:
         parts.append(f"<{action}Result>")
         _members(parts, result, action)
         parts.append(f"</{action}Result>")

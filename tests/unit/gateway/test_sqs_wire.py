@@ -323,6 +323,21 @@ def test_xml_results_flatten_lists_and_maps_as_sqs_does() -> None:
     assert [child.tag.split("}")[1] for child in empty] == ["ResponseMetadata"]
 
 
+def test_actions_with_an_output_shape_send_their_result_element_even_when_empty() -> None:
+    from botocore.session import get_session
+
+    model = get_session().get_service_model("sqs")
+    with_output = {op for op in model.operation_names if model.operation_model(op).output_shape}
+    assert with_output == render.WITH_RESULT  # the SQS model and evq agree on which have one
+    for action in model.operation_names:
+        root = ET.fromstring(render.xml_result(action, {}, "r"))
+        children = [child.tag.split("}")[1] for child in root]
+        if action in with_output:
+            assert children == [f"{action}Result", "ResponseMetadata"], action
+        else:
+            assert children == ["ResponseMetadata"], action
+
+
 def test_errors_carry_both_codes() -> None:
     error = SqsError("QueueDoesNotExist", "gone")
     body, headers = render.json_error(error)
