@@ -47,6 +47,8 @@ MAX_TAGS = 50
 RESERVED_PREFIX = "__evq"  # the server's own queues (watch-key partitions): not SQS queues
 
 CREATED, MODIFIED, TAG, ATTR = "sqs.created", "sqs.modified", "sqs.tag:", "sqs.attr:"
+PURGED = "sqs.purged"  # when the last PurgeQueue started, in ms (not a queue attribute)
+PURGE_INTERVAL_MS = 60_000  # SQS: one purge per queue in 60 s
 
 # name → (settings field, low, high, unit in ms or bytes)
 _ENGINE: dict[str, tuple[str, int, int, int]] = {

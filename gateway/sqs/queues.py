@@ -169,7 +169,24 @@ async def set_queue_attributes(ctx: Context) -> dict[str, Any]:
 
 
 async def purge_queue(ctx: Context) -> dict[str, Any]:
-    await ctx.run(ctx.queue(), cmd.Purge())
+    """Delete every message; a second purge of the queue within 60 s is refused, as SQS
+    does. The time is kept in the queue's settings (durable, and the same for every
+    gateway); two purges racing through two gateways may both pass."""
+    name = ctx.queue()
+    desc = await ctx.describe(name)
+    now = ctx.now_ms()
+    meta = dict(desc.settings.meta or {})
+    last = meta.get(qa.PURGED)
+    if last is not None and last.isdigit() and now - int(last) < qa.PURGE_INTERVAL_MS:
+        raise SqsError(
+            "PurgeQueueInProgress",
+            f"Only one PurgeQueue operation on {name} is allowed every 60 seconds.",
+            status=403,
+        )
+    meta[qa.PURGED] = str(now)
+    await ctx.run(name, cmd.PatchSettings({"meta": meta}))
+    ctx.forget(name)
+    await ctx.run(name, cmd.Purge())
     return {}
 
 

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
+from actors.clock import SystemClock
 from tests.unit.gateway.sqs_support import (
     ACCOUNT,
     REGION,
@@ -233,6 +234,42 @@ def test_purge_queue_empties_it(sqs: Any) -> None:
     assert sqs.receive_message(QueueUrl=url).get("Messages") is None
     got = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["ApproximateNumberOfMessages"])
     assert got["Attributes"]["ApproximateNumberOfMessages"] == "0"
+
+
+class MovableClock(SystemClock):
+    """The SQS face's clock, moved on by hand."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ahead_ms = 0
+
+    def now_ms(self) -> int:
+        return super().now_ms() + self.ahead_ms
+
+
+def test_a_second_purge_within_60_seconds_is_refused_as_sqs_does(tmp_path: Path) -> None:
+    clock = MovableClock()
+    with running(tmp_path / "data", clock=clock) as server, client_of(server) as sqs:
+        url = sqs.create_queue(QueueName=unique())["QueueUrl"]
+        other = sqs.create_queue(QueueName=unique())["QueueUrl"]
+        sqs.send_message(QueueUrl=url, MessageBody="a")
+        sqs.purge_queue(QueueUrl=url)
+        sqs.send_message(QueueUrl=url, MessageBody="b")
+        with pytest.raises(ClientError) as info:
+            sqs.purge_queue(QueueUrl=url)
+        assert error_code(info.value)[0] == "PurgeQueueInProgress"
+        assert info.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
+        sqs.purge_queue(QueueUrl=other)  # per queue
+        clock.ahead_ms = 59_000
+        with pytest.raises(ClientError):
+            sqs.purge_queue(QueueUrl=url)
+        got = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["All"])["Attributes"]
+        assert got["ApproximateNumberOfMessages"] == "1"  # the refused purge deleted nothing
+        assert "sqs.purged" not in json.dumps(got)
+        clock.ahead_ms = 61_000
+        sqs.purge_queue(QueueUrl=url)
+        got = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["ApproximateNumberOfMessages"])
+        assert got["Attributes"]["ApproximateNumberOfMessages"] == "0"
 
 
 def test_tags_are_added_listed_and_removed(sqs: Any) -> None:
