@@ -40,6 +40,7 @@ class AppOptions(msgspec.Struct, frozen=True, kw_only=True):
     batch_split_at: int = 128
     max_waiting_per_shard: int = 20_000  # commands waiting for a call toward one shard
     sqs_keys: dict[str, str] = {}  # SQS access key → secret; empty: no signature check
+    sqs_open: bool = True  # without keys, accept any request (False: refuse every one)
     tokens: list[Token] = []  # bearer tokens (gateway/auth.py); empty: no auth
     fast_path: bool = True  # the front door serves the hot commands itself (gateway/fast.py)
     watch: watches.WatchOptions = msgspec.field(default_factory=watches.WatchOptions)
@@ -83,7 +84,9 @@ def make_app(directory: Directory, options: AppOptions | None = None) -> web.App
         app[FAST] = Fast(app)
     watches.install(app, options.watch)
     metrics.install(app)  # GET /metrics
-    sqs.setup(app, keys=options.sqs_keys)  # POST / and queue URLs (gateway/sqs/README.md)
+    sqs.setup(
+        app, keys=options.sqs_keys, open_without_keys=options.sqs_open
+    )  # POST / and queue URLs (gateway/sqs/README.md)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.add_routes(dashboard.routes)  # GET /, /dashboard/*, /v1/status

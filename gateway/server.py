@@ -79,6 +79,12 @@ def main(args: argparse.Namespace) -> int:
         return 2
     if tokens:
         log.info("auth on: %d bearer token(s)", len(tokens))
+        if not settings.sqs_key_map() and not is_loopback(settings.host):
+            log.warning(
+                "the SQS API has no access keys (EVQ_SQS_KEYS): it refuses every request "
+                "while listening on %s",
+                settings.host,
+            )
         for token in tokens:
             if token.token.startswith(PLACEHOLDER):
                 log.error(
@@ -242,6 +248,7 @@ def app_options(settings: ServerSettings) -> AppOptions:
         max_waiting_takes=settings.max_waiting_takes,
         auto_create=settings.auto_create,
         sqs_keys=settings.sqs_key_map(),
+        sqs_open=is_loopback(settings.host),
         tokens=list(settings_tokens),
         batch_in_flight=settings.batch_in_flight,
         batch_split_at=settings.batch_split_at,

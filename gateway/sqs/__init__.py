@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from aiohttp import web
 
 from actors.clock import Clock, SystemClock
-from gateway.sqs.context import CLOCK, KEYS, SETTINGS_CACHE, SettingsCache
+from gateway.sqs.context import CLOCK, KEYS, OPEN, SETTINGS_CACHE, SettingsCache
 from gateway.sqs.handler import handle
 from gateway.sqs.queue_attrs import ACCOUNT
 
@@ -16,14 +16,20 @@ __all__ = ["ACCOUNT", "handle", "setup"]
 
 
 def setup(
-    app: web.Application, *, keys: Mapping[str, str] | None = None, clock: Clock | None = None
+    app: web.Application,
+    *,
+    keys: Mapping[str, str] | None = None,
+    clock: Clock | None = None,
+    open_without_keys: bool = True,
 ) -> None:
     """Serve SQS on ``POST /`` and on queue URLs (``POST /{account}/{queue}``).
 
     ``keys`` (access key → secret key): when given, every request must carry a valid AWS
-    Signature V4 by one of them; when empty, any credentials are accepted.
+    Signature V4 by one of them. When empty, any credentials are accepted if
+    ``open_without_keys`` (a server on loopback), and every request is refused otherwise.
     """
     app[KEYS] = dict(keys or {})
+    app[OPEN] = open_without_keys
     app[CLOCK] = clock or SystemClock()
     app[SETTINGS_CACHE] = SettingsCache()
     app.router.add_post("/", handle)

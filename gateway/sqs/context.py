@@ -16,7 +16,7 @@ from gateway import hot, native
 from gateway.sqs.queue_attrs import ACCOUNT, name_of_url
 from gateway.sqs.wire import Call, Params
 
-__all__ = ["CLOCK", "KEYS", "SETTINGS_CACHE", "Context", "SettingsCache"]
+__all__ = ["CLOCK", "KEYS", "OPEN", "SETTINGS_CACHE", "Context", "SettingsCache"]
 
 DEFAULT_REGION = "us-east-1"
 SETTINGS_TTL_S = 1.0  # how long a gateway trusts a queue's settings it has read
@@ -46,6 +46,8 @@ class SettingsCache:
 
 
 KEYS = web.AppKey("sqs_keys", dict)  # access key → secret key; empty: any credentials pass
+# Whether requests may come without keys configured (loopback only, like the native API).
+OPEN = web.AppKey("sqs_open", bool)
 CLOCK = web.AppKey("sqs_clock", Clock)
 SETTINGS_CACHE = web.AppKey("sqs_settings", SettingsCache)
 

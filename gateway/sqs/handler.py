@@ -18,7 +18,7 @@ from aiohttp import web
 
 from actors.errors import QueueError
 from gateway.sqs import render
-from gateway.sqs.context import CLOCK, KEYS, Context
+from gateway.sqs.context import CLOCK, KEYS, OPEN, Context
 from gateway.sqs.errors import SqsError, from_queue_error
 from gateway.sqs.leases import ACTIONS as LEASE_ACTIONS
 from gateway.sqs.messages import ACTIONS as MESSAGE_ACTIONS
@@ -108,6 +108,13 @@ def _authenticate(request: web.Request, body: bytes) -> str:
             now_ms=request.app[CLOCK].now_ms(),
         )
         return signature.region
+    if not request.app[OPEN]:
+        raise SqsError(
+            "InvalidClientTokenId",
+            "This server's SQS API has no access keys (EVQ_SQS_KEYS) and it does not listen "
+            "on loopback only, so it accepts no request.",
+            status=403,
+        )
     try:  # local development: any credentials; the region only names ARNs
         return parse_authorization(request.headers.get("Authorization", "")).region
     except SqsError:

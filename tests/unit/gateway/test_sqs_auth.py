@@ -20,7 +20,18 @@ from botocore.credentials import Credentials
 from botocore.exceptions import ClientError
 
 from actors.clock import SystemClock
-from tests.unit.gateway.sqs_support import REGION, SqsServer, client_of, error_code, running, unique
+from gateway.app import AppOptions
+from gateway.server import app_options
+from gateway.settings import ServerSettings
+from tests.unit.gateway.sqs_support import (
+    REGION,
+    SqsServer,
+    client_of,
+    error_code,
+    native,
+    running,
+    unique,
+)
 
 KEY, SECRET = "AKIDEVQTEST", "evq-secret"
 NS = {"q": "http://queue.amazonaws.com/doc/2012-11-05/"}
@@ -125,3 +136,27 @@ def test_requests_dated_too_far_from_the_server_clock_are_refused(tmp_path: Path
         sqs.list_queues()
     assert error_code(info.value)[1] == "SignatureDoesNotMatch"
     assert "Signature expired" in info.value.response["Error"]["Message"]
+
+
+def test_off_loopback_without_keys_the_sqs_api_refuses_everyone(tmp_path: Path) -> None:
+    with running(tmp_path / "data", options=AppOptions(sqs_open=False)) as closed:
+        with client_of(closed) as sqs, pytest.raises(ClientError) as info:
+            sqs.create_queue(QueueName=unique())
+        assert error_code(info.value)[1] == "InvalidClientTokenId"
+        assert info.value.response["ResponseMetadata"]["HTTPStatusCode"] == 403
+        assert "EVQ_SQS_KEYS" in str(info.value)
+        # The native API is not touched by this, and nothing was created.
+        assert native(closed, "GET", "/v1/queues")["queues"] == []
+    # With keys, off loopback: signed requests pass, others do not.
+    options = AppOptions(sqs_open=False)
+    with running(tmp_path / "keyed", keys={KEY: SECRET}, options=options) as keyed:
+        with signed_client(keyed) as sqs:
+            assert sqs.create_queue(QueueName=unique())["QueueUrl"]
+        with client_of(keyed) as anyone, pytest.raises(ClientError):
+            anyone.list_queues()
+
+
+@pytest.mark.parametrize(("host", "open_"), [("127.0.0.1", True), ("0.0.0.0", False)])
+def test_the_server_opens_sqs_without_keys_on_loopback_only(host: str, open_: bool) -> None:
+    settings = ServerSettings(host=host)
+    assert app_options(settings).sqs_open is open_
