@@ -84,9 +84,8 @@ def make_app(directory: Directory, options: AppOptions | None = None) -> web.App
         app[FAST] = Fast(app)
     watches.install(app, options.watch)
     metrics.install(app)  # GET /metrics
-    sqs.setup(
-        app, keys=options.sqs_keys, open_without_keys=options.sqs_open
-    )  # POST / and queue URLs (gateway/sqs/README.md)
+    # POST / and queue URLs (gateway/sqs/README.md)
+    sqs.setup(app, keys=options.sqs_keys, open_without_keys=options.sqs_open)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.add_routes(dashboard.routes)  # GET /, /dashboard/*, /v1/status
