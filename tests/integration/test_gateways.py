@@ -42,6 +42,7 @@ from tests.integration.test_two_node import (
     Cluster,
     cluster_env,
     queue_per_shard,
+    running_cluster,
 )
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
@@ -53,12 +54,8 @@ RETRIES = RetryPolicy(retries=12, backoff=0.05, max_backoff=0.5)
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
-    c = Cluster()
-    try:
-        c.start()
+    with running_cluster() as c:
         yield c
-    finally:
-        c.stop()
 
 
 @pytest.fixture(scope="module")

@@ -25,8 +25,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -40,6 +38,7 @@ from tests.integration.server import (
     eventually,
     free_port,
     kill_until_gone,
+    request,
     session_pids,
 )
 from tests.integration.test_two_node import HEAD_IP, RayNode, cluster_env, ray_status
@@ -75,21 +74,6 @@ class Manifests:
         return dict(config["data"])
 
 
-def _request(method: str, url: str, body: Any = None, token: str | None = None) -> tuple[int, Any]:
-    data = None if body is None else json.dumps(body).encode()
-    headers = {"Content-Type": "application/json"}
-    if token:
-        headers["Authorization"] = f"Bearer {token}"
-    req = urllib.request.Request(url, data=data, method=method, headers=headers)
-    try:
-        with urllib.request.urlopen(req, timeout=10) as r:
-            raw = r.read()
-            return r.status, json.loads(raw) if raw else None
-    except urllib.error.HTTPError as err:
-        raw = err.read()
-        return err.code, json.loads(raw) if raw else None
-
-
 @pytest.fixture
 def shard_node(s3_server: S3Server) -> Iterator[tuple[str, Manifests]]:
     """A one-node Ray cluster with the shard worker group's resources and environment."""
@@ -111,14 +95,9 @@ def shard_node(s3_server: S3Server) -> Iterator[tuple[str, Manifests]]:
             *("--include-dashboard", "false", "--temp-dir", str(root)),
         ],
         root / "head.log",
+        env=env,
     )
-    saved = os.environ.copy()
-    os.environ.update(env)  # RayNode starts with cluster_env(), i.e. this environment
-    try:
-        node.start()
-    finally:
-        os.environ.clear()
-        os.environ.update(saved)
+    node.start()
     try:
         eventually(
             lambda: ray_status(address).count(" node_") == 1,
@@ -171,7 +150,7 @@ def test_the_gateway_container_starts_as_shipped_and_serves_with_its_tokens(
                 f"{log_path.read_text(errors='replace')[-4000:]}"
             )
         try:
-            return _request("GET", f"{url}/readyz")[0] == 200
+            return request("GET", f"{url}/readyz", timeout=5)[0] == 200
         except OSError:
             return False
 
@@ -180,14 +159,15 @@ def test_the_gateway_container_starts_as_shipped_and_serves_with_its_tokens(
         [token] = json.loads(env["EVQ_TOKENS"])["token"]
         text = log_path.read_text(errors="replace")
         assert "shipped placeholder" in text  # said loudly, for the token and the secret
-        assert _request("PUT", f"{url}/v1/queues/jobs", {})[0] == 401
-        status, doc = _request("PUT", f"{url}/v1/queues/jobs", {}, token["token"])
+        assert request("PUT", f"{url}/v1/queues/jobs", {})[0] == 401
+        bearer = {"Authorization": f"Bearer {token['token']}"}
+        status, doc = request("PUT", f"{url}/v1/queues/jobs", {}, headers=bearer)
         assert status in (200, 201), doc
         put = {"messages": [{"body": "hello"}]}
-        status, doc = _request("POST", f"{url}/v1/queues/jobs/messages", put, token["token"])
+        status, doc = request("POST", f"{url}/v1/queues/jobs/messages", put, headers=bearer)
         assert status == 200, doc
         take = {"max": 10, "visibility_timeout": 30}
-        status, doc = _request("POST", f"{url}/v1/queues/jobs/take", take, token["token"])
+        status, doc = request("POST", f"{url}/v1/queues/jobs/take", take, headers=bearer)
         assert status == 200, doc
         assert [m["body"] for m in doc["messages"]] == ["hello"]
         # The log went to the S3 store, written by the shards on the shard node.

@@ -92,12 +92,16 @@ def ray_status(address: str) -> str:
 
 
 class RayNode:
-    """One ``ray start --block`` in a session of its own."""
+    """One ``ray start --block`` in a session of its own (environment: ``cluster_env()``
+    unless ``env`` is given)."""
 
-    def __init__(self, name: str, args: list[str], log: Path) -> None:
+    def __init__(
+        self, name: str, args: list[str], log: Path, env: dict[str, str] | None = None
+    ) -> None:
         self.name = name
         self.args = args
         self.log_path = log
+        self.env = env
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> RayNode:
@@ -114,7 +118,7 @@ class RayNode:
         with self.log_path.open("ab") as log:
             self.proc = subprocess.Popen(
                 [RAY, "start", "--block", "--disable-usage-stats", *self.args, *ports],
-                env=cluster_env(),
+                env=self.env or cluster_env(),
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -206,8 +210,8 @@ class Cluster:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-@pytest.fixture
-def cluster() -> Iterator[Cluster]:
+@contextlib.contextmanager
+def running_cluster() -> Iterator[Cluster]:
     """A running two-node cluster, always stopped at the end."""
     c = Cluster()
     try:
@@ -215,6 +219,12 @@ def cluster() -> Iterator[Cluster]:
         yield c
     finally:
         c.stop()
+
+
+@pytest.fixture
+def cluster() -> Iterator[Cluster]:
+    with running_cluster() as c:
+        yield c
 
 
 @pytest.fixture
