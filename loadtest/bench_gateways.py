@@ -42,10 +42,8 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-from served import RAY_ENV, ROOT, EvqServe, free_port, session_pids
+from served import RAY_ENV, ROOT, EvqServe, free_port, put_load, session_pids
 
-BENCH = ROOT.parent / "shared" / "bench"
-HERE = Path(__file__).resolve().parent
 HEAD_IP = "127.0.0.2"
 SECRET = "bench-gateways-cluster-secret"
 ENV = {"EVQ_CLUSTER_SECRET": SECRET, "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1"}
@@ -141,37 +139,22 @@ def cluster(shards: int, parent: str | None) -> Iterator[tuple[str, list[Gateway
 # ---------------------------------------------------------------- throughput
 
 
-def run_load(lg_python: str, targets: list[str], args: argparse.Namespace, out: str) -> dict:
+def run_load(lg_python: str, targets: list[str], args: argparse.Namespace) -> dict:
+    """One measured run of the load generator, its processes spread over ``targets``."""
     name = f"g{len(targets)}-{time.monotonic_ns()}"
-    cmd = [lg_python, str(BENCH / "loadgen.py"), "--adapter", "evq_queues:GatewaysAdapter"]
-    cmd += ["--target", targets[0], "--queue", name, "--producers", str(args.producers)]
-    cmd += ["--procs", str(args.procs), "--opt", f"targets={','.join(targets)}"]
-    cmd += ["--size", "100", "--duration", str(args.duration), "--warmup", "2"]
-    cmd += ["--runs", "1", "--record-group", name, "--name", name]
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(HERE),
-        "ANCHORS_RESULTS_DIR": out,
-        "ANCHORS_QUIET_MAX_WAIT": "0",
-    }
-    subprocess.run(cmd, cwd=BENCH, env=env, check=True, stdout=subprocess.DEVNULL, timeout=300)
-    with open(os.path.join(out, f"{name}.jsonl")) as f:
-        run = [json.loads(line) for line in f if line.strip()][-1]["runs"][0]
-    return {
-        "gateways": len(targets),
-        "puts_per_s": round(run["put_s"]),
-        "p50_ms": round(run["put_p50_ms"], 2),
-        "p99_ms": round(run["put_p99_ms"], 2),
-    }
+    load = [*("--producers", str(args.producers), "--procs", str(args.procs))]
+    load += ["--opt", f"targets={','.join(targets)}", "--duration", str(args.duration)]
+    adapter = "evq_queues:GatewaysAdapter"
+    return {"gateways": len(targets), **put_load(lg_python, adapter, targets[0], name, load)}
 
 
 def throughput(args: argparse.Namespace) -> None:
     results: dict[int, list[dict]] = {1: [], 2: []}
-    with cluster(args.shards, args.dir) as (_, gateways), tempfile.TemporaryDirectory() as out:
+    with cluster(args.shards, args.dir) as (_, gateways):
         urls = [gw.url for gw in gateways]
         for r in range(args.runs):
             for count in (1, 2) if r % 2 == 0 else (2, 1):
-                run = run_load(args.loadgen_python, urls[:count], args, out)
+                run = run_load(args.loadgen_python, urls[:count], args)
                 results[count].append(run)
                 say({"round": r, **run})
     summary = {

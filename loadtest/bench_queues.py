@@ -20,43 +20,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import tempfile
 import time
 from pathlib import Path
 
-from served import ROOT, EvqServe
-
-BENCH = ROOT.parent / "shared" / "bench"
-HERE = Path(__file__).resolve().parent
+from served import EvqServe, put_load
 
 
-def run_once(lg_python: str, url: str, queues: int, args: argparse.Namespace, out: str) -> dict:
+def run_once(lg_python: str, url: str, queues: int, args: argparse.Namespace) -> dict:
     """One measured run of the load generator against ``queues`` queues."""
     name = f"q{queues}-{time.monotonic_ns()}"
-    cmd = [lg_python, str(BENCH / "loadgen.py"), "--adapter", "evq_queues:SpreadAdapter"]
-    cmd += ["--target", url, "--queue", name, "--producers", str(args.producers)]
-    cmd += ["--procs", str(args.procs), "--opt", f"queues={queues}"]
-    cmd += ["--opt", f"per_proc={args.producers // args.procs}", "--size", "100"]
-    cmd += ["--duration", str(args.duration), "--warmup", "2", "--runs", "1"]
-    cmd += ["--record-group", name, "--name", name]
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(HERE),
-        "ANCHORS_RESULTS_DIR": out,
-        "ANCHORS_QUIET_MAX_WAIT": "0",
-    }
-    subprocess.run(cmd, cwd=BENCH, env=env, check=True, stdout=subprocess.DEVNULL, timeout=300)
-    with open(os.path.join(out, f"{name}.jsonl")) as f:
-        run = [json.loads(line) for line in f if line.strip()][-1]["runs"][0]
-    return {
-        "queues": queues,
-        "puts_per_s": round(run["put_s"]),
-        "p50_ms": round(run["put_p50_ms"], 2),
-        "p99_ms": round(run["put_p99_ms"], 2),
-    }
+    load = [*("--producers", str(args.producers), "--procs", str(args.procs))]
+    load += [*("--opt", f"queues={queues}", "--opt", f"per_proc={args.producers // args.procs}")]
+    load += ["--duration", str(args.duration)]
+    return {"queues": queues, **put_load(lg_python, "evq_queues:SpreadAdapter", url, name, load)}
 
 
 def main() -> None:
@@ -83,7 +61,7 @@ def main() -> None:
                 # deletes its queues as it ends), so the order would pick the winner.
                 order = args.queues if round_ % 2 == 0 else args.queues[::-1]
                 for queues in order:
-                    rec = run_once(args.loadgen_python, server.url, queues, args, tmp)
+                    rec = run_once(args.loadgen_python, server.url, queues, args)
                     runs[queues].append(rec)
                     print(json.dumps(rec), flush=True)
         finally:

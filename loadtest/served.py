@@ -15,6 +15,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -30,6 +31,33 @@ RAY_ENV = {
     "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "0",
     "RAY_USAGE_STATS_ENABLED": "0",
 }
+
+
+BENCH = ROOT.parent / "shared" / "bench"  # the shared harness and its load generator
+
+
+def put_load(lg_python: str, adapter: str, target: str, queue: str, args: Sequence[str]) -> dict:
+    """One measured run of the shared load generator (``loadgen.py``, the adapter from
+    ``loadtest/``) putting 100-B messages through ``target`` into ``queue``, with ``args``
+    (producers, processes, duration, ``--opt``s); answers puts/s, p50 and p99 in ms."""
+    with tempfile.TemporaryDirectory() as out:
+        cmd = [lg_python, str(BENCH / "loadgen.py"), "--adapter", adapter, "--target", target]
+        cmd += ["--queue", queue, "--size", "100", "--warmup", "2", "--runs", "1"]
+        cmd += ["--record-group", queue, "--name", queue, *args]
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(Path(__file__).resolve().parent),
+            "ANCHORS_RESULTS_DIR": out,
+            "ANCHORS_QUIET_MAX_WAIT": "0",
+        }
+        subprocess.run(cmd, cwd=BENCH, env=env, check=True, stdout=subprocess.DEVNULL, timeout=300)
+        with open(os.path.join(out, f"{queue}.jsonl")) as f:
+            run = [json.loads(line) for line in f if line.strip()][-1]["runs"][0]
+    return {
+        "puts_per_s": round(run["put_s"]),
+        "p50_ms": round(run["put_p50_ms"], 2),
+        "p99_ms": round(run["put_p99_ms"], 2),
+    }
 
 
 def free_port() -> int:
