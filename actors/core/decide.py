@@ -22,7 +22,7 @@ from actors.core import commands as cmd
 from actors.core import events as ev
 from actors.core import replies as rp
 from actors.core.ids import IdSource
-from actors.core.state import READY, RESERVED, STATE_NAMES, Message, QueueState
+from actors.core.state import GONE, READY, RESERVED, STATE_NAMES, Message, QueueState
 from actors.errors import (
     BadRequest,
     Conflict,
@@ -357,6 +357,7 @@ def _peek_ready(state: QueueState, limit: int, consume: bool = False) -> list[Me
     popped: list[tuple[int, int, Message]] = []
     picked: list[Message] = []
     seen: set[int] = set()
+    fifo = state.settings.fifo
     while heap and len(picked) < limit:
         entry = pop(heap)
         m = entry[2]
@@ -366,10 +367,34 @@ def _peek_ready(state: QueueState, limit: int, consume: bool = False) -> list[Me
         if m.seq not in seen:
             seen.add(m.seq)
             picked.append(m)
+            if fifo:
+                _run_of_group(state, m, limit, picked, seen)
     if not consume:
         for entry in popped:
             heapq.heappush(heap, entry)
     return picked
+
+
+def _run_of_group(
+    state: QueueState, head: Message, limit: int, picked: list[Message], seen: set[int]
+) -> None:
+    """After a FIFO group's ``head``, the ready messages that follow it in the group, in
+    order, up to ``limit`` in all (as SQS hands out several messages of one group in a
+    receive). The run ends at the first message that is not ready: a delayed one holds
+    back those behind it."""
+    after_head = False
+    for m in state.groups[head.group].msgs:  # type: ignore[index]
+        if len(picked) >= limit:
+            return
+        if not after_head:
+            after_head = m is head
+            continue
+        if m.state >= GONE:
+            continue  # left the group; dropped from its front later
+        if m.state != READY:
+            return
+        seen.add(m.seq)
+        picked.append(m)
 
 
 def _visibility(vt: int | None, s: QueueSettings) -> int:

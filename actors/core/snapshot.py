@@ -137,7 +137,7 @@ def _index_groups(s: QueueState) -> None:
         if group is None:
             group = s.groups[m.group] = Group()  # type: ignore[index]
         group.msgs.append(m)
-        group.busy |= m.state == RESERVED
+        group.busy += m.state == RESERVED
     for group in s.groups.values():
         head = group.msgs[0]
         if head.state == READY and not group.busy:

@@ -85,13 +85,15 @@ class Message(msgspec.Struct, array_like=True, gc=False):
 
 
 class Group:
-    """A FIFO message group: its messages in order; ``busy`` while its head is reserved."""
+    """A FIFO message group: its messages in order, and how many of them are reserved
+    (``busy``). A take hands out a run of a group's ready messages at once; the group is
+    blocked until none of them is in flight."""
 
     __slots__ = ("busy", "msgs")
 
     def __init__(self) -> None:
         self.msgs: deque[Message] = deque()
-        self.busy = False
+        self.busy = 0
 
 
 class Observer(Protocol):
@@ -241,7 +243,7 @@ class QueueState:
                 m.first_taken_ms = at
             push(reserved, (deadline, m.seq, m))
             if fifo:
-                self.groups[m.group].busy = True  # type: ignore[index]
+                self.groups[m.group].busy += 1  # type: ignore[index]
             n += 1
         self.n_ready -= n
         self.n_reserved += n
@@ -438,7 +440,15 @@ class QueueState:
         m.lease = 0
         m.deadline_ms = 0
         if self.settings.fifo:
-            self.groups[m.group].busy = False  # type: ignore[index]
+            group = self.groups[m.group]  # type: ignore[index]
+            group.busy -= 1
+            if not group.busy:
+                # The group is free again. A head that came back while others of its run
+                # were still in flight is offered now; ``m`` itself is offered (or removed)
+                # by the caller.
+                head = _head(group)
+                if head is not None and head is not m and head.state == READY:
+                    heapq.heappush(self.ready, (head.activate_at_ms, head.seq, head))
 
     def _exhausted(self, m: Message) -> bool:
         limit = self.settings.max_receives

@@ -2,7 +2,8 @@
 
 Each message gets its own outcome: what the function returned, or a :class:`Failure` when
 it raised (one failing message does not fail the others). An ``async`` function runs its
-messages concurrently within the task; a plain one runs them one after another. In batch
+messages concurrently within the task, but those of one FIFO group in order, one after
+another; a plain one runs them all one after another. In batch
 mode the function is called once with the whole list.
 
 This module is plain Python: the runtime wraps :func:`run_task` with ``ray.remote`` (or runs
@@ -57,10 +58,19 @@ def _run_batch(handler: Handler, messages: Sequence[Message]) -> list[Any]:
 
 
 async def _run_async(handler: Handler, messages: Sequence[Message]) -> list[Any]:
-    async def one(message: Message) -> Any:
-        try:
-            return await handler.fn(message)
-        except Exception as exc:
-            return _failure(exc)
+    """Messages concurrently, except that those of one FIFO group run one after another,
+    in order (a take may hand out a run of one group)."""
+    outcomes: list[Any] = [None] * len(messages)
+    lanes: dict[object, list[int]] = {}
+    for i, message in enumerate(messages):
+        lanes.setdefault(i if message.group is None else ("group", message.group), []).append(i)
 
-    return list(await asyncio.gather(*(one(m) for m in messages)))
+    async def lane(indexes: list[int]) -> None:
+        for i in indexes:
+            try:
+                outcomes[i] = await handler.fn(messages[i])
+            except Exception as exc:
+                outcomes[i] = _failure(exc)
+
+    await asyncio.gather(*(lane(indexes) for indexes in lanes.values()))
+    return outcomes

@@ -158,8 +158,23 @@ class Reference:
         self.idem = keys
         return results
 
+    def runs(self) -> list[RMsg]:
+        """What take hands out, in order: in a FIFO queue, each takeable group head followed
+        by the ready messages right behind it in its group."""
+        heads = self.takeable()
+        if not self.settings.fifo:
+            return heads
+        out: list[RMsg] = []
+        for head in heads:
+            members = [m for m in self.msgs if m.group == head.group]
+            for m in members:
+                if m.state != "ready":
+                    break
+                out.append(m)
+        return out
+
     def take(self, now: int, limit: int, vt: int | None) -> list[RMsg]:
-        picked = self.takeable()[:limit]
+        picked = self.runs()[:limit]
         deadline = now + (self.settings.visibility_timeout_ms if vt is None else vt)
         for m in picked:
             m.state = "reserved"

@@ -1797,12 +1797,45 @@ def fifo(*specs: tuple[bytes, str], **kw: typing.Any) -> Q:
 def test_fifo_hands_out_a_group_in_strict_order_one_at_a_time() -> None:
     q = fifo((b"a", "g"), (b"b", "g"), (b"c", "g"))
     for expected in (b"a", b"b", b"c"):
-        [d] = q.take(T2, max=10)
+        [d] = q.take(T2, max=1)
         assert d.body == expected
         assert d.group == "g"
         assert q.take(T2, max=10) == []
         assert q.ack(T2, (d.id, d.lease)) == ["ok"]
     assert q.stats(T2).groups == 0
+
+
+def test_fifo_a_take_hands_out_a_run_of_one_group_in_order_up_to_max() -> None:
+    q = fifo((b"a", "g"), (b"b", "g"), (b"c", "g"), (b"x", "h"))
+    taken = q.take(T2, max=2)
+    assert [d.body for d in taken] == [b"a", b"b"]
+    assert {d.group for d in taken} == {"g"}
+    assert q.bodies(T2, max=10) == b"x"  # g is blocked while any of its run is out
+
+
+def test_fifo_a_group_stays_blocked_until_its_whole_run_is_done() -> None:
+    q = fifo((b"a", "g"), (b"b", "g"), (b"c", "g"))
+    a, b = q.take(T2, max=2)
+    assert q.ack(T2, (b.id, b.lease)) == ["ok"]
+    assert q.take(T2, max=10) == []  # a still out
+    assert q.ack(T2, (a.id, a.lease)) == ["ok"]
+    assert q.bodies(T2, max=10) == b"c"
+
+
+def test_fifo_a_head_back_while_its_run_is_out_is_offered_once_the_group_is_free() -> None:
+    q = fifo((b"a", "g"), (b"b", "g"), (b"c", "g"))
+    [a] = q.take(T1, max=1, vt=1_000)
+    assert q.release(T1, a.id, a.lease) == ["ok"]
+    a, b = q.take(T1, max=2, vt=1_000)
+    q.run(c.Touch([c.TouchItem(id=b.id, lease=b.lease, visibility_timeout_ms=60_000)]), T1)
+    assert q.take(T1 + 1_000, max=10) == []  # a's lease ended, b is still out
+    assert q.ack(T1 + 1_000, (b.id, b.lease)) == ["ok"]
+    assert q.bodies(T1 + 1_000, max=10) == b"ac"
+
+
+def test_fifo_a_take_fills_up_from_the_next_group() -> None:
+    q = fifo((b"a", "g"), (b"b", "g"), (b"x", "h"), (b"y", "h"), (b"z", "h"))
+    assert q.bodies(T2, max=4) == b"abxy"
 
 
 def test_fifo_blocks_a_group_while_one_of_its_messages_is_reserved() -> None:
@@ -1823,7 +1856,7 @@ def test_fifo_serves_other_groups_in_activation_then_arrival_order() -> None:
         nm(b"x", group="h", activate_at_ms=T1 - 1_000),
         nm(b"p", group="i"),
     )
-    assert q.bodies(T2, max=10) == b"xap"
+    assert q.bodies(T2, max=10) == b"xabp"
 
 
 @pytest.mark.parametrize(
@@ -1831,8 +1864,8 @@ def test_fifo_serves_other_groups_in_activation_then_arrival_order() -> None:
     [
         pytest.param("ack", b"b", id="ack-unblocks-the-next"),
         pytest.param("delete", b"b", id="delete-unblocks-the-next"),
-        pytest.param("release", b"a", id="release-keeps-the-head"),
-        pytest.param("expiry", b"a", id="expiry-keeps-the-head"),
+        pytest.param("release", b"ab", id="release-keeps-the-head"),
+        pytest.param("expiry", b"ab", id="expiry-keeps-the-head"),
     ],
 )
 def test_fifo_unblocks_a_group_when_its_reserved_message_is_done(
@@ -1857,7 +1890,7 @@ def test_fifo_a_delayed_head_blocks_its_group() -> None:
     q.put(T1, nm(b"a", group="g", delay_ms=5_000), nm(b"b", group="g"), nm(b"x", group="h"))
     assert q.bodies(T1, max=10) == b"x"
     assert q.bodies(T1 + 4_999, max=10) == b""
-    assert q.bodies(T1 + 5_000, max=10) == b"a"
+    assert q.bodies(T1 + 5_000, max=10) == b"ab"
 
 
 def test_fifo_a_head_released_with_a_delay_blocks_its_group_until_due() -> None:
@@ -1865,14 +1898,14 @@ def test_fifo_a_head_released_with_a_delay_blocks_its_group_until_due() -> None:
     [d] = q.take(T1)
     q.release(T2, d.id, d.lease, delay_ms=3_000)
     assert q.bodies(T2 + 2_999, max=10) == b""
-    assert q.bodies(T2 + 3_000, max=10) == b"a"
+    assert q.bodies(T2 + 3_000, max=10) == b"ab"
 
 
 def test_fifo_a_head_rescheduled_later_blocks_its_group() -> None:
     q = fifo((b"a", "g"), (b"b", "g"))
     q.run(c.Reschedule(id="1", delay_ms=3_000), T2)
     assert q.bodies(T2, max=10) == b""
-    assert q.bodies(T2 + 3_000, max=10) == b"a"
+    assert q.bodies(T2 + 3_000, max=10) == b"ab"
 
 
 def test_fifo_deleting_a_delayed_head_unblocks_the_next() -> None:
@@ -1897,11 +1930,11 @@ def test_fifo_retention_of_a_reserved_head_unblocks_the_next() -> None:
     assert q.bodies(T1 + RETENTION, max=10) == b"b"
 
 
-def test_fifo_peek_ready_shows_only_the_heads_of_unblocked_groups() -> None:
+def test_fifo_peek_ready_shows_the_runs_of_unblocked_groups() -> None:
     q = fifo((b"a", "g"), (b"b", "g"), (b"x", "h"), (b"y", "h"))
     q.take(T2)
     _, views = q.run(c.PeekReady(10), T2)
-    assert [v.body for v in views] == [b"x"]
+    assert [v.body for v in views] == [b"x", b"y"]
 
 
 def test_fifo_stats_count_groups_and_age_only_takeable_heads() -> None:

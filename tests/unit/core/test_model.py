@@ -199,7 +199,7 @@ class QueueMachine(RuleBasedStateMachine):
 
     def do_peek_ready(self, limit: int) -> None:
         reply = self.run(c.PeekReady(limit))
-        assert [v.id for v in reply] == [str(m.id) for m in self.ref.takeable()[:limit]]
+        assert [v.id for v in reply] == [str(m.id) for m in self.ref.runs()[:limit]]
 
     def do_replay_from_events(self) -> None:
         """The state rebuilt from the log equals the live state; carry on with it."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import pickle
 import time
 
@@ -143,6 +144,27 @@ def test_an_async_handler_runs_its_messages_concurrently_in_one_task() -> None:
     outcomes = run_task(funcs.wait_a_little, [msg(mid=str(i)) for i in range(10)])
     assert outcomes == [None] * 10
     assert time.perf_counter() - started < 1.5  # 10 x 0.2 s one after another would be 2 s
+
+
+def test_an_async_handler_runs_one_fifo_group_in_order_and_groups_side_by_side() -> None:
+    events: list[tuple[str, str]] = []
+
+    async def record(message: Message) -> None:
+        events.append(("start", message.id))
+        await asyncio.sleep(0.05 if message.id.endswith("1") else 0.01)
+        events.append(("end", message.id))
+
+    h = Handler(record, HandlerOptions(queue="q.fifo"))
+    taken = [
+        Message(id=f"{g}{i}", body=b"x", attributes={}, receive_count=1, queue="q", group=g)
+        for g in ("g", "h")
+        for i in (1, 2, 3)
+    ]
+    assert run_task(h, taken) == [None] * 6
+    for g in ("g", "h"):
+        mine = [e for e in events if e[1].startswith(g)]
+        assert mine == [(kind, f"{g}{i}") for i in (1, 2, 3) for kind in ("start", "end")]
+    assert events[:2] == [("start", "g1"), ("start", "h1")]  # the groups overlap
 
 
 def test_a_batch_handler_is_called_once_with_the_list() -> None:
