@@ -41,6 +41,8 @@ class AppOptions(msgspec.Struct, frozen=True, kw_only=True):
     max_waiting_per_shard: int = 20_000  # commands waiting for a call toward one shard
     sqs_keys: dict[str, str] = {}  # SQS access key → secret; empty: no signature check
     sqs_open: bool = True  # without keys, accept any request (False: refuse every one)
+    # The cluster secret (signs SQS receipt handles alike on every gateway); None: random.
+    cluster_secret: str | None = None
     tokens: list[Token] = []  # bearer tokens (gateway/auth.py); empty: no auth
     fast_path: bool = True  # the front door serves the hot commands itself (gateway/fast.py)
     watch: watches.WatchOptions = msgspec.field(default_factory=watches.WatchOptions)
@@ -85,7 +87,12 @@ def make_app(directory: Directory, options: AppOptions | None = None) -> web.App
     watches.install(app, options.watch)
     metrics.install(app)  # GET /metrics
     # POST / and queue URLs (gateway/sqs/README.md)
-    sqs.setup(app, keys=options.sqs_keys, open_without_keys=options.sqs_open)
+    sqs.setup(
+        app,
+        keys=options.sqs_keys,
+        open_without_keys=options.sqs_open,
+        cluster_secret=options.cluster_secret,
+    )
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.add_routes(dashboard.routes)  # GET /, /dashboard/*, /v1/status

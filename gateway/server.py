@@ -199,7 +199,7 @@ def run(settings: ServerSettings) -> int:
 
             ray.shutdown()
             return 2
-    app = make_app(directory, app_options(settings))
+    app = make_app(directory, app_options(settings, secret))
     if workers > 1:
         assert isinstance(directory, RayDirectory)
         app.cleanup_ctx.append(
@@ -239,9 +239,11 @@ def run(settings: ServerSettings) -> int:
     return 0
 
 
-def app_options(settings: ServerSettings) -> AppOptions:
-    """The gateway's options from the server settings (every gateway process alike)."""
+def app_options(settings: ServerSettings, cluster_secret: str | None = None) -> AppOptions:
+    """The gateway's options from the server settings and the cluster secret (every gateway
+    process alike)."""
     return AppOptions(
+        cluster_secret=cluster_secret,
         max_body_bytes=settings.max_body_bytes,
         max_requests=settings.max_requests,
         max_connections=settings.max_connections,

@@ -214,7 +214,7 @@ def worker_main() -> int:
     )
     directory = ChannelDirectory(spec.shards, spec.secret, _control_lookup(spec))
     try:
-        options = msgspec.structs.replace(app_options(settings), tokens=spec.tokens)
+        options = msgspec.structs.replace(app_options(settings, spec.secret), tokens=spec.tokens)
     except BadRequest as exc:
         print(f"evq worker: {exc}", file=sys.stderr)
         return 2

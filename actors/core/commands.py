@@ -120,21 +120,29 @@ class TouchItem(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Ack(msgspec.Struct, frozen=True, tag=True):
-    """Delete reserved messages whose leases are current."""
+    """Delete reserved messages whose leases are current.
+
+    ``lenient``: each lease is one the caller held once, not necessarily the current one
+    (the SQS face, whose signed receipt handles prove it): the message is deleted whatever
+    its state, as SQS deletes a message by the handle of an earlier receive."""
 
     items: list[LeaseRef]
+    lenient: bool = False
 
 
 class Release(msgspec.Struct, frozen=True, tag=True):
-    """Return reserved messages to the queue."""
+    """Return reserved messages to the queue (``lenient``: as for :class:`Ack`, a reserved
+    message is released whoever holds its current lease)."""
 
     items: list[ReleaseItem]
+    lenient: bool = False
 
 
 class Touch(msgspec.Struct, frozen=True, tag=True):
-    """Extend leases."""
+    """Extend leases (``lenient``: as for :class:`Release`)."""
 
     items: list[TouchItem]
+    lenient: bool = False
 
 
 class Update(msgspec.Struct, frozen=True, kw_only=True, tag=True):

@@ -425,16 +425,22 @@ def _lookup(state: QueueState, mid: object) -> Message | None:
     return state.messages.get(mid)
 
 
-def _lease_status(state: QueueState, m: Message | None, lease: object) -> str:
+def _lease_status(
+    state: QueueState, m: Message | None, lease: object, lenient: bool = False
+) -> str:
     if m is None:
         return rp.NOT_FOUND
-    if m.state != RESERVED or not isinstance(lease, str) or lease != str(m.lease):
+    if m.state != RESERVED:
+        return rp.STALE_LEASE
+    if not lenient and (not isinstance(lease, str) or lease != str(m.lease)):
         return rp.STALE_LEASE
     return rp.OK
 
 
 def _ack(state: QueueState, c: cmd.Ack, now: int, ids: IdSource) -> Decision:
     _check_batch(len(c.items), "items")
+    if c.lenient:
+        return _ack_lenient(state, c, now)
     acked: list[ev.MessageId] = []
     done: set[ev.MessageId] = set()
     results = []
@@ -453,6 +459,30 @@ def _ack(state: QueueState, c: cmd.Ack, now: int, ids: IdSource) -> Decision:
     return ([ev.MessagesAcked(now, acked)] if acked else []), results
 
 
+def _ack_lenient(state: QueueState, c: cmd.Ack, now: int) -> Decision:
+    """An ack whose leases may be old: a message held under the lease is acked, any other
+    one that is still here is deleted (ready, delayed, or reserved by a later take)."""
+    acked: list[ev.MessageId] = []
+    deleted: list[ev.MessageId] = []
+    done: set[ev.MessageId] = set()
+    results = []
+    for item in c.items:
+        m = _lookup(state, item.id)
+        if m is None or m.id in done:
+            results.append(rp.ItemResult(item.id, rp.NOT_FOUND))
+            continue
+        done.add(m.id)
+        current = m.state == RESERVED and item.lease == str(m.lease)
+        (acked if current else deleted).append(m.id)
+        results.append(rp.ItemResult(item.id, rp.OK))
+    events: list[ev.Event] = []
+    if acked:
+        events.append(ev.MessagesAcked(now, acked))
+    if deleted:
+        events.append(ev.MessagesDeleted(now, deleted))
+    return events, results
+
+
 def _release(state: QueueState, c: cmd.Release, now: int, ids: IdSource) -> Decision:
     _check_batch(len(c.items), "items")
     released: list[ev.MessageId] = []
@@ -468,7 +498,7 @@ def _release(state: QueueState, c: cmd.Release, now: int, ids: IdSource) -> Deci
             gone = limit is not None and m.receive_count >= limit
             status = rp.NOT_FOUND if gone else rp.STALE_LEASE
         else:
-            status = _lease_status(state, m, item.lease)
+            status = _lease_status(state, m, item.lease, c.lenient)
         if status == rp.OK:
             released.append(m.id)  # type: ignore[union-attr]
             done.add(m.id)  # type: ignore[union-attr]
@@ -485,7 +515,7 @@ def _touch(state: QueueState, c: cmd.Touch, now: int, ids: IdSource) -> Decision
     for item in c.items:
         deadline = now + _visibility(item.visibility_timeout_ms, state.settings)
         m = _lookup(state, item.id)
-        status = _lease_status(state, m, item.lease)
+        status = _lease_status(state, m, item.lease, c.lenient)
         if status == rp.OK:
             touched.append(m.id)  # type: ignore[union-attr]
             deadlines.append(deadline)

@@ -3,14 +3,16 @@ gateway's port, translated onto the engine's commands through the native API's b
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Mapping
 
 from aiohttp import web
 
 from actors.clock import Clock, SystemClock
-from gateway.sqs.context import CLOCK, KEYS, OPEN, SETTINGS_CACHE, SettingsCache
+from gateway.sqs.context import CLOCK, KEYS, OPEN, RECEIPT_KEY, SETTINGS_CACHE, SettingsCache
 from gateway.sqs.handler import handle
 from gateway.sqs.queue_attrs import ACCOUNT
+from gateway.sqs.receipts import receipt_key
 
 __all__ = ["ACCOUNT", "handle", "setup"]
 
@@ -21,16 +23,20 @@ def setup(
     keys: Mapping[str, str] | None = None,
     clock: Clock | None = None,
     open_without_keys: bool = True,
+    cluster_secret: str | None = None,
 ) -> None:
     """Serve SQS on ``POST /`` and on queue URLs (``POST /{account}/{queue}``).
 
     ``keys`` (access key → secret key): when given, every request must carry a valid AWS
     Signature V4 by one of them. When empty, any credentials are accepted if
     ``open_without_keys`` (a server on loopback), and every request is refused otherwise.
+    ``cluster_secret`` signs receipt handles, so that every gateway of the cluster accepts
+    the others' (None: a key of this process's own).
     """
     app[KEYS] = dict(keys or {})
     app[OPEN] = open_without_keys
     app[CLOCK] = clock or SystemClock()
+    app[RECEIPT_KEY] = receipt_key(cluster_secret or secrets.token_hex(32))
     app[SETTINGS_CACHE] = SettingsCache()
     app.router.add_post("/", handle)
     app.router.add_post(r"/{account:\d{12}}/{queue}", handle)

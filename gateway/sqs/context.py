@@ -16,7 +16,7 @@ from gateway import hot, native
 from gateway.sqs.queue_attrs import ACCOUNT, name_of_url
 from gateway.sqs.wire import Call, Params
 
-__all__ = ["CLOCK", "KEYS", "OPEN", "SETTINGS_CACHE", "Context", "SettingsCache"]
+__all__ = ["CLOCK", "KEYS", "OPEN", "RECEIPT_KEY", "SETTINGS_CACHE", "Context", "SettingsCache"]
 
 DEFAULT_REGION = "us-east-1"
 SETTINGS_TTL_S = 1.0  # how long a gateway trusts a queue's settings it has read
@@ -49,6 +49,7 @@ KEYS = web.AppKey("sqs_keys", dict)  # access key → secret key; empty: any cre
 # Whether requests may come without keys configured (loopback only, like the native API).
 OPEN = web.AppKey("sqs_open", bool)
 CLOCK = web.AppKey("sqs_clock", Clock)
+RECEIPT_KEY = web.AppKey("sqs_receipt_key", bytes)  # signs receipt handles (receipts.py)
 SETTINGS_CACHE = web.AppKey("sqs_settings", SettingsCache)
 
 
@@ -87,6 +88,11 @@ class Context:
             assert self.path_queue is not None
             return self.path_queue
         return name_of_url(url)
+
+    @property
+    def receipt_key(self) -> bytes:
+        """The key that signs this cluster's receipt handles."""
+        return self.app[RECEIPT_KEY]
 
     def now_ms(self) -> int:
         """The gateway's clock."""

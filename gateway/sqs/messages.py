@@ -287,7 +287,7 @@ def _renderer(
         body = d.body.decode("utf-8", "replace")
         doc: dict[str, Any] = {
             "MessageId": d.id,
-            "ReceiptHandle": encode_receipt(name, d.id, d.lease),
+            "ReceiptHandle": encode_receipt(name, d.id, d.lease, ctx.receipt_key),
             "MD5OfBody": md5_of_body(body),
             "Body": body,
         }

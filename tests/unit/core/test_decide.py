@@ -1185,6 +1185,73 @@ def test_touch_rejects_a_visibility_timeout_out_of_bounds(vt: object) -> None:
     q.fails(c.Touch([c.TouchItem(id="1", lease="1001", visibility_timeout_ms=vt)]), T2, BadRequest)
 
 
+# ---------------------------------------------------------------- lenient (the SQS face's old receipts)
+
+
+def test_a_lenient_ack_with_an_old_lease_deletes_a_message_taken_again() -> None:
+    q = Q(S(visibility_timeout_ms=1_000))
+    [mid] = q.put(T1, b"a")
+    [first] = q.take(T1)
+    [second] = q.take(T1 + 1_000)  # the first lease ended; taken again
+    assert q.ack(T1 + 1_000, (mid, first.lease)) == ["stale_lease"]  # the native API
+    events, results = q.run(c.Ack([c.LeaseRef(mid, first.lease)], lenient=True), T1 + 1_000)
+    assert [r.status for r in results] == ["ok"]
+    assert events == [ev.MessagesDeleted(T1 + 1_000, [1])]
+    assert q.ack(T1 + 1_000, (mid, second.lease)) == ["not_found"]
+    assert counts(q.stats(T1 + 1_000), "total", "acked") == {"total": 0, "acked": 0}
+    q.assert_replays()
+
+
+@pytest.mark.parametrize("later", [0, 1_000, 5_000], ids=["reserved", "ready", "delayed"])
+def test_a_lenient_ack_deletes_the_message_in_any_state(later: int) -> None:
+    q = Q(S(visibility_timeout_ms=1_000))
+    [mid] = q.put(T1, b"a")
+    [d] = q.take(T1)
+    if later == 5_000:
+        q.release(T1, mid, d.lease, delay_ms=10_000)
+    _, results = q.run(c.Ack([c.LeaseRef(mid, "123"), c.LeaseRef("99", "1")], True), T1 + later)
+    assert [r.status for r in results] == ["ok", "not_found"]
+    assert q.stats(T1 + later).total == 0
+
+
+def test_a_lenient_ack_with_the_current_lease_is_an_ack() -> None:
+    q = Q(S())
+    [mid] = q.put(T1, b"a")
+    [d] = q.take(T1)
+    events, _ = q.run(c.Ack([c.LeaseRef(mid, d.lease), c.LeaseRef(mid, d.lease)], True), T2)
+    assert events == [ev.MessagesAcked(T2, [1])]
+    assert q.stats(T2).acked == 1
+
+
+def test_lenient_touch_and_release_act_on_the_current_lease_of_a_reserved_message() -> None:
+    q = Q(S(visibility_timeout_ms=1_000))
+    [mid] = q.put(T1, b"a")
+    [old] = q.take(T1)
+    [new] = q.take(T1 + 1_000)
+    touch = c.Touch([c.TouchItem(id=mid, lease=old.lease, visibility_timeout_ms=30_000)], True)
+    _, [touched] = q.run(touch, T1 + 1_500)
+    assert (touched.status, touched.lease_expires_at_ms) == ("ok", T1 + 31_500)
+    assert q.peek(T1 + 20_000, mid).state == "reserved"
+    assert q.ack(T1 + 20_000, (mid, new.lease)) == ["ok"]  # the current holder keeps its lease
+    t = T1 + 30_000
+    [mid2] = q.put(t, b"b")
+    [old] = q.take(t, vt=100)
+    [new] = q.take(t + 100)
+    _, [released] = q.run(c.Release([c.ReleaseItem(id=mid2, lease=old.lease)], True), t + 200)
+    assert released.status == "ok"
+    assert q.peek(t + 200, mid2).state == "ready"
+    q.assert_replays()
+
+
+def test_lenient_touch_and_release_of_a_message_not_in_flight_are_stale() -> None:
+    q = Q(S())
+    [mid] = q.put(T1, b"a")
+    touch = c.Touch([c.TouchItem(id=mid, lease="5", visibility_timeout_ms=1_000)], True)
+    assert [r.status for r in q.run(touch, T2)[1]] == ["stale_lease"]
+    release = c.Release([c.ReleaseItem(id=mid, lease="5"), c.ReleaseItem(id="9", lease="5")], True)
+    assert [r.status for r in q.run(release, T2)[1]] == ["stale_lease", "not_found"]
+
+
 # ---------------------------------------------------------------- update / reschedule
 
 UPD = S(max_message_bytes=8, retention_ms=1_000_000)

@@ -152,20 +152,22 @@ class QueueMachine(RuleBasedStateMachine):
         """Leases to try: recent real ones, a foreign token and an unknown id."""
         return [*self.held[-8:], ("nope", "1"), *((mid, "12345") for mid in self.known[-3:])]
 
-    def do_ack(self, items: list[tuple[str, str]]) -> None:
-        reply = self.run(c.Ack([c.LeaseRef(i, lease) for i, lease in items]))
-        assert [r.status for r in reply] == self.ref.ack(items)
+    def do_ack(self, items: list[tuple[str, str]], lenient: bool = False) -> None:
+        reply = self.run(c.Ack([c.LeaseRef(i, lease) for i, lease in items], lenient))
+        assert [r.status for r in reply] == self.ref.ack(items, lenient)
 
-    def do_release(self, items: list[tuple[str, str]], delay: int) -> None:
-        cmd = c.Release([c.ReleaseItem(id=i, lease=ls, delay_ms=delay) for i, ls in items])
+    def do_release(self, items: list[tuple[str, str]], delay: int, lenient: bool = False) -> None:
+        cmd = c.Release([c.ReleaseItem(id=i, lease=ls, delay_ms=delay) for i, ls in items], lenient)
         reply = self.run(cmd)
-        expected = self.ref.release(self.now, [(i, ls, delay) for i, ls in items])
+        expected = self.ref.release(self.now, [(i, ls, delay) for i, ls in items], lenient)
         assert [r.status for r in reply] == expected
 
-    def do_touch(self, items: list[tuple[str, str]], vt: int) -> None:
-        cmd = c.Touch([c.TouchItem(id=i, lease=ls, visibility_timeout_ms=vt) for i, ls in items])
+    def do_touch(self, items: list[tuple[str, str]], vt: int, lenient: bool = False) -> None:
+        cmd = c.Touch(
+            [c.TouchItem(id=i, lease=ls, visibility_timeout_ms=vt) for i, ls in items], lenient
+        )
         reply = self.run(cmd)
-        expected = self.ref.touch(self.now, [(i, ls, vt) for i, ls in items])
+        expected = self.ref.touch(self.now, [(i, ls, vt) for i, ls in items], lenient)
         assert [(r.status, r.lease_expires_at_ms) for r in reply] == expected
 
     def lease_choices(self, mid: str) -> list[str | None]:
@@ -232,19 +234,20 @@ class QueueMachine(RuleBasedStateMachine):
     def take(self, limit: int, vt: int | None) -> None:
         self.do_take(limit, vt)
 
-    @rule(data=st.data())
-    def ack(self, data: st.DataObject) -> None:
-        self.do_ack(data.draw(st.lists(st.sampled_from(self.item_pool()), min_size=1, max_size=4)))
-
-    @rule(data=st.data(), delay=delays)
-    def release(self, data: st.DataObject, delay: int) -> None:
+    @rule(data=st.data(), lenient=st.booleans())
+    def ack(self, data: st.DataObject, lenient: bool) -> None:
         items = data.draw(st.lists(st.sampled_from(self.item_pool()), min_size=1, max_size=4))
-        self.do_release(items, delay)
+        self.do_ack(items, lenient)
 
-    @rule(data=st.data(), vt=durations)
-    def touch(self, data: st.DataObject, vt: int) -> None:
+    @rule(data=st.data(), delay=delays, lenient=st.booleans())
+    def release(self, data: st.DataObject, delay: int, lenient: bool) -> None:
         items = data.draw(st.lists(st.sampled_from(self.item_pool()), min_size=1, max_size=4))
-        self.do_touch(items, vt)
+        self.do_release(items, delay, lenient)
+
+    @rule(data=st.data(), vt=durations, lenient=st.booleans())
+    def touch(self, data: st.DataObject, vt: int, lenient: bool) -> None:
+        items = data.draw(st.lists(st.sampled_from(self.item_pool()), min_size=1, max_size=4))
+        self.do_touch(items, vt, lenient)
 
     @precondition(lambda self: self.known)
     @rule(data=st.data(), body=st.none() | st.sampled_from(BODIES), delay=st.none() | delays)
@@ -349,11 +352,14 @@ def _walk_step(m: QueueMachine, rng: random.Random) -> None:
     elif op == "take":
         m.do_take(rng.randint(1, 4), rng.choice([None, rng.randint(0, 20_000)]))
     elif op == "ack":
-        m.do_ack(rng.choices(pool, k=rng.randint(1, 4)))
+        m.do_ack(rng.choices(pool, k=rng.randint(1, 4)), rng.random() < 0.2)
     elif op == "release":
-        m.do_release(rng.choices(pool, k=rng.randint(1, 4)), rng.randint(0, 25_000))
+        lenient = rng.random() < 0.2
+        m.do_release(rng.choices(pool, k=rng.randint(1, 4)), rng.randint(0, 25_000), lenient)
     elif op == "touch":
-        m.do_touch(rng.choices(pool, k=rng.randint(1, 4)), rng.randint(0, 20_000))
+        m.do_touch(
+            rng.choices(pool, k=rng.randint(1, 4)), rng.randint(0, 20_000), rng.random() < 0.2
+        )
     elif op in ("update", "delete") and m.known:
         mid = rng.choice(m.known)
         lease = rng.choice(m.lease_choices(mid))

@@ -170,3 +170,16 @@ def test_send_message_batch_keeps_fifo_order(sqs: Any) -> None:
         for message in messages:
             sqs.delete_message(QueueUrl=url, ReceiptHandle=message["ReceiptHandle"])
     assert seen == [["m0", "m1"], ["m2", "m3"], ["m4"]]
+
+
+def test_on_a_fifo_queue_only_the_latest_receipt_handle_holds(sqs: Any) -> None:
+    url = fifo_queue(sqs)
+    send(sqs, url, "m1", "G")
+    [first] = sqs.receive_message(QueueUrl=url, VisibilityTimeout=1)["Messages"]
+    time.sleep(1.2)
+    [second] = sqs.receive_message(QueueUrl=url, WaitTimeSeconds=2)["Messages"]
+    with pytest.raises(ClientError) as info:
+        sqs.delete_message(QueueUrl=url, ReceiptHandle=first["ReceiptHandle"])
+    assert info.value.response["Error"]["Code"] == "ReceiptHandleIsInvalid"
+    sqs.delete_message(QueueUrl=url, ReceiptHandle=second["ReceiptHandle"])
+    assert bodies(sqs, url) == []

@@ -186,13 +186,16 @@ def test_batches_and_visibility_in_xml(server: SqsServer) -> None:
         ("DeleteMessageBatchRequestEntry.1.Id", "one"),
         ("DeleteMessageBatchRequestEntry.1.ReceiptHandle", handles[0]),
         ("DeleteMessageBatchRequestEntry.2.Id", "two"),
-        ("DeleteMessageBatchRequestEntry.2.ReceiptHandle", handles[1]),  # released: stale
+        ("DeleteMessageBatchRequestEntry.2.ReceiptHandle", handles[1]),  # released: still good
+        ("DeleteMessageBatchRequestEntry.3.Id", "three"),
+        ("DeleteMessageBatchRequestEntry.3.ReceiptHandle", "evq2.AAAA"),
     )
     assert [text(e, "q:Id") for e in deleted.findall("q:DeleteMessageBatchResultEntry", NS)] == [
-        "one"
+        "one",
+        "two",
     ]
-    [stale] = deleted.findall("q:BatchResultErrorEntry", NS)
-    assert (text(stale, "q:Id"), text(stale, "q:Code")) == ("two", "ReceiptHandleIsInvalid")
+    [bad] = deleted.findall("q:BatchResultErrorEntry", NS)
+    assert (text(bad, "q:Id"), text(bad, "q:Code")) == ("three", "ReceiptHandleIsInvalid")
 
 
 def test_requests_posted_to_the_queue_url_need_no_queue_url(server: SqsServer) -> None:

@@ -14,6 +14,7 @@ import time
 import xml.etree.ElementTree as ET
 from typing import Any
 
+import msgspec
 import pytest
 from botocore.auth import SigV4Auth
 from botocore.awsrequest import AWSRequest
@@ -28,7 +29,7 @@ from gateway.sqs.errors import SqsError
 from gateway.sqs.md5 import md5_of_attributes, md5_of_body
 from gateway.sqs.message_attrs import parse_attributes
 from gateway.sqs.queue_attrs import changes_for, name_of_arn, name_of_url
-from gateway.sqs.receipts import decode_receipt, encode_receipt
+from gateway.sqs.receipts import Receipt, decode_receipt, encode_receipt, receipt_key
 from gateway.sqs.sigv4 import verify
 from gateway.sqs.wire import Params, parse_json, parse_query
 
@@ -115,27 +116,52 @@ def test_attributes_are_checked_as_sqs_checks_them() -> None:
 queue_names = st.from_regex(r"[A-Za-z0-9_-]{1,80}(\.fifo)?", fullmatch=True)
 
 
+KEY = receipt_key("a cluster secret of some length")
+
+
 @given(queue_names, st.text(min_size=1, max_size=64), st.text(min_size=1, max_size=64))
-def test_receipt_handles_round_trip(queue: str, mid: str, lease: str) -> None:
-    handle = encode_receipt(queue, mid, lease)
-    receipt = decode_receipt(handle, queue)
-    assert (receipt.queue, receipt.id, receipt.lease) == (queue, mid, lease)
+def test_receipt_handles_round_trip_signed(queue: str, mid: str, lease: str) -> None:
+    handle = encode_receipt(queue, mid, lease, KEY)
+    receipt = decode_receipt(handle, queue, KEY)
+    assert (receipt.queue, receipt.id, receipt.lease, receipt.signed) == (queue, mid, lease, True)
+
+
+def test_a_handle_signed_under_another_key_reads_but_is_not_signed() -> None:
+    handle = encode_receipt("q", "1", "2", receipt_key("another cluster's secret"))
+    assert decode_receipt(handle, "q", KEY) == Receipt("q", "1", "2", signed=False)
+    assert decode_receipt(handle, "q").signed is False  # no key: nothing is signed
+
+
+def test_a_tampered_handle_is_not_signed() -> None:
+    handle = encode_receipt("q", "1", "2", KEY)
+    text = handle[len("evq2.") :]
+    raw = msgspec.msgpack.decode(base64.urlsafe_b64decode(text + "=" * (-len(text) % 4)))
+    raw[2] = "3"  # another lease, the same MAC
+    forged = "evq2." + base64.urlsafe_b64encode(msgspec.msgpack.encode(raw)).decode().rstrip("=")
+    assert decode_receipt(forged, "q", KEY) == Receipt("q", "1", "3", signed=False)
+
+
+def test_handles_from_before_the_mac_still_read_unsigned() -> None:
+    raw = msgspec.msgpack.encode(["q", "7", "99"])
+    handle = "evq1." + base64.urlsafe_b64encode(raw).decode().rstrip("=")
+    assert decode_receipt(handle, "q", KEY) == Receipt("q", "7", "99", signed=False)
 
 
 @given(
     st.text(max_size=300)
     | st.binary(max_size=100).map(lambda b: "evq1." + base64.b64encode(b).decode())
+    | st.binary(max_size=100).map(lambda b: "evq2." + base64.b64encode(b).decode())
 )
 def test_garbage_receipt_handles_are_invalid_and_never_crash(handle: str) -> None:
     with pytest.raises(SqsError) as info:
-        decode_receipt(handle)
+        decode_receipt(handle, None, KEY)
     assert info.value.code == "ReceiptHandleIsInvalid"
 
 
 def test_a_receipt_handle_of_another_queue_is_invalid() -> None:
-    handle = encode_receipt("a", "1", "2")
+    handle = encode_receipt("a", "1", "2", KEY)
     with pytest.raises(SqsError, match="another queue"):
-        decode_receipt(handle, "b")
+        decode_receipt(handle, "b", KEY)
 
 
 # ---------------------------------------------------------------- requests
