@@ -1185,7 +1185,7 @@ def test_touch_rejects_a_visibility_timeout_out_of_bounds(vt: object) -> None:
     q.fails(c.Touch([c.TouchItem(id="1", lease="1001", visibility_timeout_ms=vt)]), T2, BadRequest)
 
 
-# ---------------------------------------------------------------- lenient (the SQS face's old receipts)
+# ------------------------------------------------ lenient (the SQS face's old receipt handles)
 
 
 def test_a_lenient_ack_with_an_old_lease_deletes_a_message_taken_again() -> None:
