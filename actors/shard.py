@@ -665,14 +665,20 @@ def resident_bytes() -> int:
 
 
 def _redelivery(source: str, m: Message) -> cmd.NewMessage:
-    """The dead-letter copy of ``m``: same body, attributes and group, plus where it came
-    from (``evq.source_queue``, ``evq.source_id``); an idempotency key so that routing twice
-    puts it once. A client-id dead-letter queue keeps the id; a server-id one assigns its own
-    (ids of different queues may collide)."""
+    """The dead-letter copy of ``m``: the same id (see ``Put.redelivery``), body, attributes
+    and group, plus where and when it came from (``evq.source_queue``, ``evq.source_id``,
+    ``evq.sent_at``: when it was first put, kept over further moves); an idempotency key so
+    that routing twice puts it once."""
+    attributes = m.attributes or {}
+    provenance = {
+        cmd.SOURCE_QUEUE: source,
+        cmd.SOURCE_ID: str(m.id),
+        cmd.SENT_AT: attributes.get(cmd.SENT_AT, m.enqueued_at_ms),
+    }
     return cmd.NewMessage(
         body=m.body,
         id=str(m.id),
         idempotency_key=f"dlq:{source}:{m.seq}",
         group=m.group,
-        attributes={**(m.attributes or {}), "evq.source_queue": source, "evq.source_id": str(m.id)},
+        attributes={**attributes, **provenance},
     )

@@ -48,8 +48,8 @@ from pipeline.rows import Rows
 __all__ = ["MINUTE_MS", "TIMELINE_SCHEMA", "Timeline", "TimelineRows", "damage_rows"]
 
 MINUTE_MS = 60_000
-SOURCE_QUEUE = "evq.source_queue"  # attributes a dead-letter copy carries (actors/shard.py)
-SOURCE_ID = "evq.source_id"
+SOURCE_QUEUE = cmd.SOURCE_QUEUE  # attributes a dead-letter copy carries (actors/shard.py)
+SOURCE_ID = cmd.SOURCE_ID
 
 TIMELINE_SCHEMA = pa.schema(
     [

@@ -14,6 +14,10 @@ import msgspec
 from actors.settings import QueueSettings
 
 __all__ = [
+    "PROVENANCE",
+    "SENT_AT",
+    "SOURCE_ID",
+    "SOURCE_QUEUE",
     "Ack",
     "ChangeSettings",
     "Checkpoint",
@@ -41,6 +45,13 @@ __all__ = [
 ]
 
 Body = bytes
+
+# Attributes a message moved from another queue carries (``Put.redelivery``): the queue it
+# came from, its id there, and when it was first put (ms; kept over further moves).
+SOURCE_QUEUE = "evq.source_queue"
+SOURCE_ID = "evq.source_id"
+SENT_AT = "evq.sent_at"
+PROVENANCE = (SOURCE_QUEUE, SOURCE_ID, SENT_AT)
 
 
 class NewMessage(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -81,8 +92,9 @@ class Describe(msgspec.Struct, frozen=True, tag=True):
 class Put(msgspec.Struct, frozen=True, tag=True):
     """Put 1-1000 messages.
 
-    ``redelivery``: the messages come from another queue (dead letters): their ids are kept
-    in a client-id queue and replaced in a server-id queue, instead of being refused."""
+    ``redelivery``: the messages come from another queue (dead letters, or a move back from
+    a dead-letter queue): they keep their ids (a server-id queue keeps a server id that no
+    message of its own has, and draws a new one otherwise), instead of being refused."""
 
     messages: list[NewMessage]
     redelivery: bool = False

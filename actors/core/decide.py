@@ -185,13 +185,20 @@ def _put(state: QueueState, c: cmd.Put, now: int, ids: IdSource) -> Decision:
             continue
         group = _check_group(m, s)
         if m.attributes is not None:
-            # a dead-letter copy carries two more: where it came from
-            _check_attributes(m.attributes, _MAX_ATTRIBUTES + (2 if c.redelivery else 0))
+            # a dead-letter copy carries three more: where and when it came from
+            _check_attributes(m.attributes, _MAX_ATTRIBUTES + (3 if c.redelivery else 0))
         if server_ids:
             if m.id is not None and not c.redelivery:
                 raise BadRequest("this queue assigns ids (id_mode=server); omit 'id'")
-            mid: ev.MessageId = max(ids.next_id(now), last_id + 1)
-            last_id = mid
+            kept = _kept_id(state, batch_ids, m.id) if c.redelivery else None
+            if kept is None:
+                mid: ev.MessageId = max(ids.next_id(now), last_id + 1)
+                last_id = mid
+            else:
+                mid = kept
+                last_id = max(last_id, kept)
+            if c.redelivery:
+                batch_ids[mid] = m.body
         else:
             mid = _client_id(m.id)
             if _client_duplicate(state, batch_ids, mid, m.body):
@@ -210,6 +217,20 @@ def _put(state: QueueState, c: cmd.Put, now: int, ids: IdSource) -> Decision:
             queue=state.name,
         )
     return ([ev.MessagesPut(now, items)] if items else []), results
+
+
+def _kept_id(
+    state: QueueState, batch_ids: dict[ev.MessageId, bytes], mid: str | None
+) -> int | None:
+    """The id a redelivered message keeps in a server-id queue: its own, when it is a
+    server id (digits) that no message here or earlier in the batch has; else None (a new
+    one is drawn: ids of different queues may collide)."""
+    if mid is None or not mid.isascii() or not mid.isdigit() or len(mid) > 19:
+        return None
+    value = int(mid)
+    if not 0 < value < 2**63 or value in state.messages or value in batch_ids:
+        return None
+    return value
 
 
 def _checked_size(body: object, s: QueueSettings) -> int:

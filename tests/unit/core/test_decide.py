@@ -1706,6 +1706,32 @@ def test_a_message_is_dead_lettered_when_its_last_allowed_lease_ends(
     assert q.take(now + 60_000) == []
 
 
+def test_a_redelivered_message_keeps_its_server_id_unless_the_queue_has_it() -> None:
+    q = Q(S())
+    [own] = q.put(T1, b"mine")
+    moved = [
+        c.NewMessage(body=b"a", id="123456789"),
+        c.NewMessage(body=b"b", id=own),  # taken here: a new id
+        c.NewMessage(body=b"c", id="123456789"),  # taken earlier in the batch
+        c.NewMessage(body=b"d", id="not-a-server-id"),
+        c.NewMessage(body=b"e", id=str(2**63)),  # out of range
+    ]
+    _, results = q.run(c.Put(moved, redelivery=True), T2)
+    got = [r.id for r in results]
+    assert got[0] == "123456789"
+    assert len(set(got) | {own}) == 6
+    assert all(int(i) > int(own) for i in got[1:])  # drawn after everything this queue has
+    assert q.peek(T2, "123456789").body == b"a"
+    [later] = q.put(T2, b"later")
+    assert int(later) > max(int(i) for i in got)
+    q.assert_replays()
+
+
+def test_a_server_id_queue_still_refuses_ids_outside_redelivery() -> None:
+    q = Q(S())
+    q.fails(c.Put([c.NewMessage(body=b"a", id="5")]), T1, BadRequest)
+
+
 def test_an_ack_on_the_last_allowed_receive_deletes_the_message_normally() -> None:
     q = Q(dlq_settings(1))
     q.put(T1, b"a")

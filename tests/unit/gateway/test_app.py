@@ -1185,8 +1185,13 @@ async def test_after_max_receives_a_message_moves_to_the_dead_letter_queue(
             assert result["status"] == "ok"
 
     [dead] = await take_eventually(api, "dead")
-    assert (dead["body_b64"], dead["receive_count"]) == (B64, 1)
-    assert dead["attributes"] == {"k": "v", "evq.source_queue": "src", "evq.source_id": mid}
+    assert (dead["id"], dead["body_b64"], dead["receive_count"]) == (mid, B64, 1)
+    assert dead["attributes"] == {
+        "k": "v",
+        "evq.source_queue": "src",
+        "evq.source_id": mid,
+        "evq.sent_at": round(taken["enqueued_at"] * 1000),
+    }
     assert_error(await api.call("GET", f"/v1/queues/src/messages/{mid}"), 404, "MessageNotFound")
 
     async def routed() -> dict[str, Any] | None:
@@ -1209,23 +1214,37 @@ async def test_a_fifo_group_hands_out_its_next_message_only_after_the_first_is_a
         {"body": "g1-second", "group": "g1"},
         {"body": "g2-first", "group": "g2"},
     )
-    first = await api.take("f.fifo", max=10)
-    assert [(m["body"], m["group"]) for m in first] == [("g1-first", "g1"), ("g2-first", "g2")]
-    assert await api.take("f.fifo", max=10) == []  # g1 is blocked by its reserved head
+    first = await api.take("f.fifo", max=1)
+    assert [(m["body"], m["group"]) for m in first] == [("g1-first", "g1")]
+    [g2] = await api.take("f.fifo", max=10)  # g1 is blocked by its reserved head
+    assert (g2["body"], g2["group"]) == ("g2-first", "g2")
+    assert await api.take("f.fifo", max=10) == []
 
-    by_body = {m["body"]: m for m in first}
-    assert await api.ack("f.fifo", by_body["g2-first"]) == ["ok"]
+    assert await api.ack("f.fifo", g2) == ["ok"]
     assert await api.take("f.fifo", max=10) == []  # g2 is empty, g1 still blocked
-    assert await api.ack("f.fifo", by_body["g1-first"]) == ["ok"]
+    assert await api.ack("f.fifo", first[0]) == ["ok"]
     [second] = await api.take("f.fifo", max=10)
     assert (second["body"], second["group"]) == ("g1-second", "g1")
+
+
+async def test_a_fifo_take_hands_out_a_run_of_one_group_first(api: Api) -> None:
+    await api.create("f.fifo")
+    await api.put(
+        "f.fifo",
+        {"body": "g1-first", "group": "g1"},
+        {"body": "g1-second", "group": "g1"},
+        {"body": "g2-first", "group": "g2"},
+    )
+    taken = await api.take("f.fifo", max=10)
+    assert [m["body"] for m in taken] == ["g1-first", "g1-second", "g2-first"]
 
 
 async def test_a_fifo_group_is_blocked_until_a_release_too(api: Api) -> None:
     await api.create("f.fifo")
     await api.put("f.fifo", {"body": "1", "group": "g"}, {"body": "2", "group": "g"})
-    [head] = await api.take("f.fifo", max=10)
+    [head] = await api.take("f.fifo", max=1)
     assert head["body"] == "1"
+    assert await api.take("f.fifo", max=10) == []
     await api.items("f.fifo", "release", {"id": head["id"], "lease": head["lease"]})
-    [again] = await api.take("f.fifo", max=10)  # the head again, not "2"
+    [again] = await api.take("f.fifo", max=1)  # the head again, not "2"
     assert (again["body"], again["receive_count"]) == ("1", 2)
