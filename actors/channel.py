@@ -164,6 +164,11 @@ _REPLY_TYPES: dict[type, Any] = {
     cmd.GetKey: rp.KeyView,
     cmd.Checkpoint: None,
     cmd.Drop: None,
+    cmd.StartMove: rp.MoveTask,
+    cmd.CancelMove: int,
+    cmd.ListMoves: list[rp.MoveTask],
+    cmd.MoveProgress: None,
+    cmd.EndMove: None,
 }
 _REPLY_TYPES.update(
     {

@@ -29,6 +29,7 @@ __all__ = [
     "QueueExists",
     "QueueNotFound",
     "StaleLease",
+    "TaskNotFound",
     "TooLarge",
     "Unauthorized",
     "Unavailable",
@@ -120,6 +121,13 @@ class MessageNotFound(QueueError):
 
     kind = ErrorKind.NOT_FOUND
     code = "MessageNotFound"
+
+
+class TaskNotFound(QueueError):
+    """No move task by that id on the queue."""
+
+    kind = ErrorKind.NOT_FOUND
+    code = "TaskNotFound"
 
 
 class QueueExists(QueueError):

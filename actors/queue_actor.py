@@ -48,6 +48,7 @@ from actors.log.shardlog import Batch, ShardLog
 from actors.log.snapshots import encode_state, prune_legacy, prune_snapshots, write_snapshot
 from actors.log.store import ObjectStore
 from actors.metrics import QueueCounters, QueueMetrics
+from actors.moves import run_move
 from actors.settings import LogSettings
 
 __all__ = ["DeadLetterRouter", "QueueActor", "QueueHost"]
@@ -70,6 +71,14 @@ class QueueHost(Protocol):
 
     async def route_dead_letters(self, source: str, target: str, letters: list[Message]) -> None:
         """Put dead letters into ``target`` idempotently. Raises: QueueError."""
+        ...
+
+    async def redeliver(self, target: str, messages: list[cmd.NewMessage]) -> None:
+        """Put messages moved from another queue into ``target`` (``Put.redelivery``).
+
+        Raises:
+            QueueError: ``target`` does not exist (QueueNotFound) or cannot be reached.
+        """
         ...
 
     def snapshot_taken(self, queue: QueueActor) -> None:
@@ -163,6 +172,7 @@ class QueueActor:
         "_alarm_ms",
         "_background",
         "_last_batch",
+        "_moving",
         "_rearm",
         "_routing",
         "_snapshot_at_ms",
@@ -219,6 +229,7 @@ class QueueActor:
         self._snapshot_due_ms = 0
         self._snapshot_due()
         self._routing = False
+        self._moving = False
         self._takers: deque[asyncio.Future[bool]] = deque()  # long-poll takes, oldest first
 
     # ---------------------------------------------------------------- lifecycle
@@ -348,6 +359,7 @@ class QueueActor:
             self._rearm
             or self._takers
             or self.state.outbox
+            or (not self._moving and self.state.active_move is not None)
             or (listener is not None and listener.cares(self))
         ):
             self._changed()
@@ -420,6 +432,8 @@ class QueueActor:
             self._wake_takers(self.state.n_ready)
         if self.state.outbox and not self._routing and self.stopped is None:
             self._spawn(self._route_dead_letters())
+        if not self._moving and self.stopped is None and self.state.active_move is not None:
+            self._spawn(self._run_move())
         if self.listener is not None:
             self.listener.queue_changed(self)
 
@@ -513,6 +527,16 @@ class QueueActor:
                     delay = min(delay * 2, 30.0)
         finally:
             self._routing = False
+
+    async def _run_move(self) -> None:
+        """Run the queue's move task (actors/moves.py) until it ends or the queue stops."""
+        self._moving = True
+        try:
+            await run_move(self, self.host.redeliver)
+        except QueueError as exc:  # the queue itself stopped serving: a restart runs it on
+            log.info("queue %s: move task paused: %s", self.name, exc)
+        finally:
+            self._moving = False
 
     # ---------------------------------------------------------------- snapshots
 

@@ -613,7 +613,16 @@ class QueueShard:
 
     async def route_dead_letters(self, source: str, target: str, letters: list[Message]) -> None:
         """Put dead letters into ``target``, idempotently (a retry finds them there)."""
-        put = cmd.Put([_redelivery(source, m) for m in letters], redelivery=True)
+        await self.redeliver(target, [_redelivery(source, m) for m in letters])
+
+    async def redeliver(self, target: str, messages: list[cmd.NewMessage]) -> None:
+        """Put messages from another queue into ``target`` (``Put.redelivery``), on this
+        shard or through the shard that holds it.
+
+        Raises:
+            QueueError: ``target`` does not exist or cannot be reached.
+        """
+        put = cmd.Put(messages, redelivery=True)
         if placement(target, self.count) == self.index or self.forward is None:
             [result] = await self.execute_many(target, [put])
         else:

@@ -19,6 +19,7 @@ __all__ = [
     "SOURCE_ID",
     "SOURCE_QUEUE",
     "Ack",
+    "CancelMove",
     "ChangeSettings",
     "Checkpoint",
     "Command",
@@ -26,8 +27,11 @@ __all__ = [
     "Create",
     "Delete",
     "Drop",
+    "EndMove",
     "GetKey",
     "LeaseRef",
+    "ListMoves",
+    "MoveProgress",
     "NewMessage",
     "Peek",
     "PeekReady",
@@ -37,6 +41,7 @@ __all__ = [
     "ReleaseItem",
     "Reschedule",
     "SetKey",
+    "StartMove",
     "Stats",
     "Take",
     "Touch",
@@ -234,6 +239,41 @@ class Checkpoint(msgspec.Struct, frozen=True, tag=True):
     (the shard log is pruned behind two snapshots; shard-internal)."""
 
 
+class StartMove(msgspec.Struct, frozen=True, tag=True):
+    """Start a task that moves the queue's ready messages to ``destination`` (None: each
+    back to the queue it was dead-lettered from), at most ``rate`` per second. The queue's
+    shell runs it (``actors/moves.py``); one runs at a time."""
+
+    task: str
+    destination: str | None = None
+    rate: int | None = None
+
+
+class CancelMove(msgspec.Struct, frozen=True, tag=True):
+    """Ask the running move task ``task`` to stop."""
+
+    task: str
+
+
+class ListMoves(msgspec.Struct, frozen=True, tag=True):
+    """The queue's recent move tasks, newest first."""
+
+
+class MoveProgress(msgspec.Struct, frozen=True, tag=True):
+    """The running move task has moved ``moved`` messages (shell-internal)."""
+
+    task: str
+    moved: int
+
+
+class EndMove(msgspec.Struct, frozen=True, tag=True):
+    """The move task ended (shell-internal): COMPLETED, CANCELLED or FAILED, with why."""
+
+    task: str
+    status: str
+    reason: str | None = None
+
+
 class Drop(msgspec.Struct, frozen=True, tag=True):
     """End the queue's history (its deletion; shard-internal: ``DELETE /v1/queues/{name}``)."""
 
@@ -260,4 +300,9 @@ Command = (
     | GetKey
     | Checkpoint
     | Drop
+    | StartMove
+    | CancelMove
+    | ListMoves
+    | MoveProgress
+    | EndMove
 )

@@ -31,6 +31,7 @@ from actors.errors import (
     QueueExists,
     QueueNotFound,
     StaleLease,
+    TaskNotFound,
     TooLarge,
 )
 from actors.settings import (
@@ -678,6 +679,64 @@ def _get_key(state: QueueState, c: cmd.GetKey, now: int, ids: IdSource) -> Decis
     return [], rp.KeyView(c.key, version, value)
 
 
+# ------------------------------------------------------------------ move tasks
+
+MAX_MOVE_RATE = 500  # messages per second (SQS's limit for MaxNumberOfMessagesPerSecond)
+_MAX_TASK_ID = 128
+
+
+def _start_move(state: QueueState, c: cmd.StartMove, now: int, ids: IdSource) -> Decision:
+    if not isinstance(c.task, str) or not 0 < len(c.task) <= _MAX_TASK_ID:
+        raise BadRequest(f"a move task id is 1-{_MAX_TASK_ID} characters")
+    rate = c.rate
+    if rate is not None and (
+        isinstance(rate, bool) or not isinstance(rate, int) or not 1 <= rate <= MAX_MOVE_RATE
+    ):
+        raise BadRequest(f"the rate of a move task is 1-{MAX_MOVE_RATE} messages per second")
+    if c.destination is not None:
+        validate_queue_name(c.destination)
+        if c.destination == state.name:
+            raise BadRequest("a move task cannot move a queue's messages to itself")
+    if state.active_move is not None:
+        raise Conflict("a move task is running on this queue: one runs at a time", queue=state.name)
+    if any(t.task == c.task for t in state.move_tasks):
+        raise Conflict(f"move task {c.task!r} exists", queue=state.name)
+    event = ev.MoveTaskStarted(now, c.task, c.destination, rate, state.n_ready)
+    task = rp.MoveTask(c.task, c.destination, rate, state.n_ready, 0, rp.RUNNING, now)
+    return [event], task
+
+
+def _cancel_move(state: QueueState, c: cmd.CancelMove, now: int, ids: IdSource) -> Decision:
+    active = state.active_move
+    if active is None or active.task != c.task:
+        if any(t.task == c.task for t in state.move_tasks):
+            raise Conflict(f"move task {c.task!r} is not running", queue=state.name)
+        raise TaskNotFound(f"no move task {c.task!r} on this queue", queue=state.name)
+    if active.status == rp.CANCELLING:
+        return [], active.moved
+    return [ev.MoveTaskCancelling(now, c.task)], active.moved
+
+
+def _list_moves(state: QueueState, c: cmd.ListMoves, now: int, ids: IdSource) -> Decision:
+    return [], state.move_tasks[::-1]
+
+
+def _move_progress(state: QueueState, c: cmd.MoveProgress, now: int, ids: IdSource) -> Decision:
+    active = state.active_move
+    if active is None or active.task != c.task or active.moved == c.moved:
+        return [], None
+    return [ev.MoveTaskProgressed(now, c.task, c.moved)], None
+
+
+def _end_move(state: QueueState, c: cmd.EndMove, now: int, ids: IdSource) -> Decision:
+    if c.status not in (rp.COMPLETED, rp.CANCELLED, rp.FAILED):
+        raise BadRequest(f"a move task ends COMPLETED, CANCELLED or FAILED, not {c.status!r}")
+    active = state.active_move
+    if active is None or active.task != c.task:
+        return [], None
+    return [ev.MoveTaskEnded(now, c.task, c.status, c.reason)], None
+
+
 _DECIDE: dict[type, Callable[[QueueState, Any, int, IdSource], Decision]] = {
     cmd.Create: _create,
     cmd.ChangeSettings: _change_settings,
@@ -700,4 +759,9 @@ _DECIDE: dict[type, Callable[[QueueState, Any, int, IdSource], Decision]] = {
     cmd.GetKey: _get_key,
     cmd.Checkpoint: _checkpoint,
     cmd.Drop: _drop,
+    cmd.StartMove: _start_move,
+    cmd.CancelMove: _cancel_move,
+    cmd.ListMoves: _list_moves,
+    cmd.MoveProgress: _move_progress,
+    cmd.EndMove: _end_move,
 }

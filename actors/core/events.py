@@ -37,6 +37,10 @@ __all__ = [
     "MessagesPut",
     "MessagesReleased",
     "MessagesTaken",
+    "MoveTaskCancelling",
+    "MoveTaskEnded",
+    "MoveTaskProgressed",
+    "MoveTaskStarted",
     "PutItem",
     "QueueCreated",
     "QueueDeleted",
@@ -154,6 +158,37 @@ class QueueDeleted(_Base, tag="dropped"):
     ``QueueCreated`` of the same name starts a new queue whose records continue the numbering."""
 
 
+class MoveTaskStarted(_Base, tag="move_started"):
+    """A task started to move this queue's ready messages to ``destination`` (None: each
+    back to the queue it was dead-lettered from), ``rate`` per second at most."""
+
+    task: str
+    destination: str | None
+    rate: int | None
+    to_move: int
+
+
+class MoveTaskProgressed(_Base, tag="move_progress"):
+    """The move task has moved ``moved`` messages so far."""
+
+    task: str
+    moved: int
+
+
+class MoveTaskCancelling(_Base, tag="move_cancelling"):
+    """The move task was asked to stop."""
+
+    task: str
+
+
+class MoveTaskEnded(_Base, tag="move_ended"):
+    """The move task ended: COMPLETED, CANCELLED or FAILED (with the reason)."""
+
+    task: str
+    status: str
+    reason: str | None = None
+
+
 class Checkpoint(_Base, tag="checkpoint"):
     """No change: a record that lets one more snapshot of an idle queue cover everything the
     queue has in the shard log, so the log can be pruned behind two snapshots."""
@@ -183,6 +218,10 @@ Event = (
     | KeySet
     | QueueDeleted
     | Checkpoint
+    | MoveTaskStarted
+    | MoveTaskProgressed
+    | MoveTaskCancelling
+    | MoveTaskEnded
 )
 
 _encoder = msgspec.msgpack.Encoder()

@@ -8,7 +8,15 @@ import msgspec
 
 from actors.settings import QueueSettings
 
-__all__ = ["Delivery", "Description", "ItemResult", "MessageView", "PutResult", "StatsView"]
+__all__ = [
+    "Delivery",
+    "Description",
+    "ItemResult",
+    "MessageView",
+    "MoveTask",
+    "PutResult",
+    "StatsView",
+]
 
 # Per-item statuses of ack / release / touch (API.md) and of put.
 OK, STALE_LEASE, NOT_FOUND = "ok", "stale_lease", "not_found"
@@ -91,3 +99,23 @@ class KeyView(msgspec.Struct, array_like=True, frozen=True):
     key: str
     version: int
     value: Any
+
+
+# Statuses of a move task (the words of SQS's ListMessageMoveTasks).
+RUNNING, CANCELLING = "RUNNING", "CANCELLING"
+COMPLETED, CANCELLED, FAILED = "COMPLETED", "CANCELLED", "FAILED"
+ACTIVE = (RUNNING, CANCELLING)
+
+
+class MoveTask(msgspec.Struct, array_like=True, frozen=True):
+    """A task that moves a queue's messages to another queue (a redrive of a dead-letter
+    queue), as the queue keeps it. Also its snapshot record: fields are only ever appended."""
+
+    task: str
+    destination: str | None  # None: each message back to the queue it came from
+    rate: int | None  # messages per second; None: as fast as the queues allow
+    to_move: int  # ready messages when it started
+    moved: int
+    status: str
+    started_at_ms: int
+    reason: str | None = None  # why it failed

@@ -14,6 +14,7 @@ from typing import Any
 import msgspec
 
 from actors.core import events as ev
+from actors.core import replies as rp
 from actors.core.state import DELAYED, READY, RESERVED, Group, Message, QueueState
 from actors.errors import DataError
 from actors.settings import QueueSettings
@@ -44,6 +45,7 @@ class Snapshot(msgspec.Struct, array_like=True, gc=False):
     outbox: list[Message]
     idem: list[tuple[str, ev.MessageId, int]]
     keys: list[tuple[str, int, Any]] = []  # watch keys of a key partition (appended field)
+    move_tasks: list[rp.MoveTask] = []  # the queue's recent move tasks (appended field)
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -70,6 +72,7 @@ def snapshot(state: QueueState) -> Snapshot:
         list(state.outbox.values()),
         [(key, mid, at) for key, (mid, at) in state.idem.items()],
         [(key, version, value) for key, (version, value) in state.keys.items()],
+        list(state.move_tasks),
     )
 
 
@@ -114,6 +117,7 @@ def restore(snap: Snapshot) -> QueueState:
         s.idem[key] = (mid, at)
         s.idem_order.append((at, key))
     s.keys = {key: (version, value) for key, version, value in snap.keys}
+    s.move_tasks = list(snap.move_tasks)
     return s
 
 

@@ -31,6 +31,7 @@ from typing import Any, Protocol
 import msgspec
 
 from actors.core import events as ev
+from actors.core import replies as rp
 from actors.settings import QueueSettings
 
 __all__ = [
@@ -50,6 +51,7 @@ __all__ = [
 DELAYED, READY, RESERVED, GONE, DEAD = 0, 1, 2, 3, 4
 
 _COMPACT_SLACK = 4096
+MAX_MOVE_TASKS = 10  # move tasks a queue remembers (SQS lists the 10 most recent)
 
 
 class MessageState(enum.Enum):
@@ -132,6 +134,7 @@ class QueueState:
         "keys",
         "last_id",
         "messages",
+        "move_tasks",
         "n_delayed",
         "n_ready",
         "n_reserved",
@@ -165,8 +168,17 @@ class QueueState:
         self.dead_lettered = self.expired_total = self.acked_total = 0
         self.enqueued_total = self.purged_total = 0
         self.keys: dict[str, tuple[int, Any]] = {}  # watch keys of a key partition
+        self.move_tasks: list[rp.MoveTask] = []  # the newest last, at most MAX_MOVE_TASKS
         self.transitions = 0  # time-driven transitions made by advance (not part of snapshots)
         self.observer: Observer | None = None  # not part of snapshots either
+
+    @property
+    def active_move(self) -> rp.MoveTask | None:
+        """The move task that is running or stopping, if any (at most one is)."""
+        tasks = self.move_tasks
+        if tasks and tasks[-1].status in rp.ACTIVE:
+            return tasks[-1]
+        return None
 
     @property
     def created(self) -> bool:
@@ -317,6 +329,24 @@ class QueueState:
 
     def _apply_writer(self, e: ev.WriterStarted | ev.Checkpoint) -> None:
         pass  # markers (fencing, checkpoints): only their timestamps (applied by advance) matter
+
+    def _apply_move_started(self, e: ev.MoveTaskStarted) -> None:
+        task = rp.MoveTask(e.task, e.destination, e.rate, e.to_move, 0, rp.RUNNING, e.at_ms)
+        self.move_tasks = [*self.move_tasks[-(MAX_MOVE_TASKS - 1) :], task]
+
+    def _update_move(self, task: str, **changes: Any) -> None:
+        active = self.active_move
+        if active is not None and active.task == task:
+            self.move_tasks[-1] = msgspec.structs.replace(active, **changes)
+
+    def _apply_move_progress(self, e: ev.MoveTaskProgressed) -> None:
+        self._update_move(e.task, moved=e.moved)
+
+    def _apply_move_cancelling(self, e: ev.MoveTaskCancelling) -> None:
+        self._update_move(e.task, status=rp.CANCELLING)
+
+    def _apply_move_ended(self, e: ev.MoveTaskEnded) -> None:
+        self._update_move(e.task, status=e.status, reason=e.reason)
 
     def _apply_dropped(self, e: ev.QueueDeleted) -> None:
         observer = self.observer
@@ -563,4 +593,8 @@ _APPLY: dict[type, Callable[[QueueState, Any], None]] = {
     ev.KeySet: QueueState._apply_key,
     ev.QueueDeleted: QueueState._apply_dropped,
     ev.Checkpoint: QueueState._apply_writer,
+    ev.MoveTaskStarted: QueueState._apply_move_started,
+    ev.MoveTaskProgressed: QueueState._apply_move_progress,
+    ev.MoveTaskCancelling: QueueState._apply_move_cancelling,
+    ev.MoveTaskEnded: QueueState._apply_move_ended,
 }

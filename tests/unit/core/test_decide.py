@@ -19,7 +19,7 @@ from actors.core import commands as c
 from actors.core import events as ev
 from actors.core import replies as rp
 from actors.core.decide import execute
-from actors.core.snapshot import encode_snapshot, snapshot
+from actors.core.snapshot import decode_snapshot, encode_snapshot, restore, snapshot
 from actors.core.state import QueueState
 from actors.errors import (
     BadRequest,
@@ -29,6 +29,7 @@ from actors.errors import (
     QueueExists,
     QueueNotFound,
     StaleLease,
+    TaskNotFound,
     TooLarge,
 )
 from actors.ids import IdSource, SequentialIds
@@ -291,6 +292,11 @@ NOT_CREATED_COMMANDS = [
     c.GetKey("k"),
     c.Checkpoint(),
     c.Drop(),
+    c.StartMove("t"),
+    c.CancelMove("t"),
+    c.ListMoves(),
+    c.MoveProgress("t", 1),
+    c.EndMove("t", "COMPLETED"),
 ]
 
 
@@ -2049,6 +2055,69 @@ def test_fifo_purge_drops_every_group() -> None:
     assert q.stats(T2).groups == 0
     q.put(T2, nm(b"c", group="g"))
     assert q.bodies(T2) == b"c"
+
+
+# ---------------------------------------------------------------- move tasks
+
+
+def test_a_move_task_runs_one_at_a_time_and_keeps_its_progress_and_end() -> None:
+    q = Q(S())
+    q.put(T1, b"a", b"b", b"c")
+    q.put(T1, nm(b"later", delay_ms=60_000))
+    _, task = q.run(c.StartMove("t1", None, 10), T2)
+    assert (task.task, task.to_move, task.moved, task.status) == ("t1", 3, 0, "RUNNING")
+    assert q.state.active_move == task
+    q.fails(c.StartMove("t2", "other"), T2, Conflict)
+    q.run(c.MoveProgress("t1", 2), T2)
+    assert q.run(c.CancelMove("t1"), T2)[1] == 2
+    events, moved = q.run(c.CancelMove("t1"), T2)  # asked again: nothing new
+    assert (events, moved) == ([], 2)
+    q.run(c.MoveProgress("t1", 3), T2 + 1)
+    q.run(c.EndMove("t1", "CANCELLED"), T2 + 2)
+    assert q.state.active_move is None
+    [ended] = q.run(c.ListMoves(), T2 + 2)[1]
+    assert (ended.moved, ended.status, ended.started_at_ms) == (3, "CANCELLED", T2)
+    q.fails(c.CancelMove("t1"), T2 + 2, Conflict)  # not running any more
+    q.fails(c.CancelMove("nope"), T2 + 2, TaskNotFound)
+    q.fails(c.StartMove("t1"), T2 + 2, Conflict)  # ids are not reused
+    q.assert_replays()
+
+
+def test_a_queue_remembers_its_ten_latest_move_tasks_newest_first() -> None:
+    q = Q(S())
+    for i in range(12):
+        q.run(c.StartMove(f"t{i}"), T1 + i)
+        q.run(c.EndMove(f"t{i}", "COMPLETED"), T1 + i)
+    listed = q.run(c.ListMoves(), T2)[1]
+    assert [t.task for t in listed] == [f"t{i}" for i in range(11, 1, -1)]
+    restored = restore(decode_snapshot(encode_snapshot(snapshot(q.state))))
+    assert restored.move_tasks == q.state.move_tasks
+
+
+def test_progress_and_ends_of_a_task_that_is_not_running_change_nothing() -> None:
+    q = Q(S())
+    q.run(c.StartMove("t1"), T1)
+    q.run(c.EndMove("t1", "FAILED", "QueueNotFound"), T1)
+    assert q.run(c.MoveProgress("t1", 5), T2)[0] == []
+    assert q.run(c.EndMove("t1", "COMPLETED"), T2)[0] == []
+    [task] = q.run(c.ListMoves(), T2)[1]
+    assert (task.status, task.reason, task.moved) == ("FAILED", "QueueNotFound", 0)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        c.StartMove(""),
+        c.StartMove("t", rate=0),
+        c.StartMove("t", rate=501),
+        c.StartMove("t", destination="bad name!"),
+        c.StartMove("t", destination="q"),  # itself
+        c.EndMove("t", "DONE"),
+    ],
+)
+def test_bad_move_task_commands_are_refused(command: object) -> None:
+    q = Q(S())
+    q.fails(command, T1, BadRequest)
 
 
 # ---------------------------------------------------------------- next_due_ms

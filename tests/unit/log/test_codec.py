@@ -95,6 +95,12 @@ def samples() -> list[ev.Event]:
         ev.KeySet(T + 14, "price:eur", 3, {"bid": 1.5, "tags": ["a", None]}),
         ev.Checkpoint(T + 15),
         ev.QueueDeleted(T + 16),
+        ev.MoveTaskStarted(T + 17, "task-1", None, None, 40),
+        ev.MoveTaskStarted(T + 18, "task-2", "orders", 50, 0),
+        ev.MoveTaskProgressed(T + 19, "task-2", 12),
+        ev.MoveTaskCancelling(T + 20, "task-2"),
+        ev.MoveTaskEnded(T + 21, "task-2", "CANCELLED"),
+        ev.MoveTaskEnded(T + 22, "task-1", "FAILED", "QueueNotFound"),
     ]
 
 
