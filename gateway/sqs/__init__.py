@@ -9,12 +9,20 @@ from collections.abc import Mapping
 from aiohttp import web
 
 from actors.clock import Clock, SystemClock
-from gateway.sqs.context import CLOCK, KEYS, OPEN, RECEIPT_KEY, SETTINGS_CACHE, SettingsCache
+from gateway.sqs.addresses import DEFAULT_ACCOUNT, check_account
+from gateway.sqs.context import (
+    ACCOUNT,
+    CLOCK,
+    KEYS,
+    OPEN,
+    RECEIPT_KEY,
+    SETTINGS_CACHE,
+    SettingsCache,
+)
 from gateway.sqs.handler import handle
-from gateway.sqs.queue_attrs import ACCOUNT
 from gateway.sqs.receipts import receipt_key
 
-__all__ = ["ACCOUNT", "handle", "setup"]
+__all__ = ["DEFAULT_ACCOUNT", "handle", "setup"]
 
 
 def setup(
@@ -24,6 +32,7 @@ def setup(
     clock: Clock | None = None,
     open_without_keys: bool = True,
     cluster_secret: str | None = None,
+    account_id: str = DEFAULT_ACCOUNT,
 ) -> None:
     """Serve SQS on ``POST /`` and on queue URLs (``POST /{account}/{queue}``).
 
@@ -31,12 +40,17 @@ def setup(
     Signature V4 by one of them. When empty, any credentials are accepted if
     ``open_without_keys`` (a server on loopback), and every request is refused otherwise.
     ``cluster_secret`` signs receipt handles, so that every gateway of the cluster accepts
-    the others' (None: a key of this process's own).
+    the others' (None: a key of this process's own). ``account_id`` (12 digits) is the
+    account in queue URLs and ARNs.
+
+    Raises:
+        ValueError: ``account_id`` is not 12 digits.
     """
     app[KEYS] = dict(keys or {})
     app[OPEN] = open_without_keys
     app[CLOCK] = clock or SystemClock()
     app[RECEIPT_KEY] = receipt_key(cluster_secret or secrets.token_hex(32))
     app[SETTINGS_CACHE] = SettingsCache()
+    app[ACCOUNT] = check_account(account_id)
     app.router.add_post("/", handle)
     app.router.add_post(r"/{account:\d{12}}/{queue}", handle)

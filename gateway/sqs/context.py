@@ -13,10 +13,19 @@ from actors.core import commands as cmd
 from actors.core.replies import Description
 from actors.settings import QueueSettings
 from gateway import hot, native
-from gateway.sqs.queue_attrs import ACCOUNT, name_of_url
+from gateway.sqs.addresses import arn, name_of_url
 from gateway.sqs.wire import Call, Params
 
-__all__ = ["CLOCK", "KEYS", "OPEN", "RECEIPT_KEY", "SETTINGS_CACHE", "Context", "SettingsCache"]
+__all__ = [
+    "ACCOUNT",
+    "CLOCK",
+    "KEYS",
+    "OPEN",
+    "RECEIPT_KEY",
+    "SETTINGS_CACHE",
+    "Context",
+    "SettingsCache",
+]
 
 DEFAULT_REGION = "us-east-1"
 SETTINGS_TTL_S = 1.0  # how long a gateway trusts a queue's settings it has read
@@ -51,6 +60,7 @@ OPEN = web.AppKey("sqs_open", bool)
 CLOCK = web.AppKey("sqs_clock", Clock)
 RECEIPT_KEY = web.AppKey("sqs_receipt_key", bytes)  # signs receipt handles (receipts.py)
 SETTINGS_CACHE = web.AppKey("sqs_settings", SettingsCache)
+ACCOUNT = web.AppKey("sqs_account", str)  # the account of every queue URL and ARN
 
 
 class Context:
@@ -73,21 +83,31 @@ class Context:
         """Where the client reached us: queue URLs start with it."""
         return f"{self.request.scheme}://{self.request.host}"
 
+    @property
+    def account(self) -> str:
+        """The server's SQS account id."""
+        return self.app[ACCOUNT]
+
     def url(self, name: str) -> str:
         """The URL of queue ``name``."""
-        return f"{self.base_url}/{ACCOUNT}/{name}"
+        return f"{self.base_url}/{self.account}/{name}"
+
+    def arn(self, name: str) -> str:
+        """The ARN of queue ``name`` (in the region of the request)."""
+        return arn(self.region, name, self.account)
 
     def queue(self) -> str:
-        """The queue the request is about: ``QueueUrl``, or the URL it was posted to.
+        """The queue the request is about: ``QueueUrl`` (or a bare queue name there), or
+        the URL it was posted to. Whether it exists is for the call on it to find out.
 
         Raises:
-            SqsError: MissingParameter, InvalidAddress, QueueDoesNotExist.
+            SqsError: MissingParameter, QueueDoesNotExist.
         """
         url = self.params.string("QueueUrl", required=self.path_queue is None)
         if url is None:
             assert self.path_queue is not None
             return self.path_queue
-        return name_of_url(url)
+        return name_of_url(url, self.account)
 
     @property
     def receipt_key(self) -> bytes:

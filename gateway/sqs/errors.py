@@ -4,6 +4,7 @@ An :class:`SqsError` carries the two names SQS gives every error: the JSON proto
 (``QueueDoesNotExist``, what boto3 turns into ``client.exceptions.QueueDoesNotExist``) and
 the query protocol's code (``AWS.SimpleQueueService.NonExistentQueue``, which the JSON
 protocol repeats in the ``x-amzn-query-error`` header and boto3 shows as ``Error.Code``).
+Both, and the message texts, are AWS's own as its recorded answers show them.
 :func:`from_queue_error` is the one mapping from :class:`~actors.errors.QueueError` kinds.
 """
 
@@ -12,7 +13,10 @@ from __future__ import annotations
 from actors.errors import ErrorKind, QueueError
 
 __all__ = [
+    "OTHER_QUEUE",
+    "InvalidReceipt",
     "SqsError",
+    "expired_receipt",
     "from_queue_error",
     "invalid",
     "invalid_attribute_name",
@@ -21,8 +25,12 @@ __all__ = [
     "receipt_invalid",
 ]
 
-# JSON type → query code, where they differ (SQS's own pairs).
+# JSON type → query code, where they differ (SQS's own pairs). The JSON types are the
+# service model's exception shapes, so that botocore finds ``client.exceptions.<shape>``;
+# the two errors without a shape carry the names AWS sends for them.
 QUERY_CODES = {
+    "InvalidParameterValueException": "InvalidParameterValue",
+    "MissingRequiredParameterException": "MissingParameter",
     "QueueDoesNotExist": "AWS.SimpleQueueService.NonExistentQueue",
     "QueueNameExists": "QueueAlreadyExists",
     "TooManyEntriesInBatchRequest": "AWS.SimpleQueueService.TooManyEntriesInBatchRequest",
@@ -35,17 +43,29 @@ QUERY_CODES = {
     "UnsupportedOperation": "AWS.SimpleQueueService.UnsupportedOperation",
     "QueueDeletedRecently": "AWS.SimpleQueueService.QueueDeletedRecently",
 }
+# The reason receipts.py gives for a handle another queue issued.
+OTHER_QUEUE = "it belongs to another queue"
 
 
 class SqsError(Exception):
-    """An error as SQS reports it: JSON type, query code, HTTP status, who is at fault."""
+    """An error as SQS reports it: JSON type, query code, HTTP status, who is at fault, and
+    the message (``query_message``: the query protocol's, where SQS words it otherwise)."""
 
-    def __init__(self, code: str, message: str, *, status: int = 400, sender: bool = True) -> None:
+    def __init__(
+        self,
+        code: str,
+        message: str,
+        *,
+        status: int = 400,
+        sender: bool = True,
+        query_message: str | None = None,
+    ) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
         self.status = status
         self.sender = sender
+        self.query_message = query_message or message
 
     @property
     def query_code(self) -> str:
@@ -63,17 +83,23 @@ class SqsError(Exception):
 
 def invalid(message: str) -> SqsError:
     """InvalidParameterValue: a parameter is out of range or malformed."""
-    return SqsError("InvalidParameterValue", message)
+    return SqsError("InvalidParameterValueException", message)
 
 
 def missing(name: str) -> SqsError:
     """MissingParameter: a required parameter is absent."""
-    return SqsError("MissingParameter", f"The request must contain the parameter {name}.")
+    return SqsError(
+        "MissingRequiredParameterException", f"The request must contain the parameter {name}."
+    )
 
 
 def no_queue() -> SqsError:
     """QueueDoesNotExist."""
-    return SqsError("QueueDoesNotExist", "The specified queue does not exist.")
+    return SqsError(
+        "QueueDoesNotExist",
+        "The specified queue does not exist.",
+        query_message="The specified queue does not exist for this wsdl version.",
+    )
 
 
 def invalid_attribute_name(name: str) -> SqsError:
@@ -81,13 +107,42 @@ def invalid_attribute_name(name: str) -> SqsError:
     return SqsError("InvalidAttributeName", f"Unknown Attribute {name}.")
 
 
-def receipt_invalid(handle: str, reason: str = "") -> SqsError:
-    """ReceiptHandleIsInvalid."""
-    shown = handle if len(handle) <= 200 else handle[:200] + "…"
-    tail = f" Reason: {reason}" if reason else ""
-    return SqsError(
-        "ReceiptHandleIsInvalid", f'The input receipt handle "{shown}" is not a valid one.{tail}'
+class InvalidReceipt(SqsError):
+    """ReceiptHandleIsInvalid: a handle evq never issued (or one of another queue).
+
+    Its message is the one SQS gives in batch entries; :meth:`single` is the wording of
+    DeleteMessage and ChangeMessageVisibility."""
+
+    def __init__(self, message: str, *, other_queue: bool) -> None:
+        super().__init__("ReceiptHandleIsInvalid", message)
+        self.other_queue = other_queue
+
+    def single(self) -> SqsError:
+        """The error as a single-message action reports it."""
+        if self.other_queue:
+            return self
+        return SqsError("ReceiptHandleIsInvalid", "The input receipt handle is invalid.")
+
+
+def _shown(handle: str) -> str:
+    return handle if len(handle) <= 200 else handle[:200] + "…"
+
+
+def receipt_invalid(handle: str, reason: str = "") -> InvalidReceipt:
+    """ReceiptHandleIsInvalid for ``handle`` (``reason``: :data:`OTHER_QUEUE` or empty)."""
+    if reason == OTHER_QUEUE:
+        return InvalidReceipt(
+            f'The receipt handle "{_shown(handle)}" is not valid for this queue.', other_queue=True
+        )
+    return InvalidReceipt(
+        f'The input receipt handle "{_shown(handle)}" is not a valid receipt handle.',
+        other_queue=False,
     )
+
+
+def expired_receipt(handle: str, reason: str = "The receipt handle has expired.") -> SqsError:
+    """InvalidParameterValue for a handle evq issued whose lease no longer holds."""
+    return invalid(f"Value {handle} for parameter ReceiptHandle is invalid. Reason: {reason}")
 
 
 def from_queue_error(exc: QueueError) -> SqsError:

@@ -18,13 +18,14 @@ from aiohttp import web
 
 from actors.errors import QueueError
 from gateway.sqs import render
-from gateway.sqs.context import CLOCK, KEYS, OPEN, Context
+from gateway.sqs.addresses import name_of_url
+from gateway.sqs.context import ACCOUNT, CLOCK, KEYS, OPEN, Context
 from gateway.sqs.errors import SqsError, from_queue_error
 from gateway.sqs.leases import ACTIONS as LEASE_ACTIONS
 from gateway.sqs.messages import ACTIONS as MESSAGE_ACTIONS
-from gateway.sqs.queue_attrs import name_of_url
 from gateway.sqs.queues import ACTIONS as QUEUE_ACTIONS
 from gateway.sqs.sigv4 import parse_authorization, verify
+from gateway.sqs.tags import ACTIONS as TAG_ACTIONS
 from gateway.sqs.wire import Call, parse_json, parse_query
 
 __all__ = ["ACTIONS", "handle"]
@@ -32,7 +33,12 @@ __all__ = ["ACTIONS", "handle"]
 log = logging.getLogger(__name__)
 
 Action = Callable[[Context], Awaitable[dict[str, Any]]]
-ACTIONS: dict[str, Action] = {**QUEUE_ACTIONS, **MESSAGE_ACTIONS, **LEASE_ACTIONS}
+ACTIONS: dict[str, Action] = {
+    **QUEUE_ACTIONS,
+    **TAG_ACTIONS,
+    **MESSAGE_ACTIONS,
+    **LEASE_ACTIONS,
+}
 DEFAULT_REGION = "us-east-1"
 # SQS actions evq does not offer (README.md, "Differences from SQS").
 UNSUPPORTED = frozenset(
@@ -148,7 +154,7 @@ def _path_queue(request: web.Request) -> str | None:
     account = request.match_info.get("account")
     if account is None:
         return None
-    return name_of_url(f"/{account}/{request.match_info['queue']}")
+    return name_of_url(f"/{account}/{request.match_info['queue']}", request.app[ACCOUNT])
 
 
 def _error(error: SqsError, protocol: str, request_id: str) -> web.Response:

@@ -31,6 +31,7 @@ __all__ = [
     "check_text",
     "parse_attributes",
     "parse_system_attributes",
+    "request_size",
     "shown_attributes",
     "size_of",
     "stored",
@@ -77,18 +78,21 @@ def check_text(text: str, what: str) -> None:
 
 
 def _check_name(name: str) -> None:
-    bad = (
-        not _NAME.fullmatch(name)
-        or name.startswith(".")
-        or name.endswith(".")
-        or ".." in name
-        or name.lower().startswith(("aws.", "amazon."))
-        or (name.startswith("evq.") and name not in EXTENSIONS)
-    )
-    if bad:
+    if not _NAME.fullmatch(name):
         raise invalid(
-            f"Message attribute name {name[:300]!r} is invalid: 1-256 of A-Za-z0-9_.-, no "
-            "leading, trailing or double period, not starting with AWS., Amazon. or evq."
+            f"The message attribute name '{name[:300]}' is invalid. Attribute name can contain "
+            "A-Z, a-z, 0-9, underscore (_), hyphen (-), and period (.) characters."
+        )
+    if name.startswith(".") or name.endswith(".") or ".." in name:
+        raise invalid(
+            f"The message attribute name '{name}' is invalid. Attribute name cannot start or "
+            "end with a period (.), or have periods in succession (..)."
+        )
+    reserved = name.lower().startswith(("aws.", "amazon."))
+    if reserved or (name.startswith("evq.") and name not in EXTENSIONS):
+        raise invalid(
+            f"The message attribute name '{name}' is invalid. Attribute names starting with "
+            "'AWS.', 'Amazon.' or 'evq.' are reserved."
         )
 
 
@@ -98,21 +102,19 @@ def _check_value(name: str, data_type: str, raw: Mapping[str, Any]) -> str | byt
         or len(data_type) > 256
         or data_type.partition(".")[0] not in _BASE_TYPES
     ):
-        raise invalid(f"The message attribute '{name}' has an invalid message attribute type.")
+        raise invalid(
+            f"The message attribute '{name}' has an invalid message attribute type, the set "
+            "of supported type prefixes is Binary, Number, and String."
+        )
     if data_type.startswith("Binary"):
         value = raw.get("BinaryValue")
-        if value is None:
-            raise invalid(f"The message attribute '{name}' must contain a BinaryValue.")
-        data = decode_binary(value, f"MessageAttribute {name}")
+        data = b"" if value is None else decode_binary(value, f"MessageAttribute {name}")
         if not data:
-            raise invalid(f"The message attribute '{name}' must contain a non-empty value.")
+            raise _empty_value(name, data_type)
         return data
     text = raw.get("StringValue")
     if not isinstance(text, str) or not text:
-        raise invalid(
-            f"The message attribute '{name}' must contain a non-empty message attribute value "
-            f"for message attribute type '{data_type}'."
-        )
+        raise _empty_value(name, data_type)
     check_text(text, f"message attribute {name}")
     if data_type.startswith("Number"):
         digits = sum(c.isdigit() for c in text.partition("e")[0].partition("E")[0])
@@ -121,6 +123,12 @@ def _check_value(name: str, data_type: str, raw: Mapping[str, Any]) -> str | byt
                 f"Can't convert {text[:100]!r} of message attribute '{name}' to a number."
             )
     return text
+
+
+def _empty_value(name: str, data_type: str) -> SqsError:
+    return invalid(
+        f"Message (user) attribute '{name}' must contain a non-empty value of type '{data_type}'."
+    )
 
 
 def parse_attributes(raw: Mapping[str, Any]) -> dict[str, Attribute]:
@@ -160,6 +168,30 @@ def parse_system_attributes(raw: Mapping[str, Any]) -> dict[str, Attribute]:
             raise invalid("Message system attribute AWSTraceHeader must be of type String.")
         parsed[name] = ("String", _check_value(name, "String", value))
     return parsed
+
+
+def request_size(body: object, attributes: object) -> int:
+    """A message's size as SQS counts it, from its parameters as sent (before any check:
+    what is malformed counts as far as it can be read)."""
+    size = _text_size(body)
+    if isinstance(attributes, Mapping):
+        for name, value in attributes.items():
+            size += _text_size(name)
+            if isinstance(value, Mapping):
+                size += _text_size(value.get("DataType")) + _text_size(value.get("StringValue"))
+                size += _binary_size(value.get("BinaryValue"))
+    return size
+
+
+def _text_size(text: object) -> int:
+    return len(text.encode("utf-8", "surrogatepass")) if isinstance(text, str) else 0
+
+
+def _binary_size(value: object) -> int:
+    try:
+        return len(decode_binary(value, "BinaryValue")) if value is not None else 0
+    except SqsError:
+        return _text_size(value)
 
 
 def size_of(body: str, attributes: Mapping[str, Attribute]) -> int:
@@ -229,10 +261,13 @@ def _from_stored(value: Any) -> Attribute:
 
 
 def _wanted(name: str, patterns: list[str]) -> bool:
+    """Whether ``MessageAttributeNames`` ask for ``name``: ``All``, ``*`` and ``.*`` ask for
+    every one, ``prefix.*`` for the names that start with ``prefix`` (as SQS answers:
+    ``Hel.*`` gives ``Hello`` and ``Help.Me``), any other pattern for itself."""
     for pattern in patterns:
-        if pattern in ("All", ".*") or pattern == name:
+        if pattern in ("All", "*", ".*") or pattern == name:
             return True
-        if pattern.endswith(".*") and name.startswith(pattern[:-1]):
+        if pattern.endswith(".*") and name.startswith(pattern[:-2]):
             return True
     return False
 

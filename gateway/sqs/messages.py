@@ -17,7 +17,7 @@ from gateway.sqs import message_attrs as ma
 from gateway.sqs.context import Context
 from gateway.sqs.errors import SqsError, from_queue_error, invalid, missing
 from gateway.sqs.md5 import md5_of_attributes, md5_of_body
-from gateway.sqs.queue_attrs import ACCOUNT, ATTR, SQS_MAX_MESSAGE_BYTES, arn, wait_seconds_of
+from gateway.sqs.queue_attrs import ATTR, SQS_MAX_MESSAGE_BYTES, wait_seconds_of
 from gateway.sqs.receipts import encode_receipt
 from gateway.sqs.wire import Params
 
@@ -86,20 +86,21 @@ def failed(entry_id: str, error: SqsError) -> dict[str, Any]:
 class Outgoing:
     """One message of a send, checked and translated, with what the reply says of it."""
 
-    __slots__ = ("md5_attributes", "md5_body", "md5_system", "message", "size")
+    __slots__ = ("md5_attributes", "md5_body", "md5_system", "message")
 
-    def __init__(self, p: Params, s: QueueSettings) -> None:
+    def __init__(self, p: Params, s: QueueSettings, *, in_batch: bool = False) -> None:
         body = p.string("MessageBody")
         if not body:
             raise missing("MessageBody")
         ma.check_text(body, "the message body")
         attributes = ma.parse_attributes(p.mapping("MessageAttributes"))
         system = ma.parse_system_attributes(p.mapping("MessageSystemAttributes"))
-        self.size = ma.size_of(body, attributes)
         limit = s.max_message_bytes
-        if self.size > limit:
+        if ma.size_of(body, attributes) > limit:
+            # SQS's words, which differ in a batch entry
+            what = "cannot be validated" if in_batch else "are invalid"
             raise invalid(
-                f"One or more parameters are invalid. Reason: Message must be shorter than "
+                f"One or more parameters {what}. Reason: Message must be shorter than "
                 f"{limit} bytes."
             )
         ext = ma.Extensions(attributes)
@@ -136,8 +137,8 @@ class Outgoing:
 
 
 def _delay(p: Params, s: QueueSettings, ext: ma.Extensions) -> int | None:
-    delay = p.number("DelaySeconds", 0, 900)
-    if delay is None:
+    delay = p.number("DelaySeconds", 0, 900, reason="DelaySeconds must be >= 0 and <= 900.")
+    if delay is None or (delay == 0 and s.fifo):  # FIFO: 0 is allowed, the queue's applies
         return ext.delay_ms
     if s.fifo:
         raise invalid(
@@ -153,8 +154,8 @@ def _group_or_dedup(p: Params, name: str) -> str | None:
     value = p.string(name)
     if value is not None and not _GROUP_OR_DEDUP.fullmatch(value):
         raise invalid(
-            f"Value {value[:200]} for parameter {name} is invalid. Reason: 1-128 printable ASCII "
-            "characters."
+            f"Value {value[:200]} for parameter {name} is invalid. Reason: {name} can only "
+            "include alphanumeric and punctuation characters. 1 to 128 in length."
         )
     return value
 
@@ -172,8 +173,8 @@ def _dedup_key(
     if not s.fifo:
         if dedup is not None:
             raise invalid(
-                "The request include parameter MessageDeduplicationId that is not valid for "
-                "this queue type."
+                f"Value {dedup} for parameter MessageDeduplicationId is invalid. Reason: The "
+                "request include parameter that is not valid for this queue type."
             )
         return ext.idempotency_key
     if group is None:
@@ -184,10 +185,7 @@ def _dedup_key(
         dedup = ext.idempotency_key
     if dedup is None:
         if not s.content_based_dedup:
-            raise invalid(
-                "The queue should either have ContentBasedDeduplication enabled or "
-                "MessageDeduplicationId provided explicitly"
-            )
+            raise _no_dedup_id()
         dedup = hashlib.sha256(body.encode("utf-8", "surrogatepass")).hexdigest()
     hidden[ma.DEDUP_ID] = dedup
     if (s.meta or {}).get(ATTR + "DeduplicationScope") == "messageGroup":
@@ -207,20 +205,16 @@ async def send_message_batch(ctx: Context) -> dict[str, Any]:
     name = ctx.queue()
     entries = batch_entries(ctx, "SendMessageBatchRequestEntry")
     s = await ctx.settings(name)
+    _check_batch_size(entries, s)
+    if s.fifo:
+        _check_fifo_entries(entries, s)
     failures: list[dict[str, Any]] = []
     ready: list[tuple[str, Outgoing]] = []
     for entry_id, entry in entries:
         try:
-            ready.append((entry_id, Outgoing(entry, s)))
+            ready.append((entry_id, Outgoing(entry, s, in_batch=True)))
         except SqsError as exc:
             failures.append(failed(entry_id, exc))
-    total = sum(out.size for _, out in ready)
-    limit = max(SQS_MAX_MESSAGE_BYTES, s.max_message_bytes)
-    if total > limit:
-        raise SqsError(
-            "BatchRequestTooLong",
-            f"Batch requests cannot be longer than {limit} bytes. You have sent {total} bytes.",
-        )
     successes: list[dict[str, Any]] = []
     if ready:
         results = await _put_all(ctx, name, [out.message for _, out in ready])
@@ -230,6 +224,49 @@ async def send_message_batch(ctx: Context) -> dict[str, Any]:
             else:
                 successes.append({"Id": entry_id, **out.result(result, s.fifo)})
     return {"Successful": successes, "Failed": failures}
+
+
+def _check_batch_size(entries: list[tuple[str, Params]], s: QueueSettings) -> None:
+    """SQS sums the whole batch as sent, before it looks at any entry.
+
+    Raises:
+        SqsError: BatchRequestTooLong.
+    """
+    total = sum(
+        ma.request_size(e.values.get("MessageBody"), e.values.get("MessageAttributes"))
+        for _, e in entries
+    )
+    limit = max(SQS_MAX_MESSAGE_BYTES, s.max_message_bytes)
+    if total > limit:
+        raise SqsError(
+            "BatchRequestTooLong",
+            f"Batch requests cannot be longer than {limit} bytes. You have sent {total} bytes.",
+        )
+
+
+def _check_fifo_entries(entries: list[tuple[str, Params]], s: QueueSettings) -> None:
+    """On a FIFO queue, SQS fails the whole batch when an entry lacks its group, or its
+    deduplication id (without content-based deduplication); nothing of it is sent.
+
+    Raises:
+        SqsError: InvalidParameterValue.
+    """
+    if any("MessageGroupId" not in entry for _, entry in entries):
+        raise invalid("The request must contain the parameter MessageGroupId.")
+    if s.content_based_dedup:
+        return
+    for _, entry in entries:
+        attributes = entry.values.get("MessageAttributes")
+        keyed = isinstance(attributes, dict) and ma.EXT_KEY in attributes
+        if "MessageDeduplicationId" not in entry and not keyed:
+            raise _no_dedup_id()
+
+
+def _no_dedup_id() -> SqsError:
+    return invalid(
+        "The queue should either have ContentBasedDeduplication enabled or "
+        "MessageDeduplicationId provided explicitly"
+    )
 
 
 async def _put_all(
@@ -264,7 +301,9 @@ async def receive_message(ctx: Context) -> dict[str, Any]:
     p = ctx.params
     limit = p.number("MaxNumberOfMessages", 1, MAX_BATCH) or 1
     visibility = p.number("VisibilityTimeout", 0, MAX_VISIBILITY_S)
-    wait = p.number("WaitTimeSeconds", 0, MAX_WAIT_S)
+    wait = p.number(
+        "WaitTimeSeconds", 0, MAX_WAIT_S, reason=f"Must be >= 0 and <= {MAX_WAIT_S}, if provided."
+    )
     system = ma.system_attribute_names(
         p.strings("AttributeNames") + p.strings("MessageSystemAttributeNames")
     )
@@ -293,7 +332,7 @@ def _renderer(
         }
         stored = d.attributes or {}
         values = {
-            "SenderId": ACCOUNT,
+            "SenderId": ctx.account,
             "SentTimestamp": str(d.enqueued_at_ms),
             "ApproximateReceiveCount": str(d.receive_count),
             "ApproximateFirstReceiveTimestamp": str(d.first_taken_ms),
@@ -317,7 +356,7 @@ def _renderer(
 
 def _source_arn(ctx: Context, stored: dict[str, Any]) -> str | None:
     source = stored.get("evq.source_queue")  # set on dead letters (actors/shard.py)
-    return arn(ctx.region, source) if isinstance(source, str) else None
+    return ctx.arn(source) if isinstance(source, str) else None
 
 
 ACTIONS = {

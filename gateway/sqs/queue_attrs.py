@@ -1,11 +1,12 @@
-"""Queue attributes ⇄ queue settings, queue URLs and ARNs, tags. Pure.
+"""Queue attributes ⇄ queue settings. Pure.
 
 SQS attributes that the engine implements map onto :class:`~actors.settings.QueueSettings`
 fields (``VisibilityTimeout`` → ``visibility_timeout_ms``, ``RedrivePolicy`` →
 ``dead_letter_queue`` + ``max_receives``, …), with SQS's ranges. Those it does not
 interpret (``ReceiveMessageWaitTimeSeconds``, which the gateway applies, ``Policy``, the KMS
 ones, …), the tags and the creation time live in ``QueueSettings.meta`` under ``sqs.``
-keys. ``evq.*`` attributes are evq's extensions past SQS's limits (README.md).
+keys (tags: tags.py; URLs and ARNs: addresses.py). ``evq.*`` attributes are evq's
+extensions past SQS's limits (README.md).
 """
 
 from __future__ import annotations
@@ -13,38 +14,30 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping
 from typing import Any
-from urllib.parse import urlsplit
 
 from actors.core.replies import Description
-from actors.errors import QueueError
 from actors.settings import (
     MAX_IDEMPOTENCY_WINDOW_MS,
     MAX_MESSAGE_BYTES_LIMIT,
     MAX_RETENTION_MS,
     QueueSettings,
-    validate_queue_name,
 )
-from gateway.sqs.errors import SqsError, invalid, invalid_attribute_name, no_queue
+from gateway.sqs.addresses import arn, name_of_arn
+from gateway.sqs.errors import SqsError, invalid, invalid_attribute_name
 
 __all__ = [
-    "ACCOUNT",
-    "RESERVED_PREFIX",
     "Changes",
-    "arn",
     "attributes_view",
     "changes_for",
-    "name_of_arn",
-    "name_of_url",
+    "differing",
     "new_settings",
-    "tags_of",
+    "patched_meta",
     "wait_seconds_of",
 ]
 
-ACCOUNT = "000000000000"  # the one (fake) account every queue belongs to
 SQS_MAX_MESSAGE_BYTES = 1_048_576
 SQS_DEDUP_WINDOW_MS = 300_000
 MAX_TAGS = 50
-RESERVED_PREFIX = "__evq"  # the server's own queues (watch-key partitions): not SQS queues
 
 CREATED, MODIFIED, TAG, ATTR = "sqs.created", "sqs.modified", "sqs.tag:", "sqs.attr:"
 PURGED = "sqs.purged"  # when the last PurgeQueue started, in ms (not a queue attribute)
@@ -67,6 +60,15 @@ _ENGINE: dict[str, tuple[str, int, int, int]] = {
     ),
 }
 _FIFO_ONLY = {"ContentBasedDeduplication", "DeduplicationScope", "FifoThroughputLimit"}
+_REMOVABLE = {"Policy", "RedriveAllowPolicy", "KmsMasterKeyId"}  # "" removes them
+# SQS's words for queue names it refuses.
+STANDARD_NAME_RULE = (
+    "Can only include alphanumeric characters, hyphens, or underscores. 1 to 80 in length"
+)
+FIFO_NAME_RULE = (
+    "The name of a FIFO queue can only include alphanumeric characters, hyphens, or "
+    "underscores, must end with .fifo suffix and be 1 to 80 in length."
+)
 _READ_ONLY = {
     "ApproximateNumberOfMessages",
     "ApproximateNumberOfMessagesNotVisible",
@@ -109,49 +111,6 @@ def bad_value(name: str, reason: str) -> SqsError:
     )
 
 
-# ------------------------------------------------------------------ URLs and ARNs
-
-
-def name_of_url(url: str) -> str:
-    """The queue a queue URL names (``…/{account}/{name}``, any host).
-
-    Raises:
-        SqsError: InvalidAddress for something that is not a queue URL; QueueDoesNotExist for
-            another account or an impossible name.
-    """
-    parts = urlsplit(url)
-    segments = [s for s in parts.path.split("/") if s]
-    if len(segments) != 2 or (not parts.scheme and not url.startswith("/")):
-        raise SqsError("InvalidAddress", f"The address {url[:200]} is not valid for this endpoint.")
-    account, name = segments
-    if account != ACCOUNT or name.startswith(RESERVED_PREFIX):
-        raise no_queue()
-    try:
-        return validate_queue_name(name)
-    except QueueError:
-        raise no_queue() from None
-
-
-def arn(region: str, name: str) -> str:
-    """The ARN of a queue."""
-    return f"arn:aws:sqs:{region}:{ACCOUNT}:{name}"
-
-
-def name_of_arn(value: object, what: str = "deadLetterTargetArn") -> str:
-    """The queue an SQS ARN names.
-
-    Raises:
-        SqsError: InvalidParameterValue.
-    """
-    parts = value.split(":") if isinstance(value, str) else []
-    if len(parts) != 6 or parts[:3] != ["arn", "aws", "sqs"] or parts[4] != ACCOUNT:
-        raise invalid(f"Value {str(value)[:200]} for parameter {what} is invalid: not a queue ARN.")
-    try:
-        return validate_queue_name(parts[5])
-    except QueueError:
-        raise invalid(f"Value {value} for parameter {what} is invalid: bad queue name.") from None
-
-
 # ------------------------------------------------------------------ attributes → settings
 
 
@@ -159,40 +118,86 @@ class Changes:
     """What some queue attributes change: settings fields, meta entries (None = remove),
     and the dead-letter queue they name (the caller checks it exists)."""
 
-    __slots__ = ("dead_letter_queue", "fields", "meta")
+    __slots__ = ("account", "dead_letter_queue", "fields", "meta", "sources")
 
-    def __init__(self) -> None:
+    def __init__(self, account: str) -> None:
+        self.account = account  # the account of the ARNs they may name
         self.fields: dict[str, Any] = {}
         self.meta: dict[str, str | None] = {}
         self.dead_letter_queue: str | None = None
+        self.sources: dict[str, list[str]] = {}  # attribute → the fields it sets
+
+    def set_fields(self, attribute: str, **fields: Any) -> None:
+        """Settings fields that ``attribute`` sets."""
+        self.fields.update(fields)
+        self.sources.setdefault(attribute, []).extend(fields)
 
 
-def changes_for(attributes: Mapping[str, str], *, fifo: bool, creating: bool) -> Changes:
-    """The changes ``attributes`` ask of a queue.
+def changes_for(
+    attributes: Mapping[str, str], *, fifo: bool, creating: bool, account: str
+) -> Changes:
+    """The changes ``attributes`` ask of a queue (``account``: the server's, which ARNs
+    in them must name).
 
     Raises:
         SqsError: InvalidAttributeName (unknown, read-only, or FIFO-only on a standard
-            queue), InvalidAttributeValue.
+            queue), InvalidAttributeValue, InvalidParameterValue.
     """
-    changes = Changes()
+    changes = Changes(account)
     for name, value in attributes.items():
         if not isinstance(value, str):
             raise bad_value(name, "must be a string")
-        if name in _ENGINE:
-            field, low, high, unit = _ENGINE[name]
-            changes.fields[field] = _int(name, value, low, high) * unit
-        elif name in _STORED and (fifo or name not in _FIFO_ONLY):
-            changes.meta[ATTR + name] = _STORED[name](name, value)
-        elif name == "RedrivePolicy":
-            _redrive(changes, value)
-        elif name == "FifoQueue" and creating:
-            if _bool(name, value) != fifo:
-                raise invalid("FIFO queues, and only they, have names ending in .fifo.")
-        elif name == "ContentBasedDeduplication" and fifo:
-            changes.fields["content_based_dedup"] = _bool(name, value)
-        else:
-            raise invalid_attribute_name(name)
+        _change(changes, name, value, fifo=fifo, creating=creating)
     return changes
+
+
+def _change(changes: Changes, name: str, value: str, *, fifo: bool, creating: bool) -> None:
+    if name in _ENGINE:
+        field, low, high, unit = _ENGINE[name]
+        changes.set_fields(name, **{field: _int(name, value, low, high) * unit})
+    elif name == "FifoQueue":
+        _fifo_queue(value, fifo=fifo, creating=creating)
+    elif name in _FIFO_ONLY and not fifo:
+        if name == "ContentBasedDeduplication":
+            raise invalid_attribute_name(name)
+        raise SqsError(
+            "InvalidAttributeName",
+            f"You can specify the {name} only when FifoQueue is set to true.",
+        )
+    elif name in _STORED:
+        removed = not value and name in _REMOVABLE  # SQS: "" removes these
+        changes.meta[ATTR + name] = None if removed else _STORED[name](name, value)
+    elif name == "RedrivePolicy":
+        _redrive(changes, value)
+    elif name == "ContentBasedDeduplication":
+        changes.set_fields(name, content_based_dedup=_bool(name, value))
+    else:
+        raise invalid_attribute_name(name)
+
+
+def _fifo_queue(value: str, *, fifo: bool, creating: bool) -> None:
+    """``FifoQueue`` names the type a queue has: only ``true``, only on FIFO queues (and
+    on creation, where ``true`` needs a FIFO queue's name)."""
+    true = value.lower() == "true"
+    if not fifo:
+        if creating and true:
+            raise invalid(FIFO_NAME_RULE)
+        raise invalid_attribute_name("FifoQueue")
+    if not true:
+        raise bad_value("FifoQueue", "Modifying queue type is not supported.")
+
+
+def differing(changes: Changes, actual: QueueSettings) -> list[str]:
+    """The attributes of ``changes`` whose values ``actual`` (an existing queue) does not
+    have, in the order they were given."""
+    names = [
+        attribute
+        for attribute, fields in changes.sources.items()
+        if any(getattr(actual, f) != changes.fields[f] for f in fields)
+    ]
+    meta = actual.meta or {}
+    names += [k.removeprefix(ATTR) for k, v in changes.meta.items() if meta.get(k) != v]
+    return names
 
 
 def _int(name: str, value: str, low: int, high: int) -> int:
@@ -210,16 +215,16 @@ def _bool(name: str, value: str) -> bool:
 
 def _redrive(changes: Changes, value: str) -> None:
     if not value:  # SQS: an empty policy removes the dead-letter queue
-        changes.fields.update(dead_letter_queue=None, max_receives=None)
+        changes.set_fields("RedrivePolicy", dead_letter_queue=None, max_receives=None)
         return
     policy = _json_object("RedrivePolicy", value)
-    target = name_of_arn(policy.get("deadLetterTargetArn"))
+    target = name_of_arn(policy.get("deadLetterTargetArn"), changes.account)
     count = policy.get("maxReceiveCount")
     if isinstance(count, str):
         count = _int("RedrivePolicy", count, 1, 1000)
     if isinstance(count, bool) or not isinstance(count, int) or not 1 <= count <= 1000:
         raise bad_value("RedrivePolicy", "maxReceiveCount must be an integer between 1 and 1000")
-    changes.fields.update(dead_letter_queue=target, max_receives=count)
+    changes.set_fields("RedrivePolicy", dead_letter_queue=target, max_receives=count)
     changes.dead_letter_queue = target
 
 
@@ -276,18 +281,12 @@ _STORED: dict[str, Callable[[str, str], str]] = {
 }
 
 
-def new_settings(
-    name: str, changes: Changes, tags: Mapping[str, str], now_s: int
-) -> tuple[QueueSettings, list[str]]:
-    """Settings of a queue created through SQS (SQS's defaults, then ``changes``), and the
-    settings fields the request gave (an existing queue must match those).
-
-    Raises:
-        SqsError: InvalidParameterValue for tags out of bounds.
-    """
+def new_settings(name: str, changes: Changes, tags: Mapping[str, str], now_s: int) -> QueueSettings:
+    """Settings of a queue created through SQS: SQS's defaults, then ``changes`` and the
+    ``tags`` (checked)."""
     meta = {CREATED: str(now_s), MODIFIED: str(now_s)}
     meta.update({k: v for k, v in changes.meta.items() if v is not None})
-    meta.update({TAG + k: v for k, v in check_tags(tags).items()})
+    meta.update({TAG + k: v for k, v in tags.items()})
     fields: dict[str, Any] = {
         "fifo": name.endswith(".fifo"),
         "max_message_bytes": SQS_MAX_MESSAGE_BYTES,
@@ -295,7 +294,7 @@ def new_settings(
         **changes.fields,
         "meta": meta,
     }
-    return QueueSettings(**fields), sorted(changes.fields)
+    return QueueSettings(**fields)
 
 
 def patched_meta(
@@ -312,28 +311,6 @@ def patched_meta(
     return meta
 
 
-def check_tags(tags: Mapping[str, Any]) -> dict[str, str]:
-    """Tags as SQS allows them.
-
-    Raises:
-        SqsError: InvalidParameterValue.
-    """
-    if len(tags) > MAX_TAGS:
-        raise invalid(f"Too many tags: a queue has at most {MAX_TAGS}.")
-    for key, value in tags.items():
-        if not isinstance(key, str) or not 1 <= len(key) <= 128 or key.lower().startswith("aws:"):
-            raise invalid(f"Tag key {str(key)[:200]!r} is invalid: 1-128 characters, not aws:.")
-        if not isinstance(value, str) or len(value) > 256:
-            raise invalid(f"Tag value for {key!r} is invalid: a string of at most 256 characters.")
-    return dict(tags)
-
-
-def tags_of(settings: QueueSettings) -> dict[str, str]:
-    """A queue's tags."""
-    meta = settings.meta or {}
-    return {k[len(TAG) :]: v for k, v in meta.items() if k.startswith(TAG)}
-
-
 def wait_seconds_of(settings: QueueSettings) -> int:
     """The queue's default long-poll wait (ReceiveMessageWaitTimeSeconds)."""
     return int((settings.meta or {}).get(ATTR + "ReceiveMessageWaitTimeSeconds", "0"))
@@ -342,8 +319,11 @@ def wait_seconds_of(settings: QueueSettings) -> int:
 # ------------------------------------------------------------------ settings → attributes
 
 
-def attributes_view(desc: Description, wanted: list[str], region: str) -> dict[str, str]:
-    """The attributes GetQueueAttributes shows for ``wanted`` names ("All": every one).
+def attributes_view(
+    desc: Description, wanted: list[str], region: str, account: str
+) -> dict[str, str]:
+    """The attributes GetQueueAttributes shows for ``wanted`` names ("All": every one),
+    ARNs in ``region`` and ``account``.
 
     Raises:
         SqsError: InvalidAttributeName for a name SQS (and evq) does not have.
@@ -359,19 +339,19 @@ def attributes_view(desc: Description, wanted: list[str], region: str) -> dict[s
             raise invalid_attribute_name(name)
     view: dict[str, str] = {}
     for name in dict.fromkeys(names):
-        value = _attribute(desc, name, region)
+        value = _attribute(desc, name, region, account)
         if value is not None and (s.fifo or name not in _FIFO_ONLY | {"FifoQueue"}):
             view[name] = value
     return view
 
 
-def _attribute(desc: Description, name: str, region: str) -> str | None:
+def _attribute(desc: Description, name: str, region: str, account: str) -> str | None:
     s, stats, meta = desc.settings, desc.stats, desc.settings.meta or {}
     if name in _ENGINE:
         field, _, _, unit = _ENGINE[name]
         return str(getattr(s, field) // unit)
     simple: dict[str, Any] = {
-        "QueueArn": arn(region, desc.name),
+        "QueueArn": arn(region, desc.name, account),
         "ApproximateNumberOfMessages": stats.ready,
         "ApproximateNumberOfMessagesNotVisible": stats.reserved,
         "ApproximateNumberOfMessagesDelayed": stats.delayed,
@@ -386,7 +366,7 @@ def _attribute(desc: Description, name: str, region: str) -> str | None:
     if name == "RedrivePolicy":
         if s.dead_letter_queue is None:
             return None
-        target = arn(region, s.dead_letter_queue)
+        target = arn(region, s.dead_letter_queue, account)
         return json.dumps({"deadLetterTargetArn": target, "maxReceiveCount": s.max_receives})
     defaults = {
         "ReceiveMessageWaitTimeSeconds": "0",

@@ -1,5 +1,5 @@
 """Queue actions: CreateQueue, GetQueueUrl, ListQueues, DeleteQueue, Get/SetQueueAttributes,
-PurgeQueue, TagQueue, UntagQueue, ListQueueTags, ListDeadLetterSourceQueues."""
+PurgeQueue, ListDeadLetterSourceQueues (tags: tags.py; permissions: permissions.py)."""
 
 from __future__ import annotations
 
@@ -9,27 +9,33 @@ import binascii
 from typing import Any
 
 from actors.core import commands as cmd
-from actors.core.replies import Description
 from actors.errors import QueueError, QueueNotFound
 from actors.settings import validate_queue_name
 from gateway import native
 from gateway.sqs import queue_attrs as qa
+from gateway.sqs.addresses import RESERVED_PREFIX
 from gateway.sqs.context import Context
 from gateway.sqs.errors import SqsError, invalid, missing, no_queue
+from gateway.sqs.tags import check_tags
 
 __all__ = ["ACTIONS"]
 
 
-def _queue_name(name: str) -> str:
-    if name.startswith(qa.RESERVED_PREFIX):
-        raise invalid(f"Queue names starting with {qa.RESERVED_PREFIX} are the server's own.")
+def _queue_name(name: str, attributes: dict[str, str]) -> str:
+    """A name for a new queue, as SQS allows them (``.fifo`` names FIFO queues only).
+
+    Raises:
+        SqsError: InvalidParameterValue.
+    """
+    fifo = name.endswith(".fifo") and attributes.get("FifoQueue", "").lower() == "true"
+    if name.startswith(RESERVED_PREFIX):
+        raise invalid(f"Queue names starting with {RESERVED_PREFIX} are the server's own.")
+    if name.endswith(".fifo") and not fifo:  # a standard queue's name has no period
+        raise invalid(qa.STANDARD_NAME_RULE)
     try:
         return validate_queue_name(name)
     except QueueError:
-        raise invalid(
-            "Can only include alphanumeric characters, hyphens, or underscores. 1 to 80 in "
-            "length (plus .fifo for FIFO queues)."
-        ) from None
+        raise invalid(qa.FIFO_NAME_RULE if fifo else qa.STANDARD_NAME_RULE) from None
 
 
 async def _check_dead_letter_target(ctx: Context, target: str, fifo: bool) -> None:
@@ -54,26 +60,24 @@ async def _check_dead_letter_target(ctx: Context, target: str, fifo: bool) -> No
 
 async def create_queue(ctx: Context) -> dict[str, Any]:
     p = ctx.params
-    name = _queue_name(p.required("QueueName"))
     attributes = p.string_map("Attributes")
+    name = _queue_name(p.required("QueueName"), attributes)
     fifo = name.endswith(".fifo")
-    if fifo and attributes.get("FifoQueue", "").lower() != "true":
-        raise invalid("A queue whose name ends in .fifo needs the attribute FifoQueue=true.")
-    changes = qa.changes_for(attributes, fifo=fifo, creating=True)
+    changes = qa.changes_for(attributes, fifo=fifo, creating=True, account=ctx.account)
     if changes.dead_letter_queue is not None:
         await _check_dead_letter_target(ctx, changes.dead_letter_queue, fifo)
     tags = p.string_map("tags") or p.string_map("Tags")  # JSON: "tags"; query: Tag.N.Key
-    settings, given = qa.new_settings(name, changes, tags, ctx.now_ms() // 1000)
-    created, actual = await native_directory(ctx).create(name, settings, given)
-    if not created:
-        meta = actual.meta or {}
-        differ = [k for k, v in changes.meta.items() if meta.get(k) != v]
-        if differ:
-            raise SqsError(
-                "QueueNameExists",
-                f"A queue named {name} already exists with other attributes: "
-                + ", ".join(k.removeprefix(qa.ATTR) for k in differ),
-            )
+    settings = qa.new_settings(name, changes, check_tags(tags, name), ctx.now_ms() // 1000)
+    # An existing queue answers when the attributes given match its own (checked here,
+    # where SQS's names for them are known, rather than by the shard).
+    created, actual = await native_directory(ctx).create(name, settings, [])
+    differ = [] if created else qa.differing(changes, actual)
+    if differ:
+        raise SqsError(
+            "QueueNameExists",
+            "A queue already exists with the same name and a different value for attribute "
+            + differ[0],
+        )
     ctx.forget(name)
     return {"QueueUrl": ctx.url(name)}
 
@@ -87,7 +91,7 @@ async def get_queue_url(ctx: Context) -> dict[str, Any]:
     p = ctx.params
     name = p.required("QueueName")
     owner = p.string("QueueOwnerAWSAccountId")
-    if (owner is not None and owner != qa.ACCOUNT) or name.startswith(qa.RESERVED_PREFIX):
+    if (owner is not None and owner != ctx.account) or name.startswith(RESERVED_PREFIX):
         raise no_queue()
     try:
         validate_queue_name(name)
@@ -122,7 +126,7 @@ def _page(names: list[str], ctx: Context) -> tuple[list[str], str | None]:
 
 async def _visible_names(ctx: Context) -> list[str]:
     names = await native_directory(ctx).names()
-    return sorted(n for n in names if not n.startswith(qa.RESERVED_PREFIX))
+    return sorted(n for n in names if not n.startswith(RESERVED_PREFIX))
 
 
 async def list_queues(ctx: Context) -> dict[str, Any]:
@@ -148,7 +152,7 @@ async def get_queue_attributes(ctx: Context) -> dict[str, Any]:
     name = ctx.queue()
     wanted = ctx.params.strings("AttributeNames")
     desc = await ctx.describe(name)
-    view = qa.attributes_view(desc, wanted, ctx.region)
+    view = qa.attributes_view(desc, wanted, ctx.region, ctx.account)
     return {"Attributes": view} if view else {}
 
 
@@ -158,9 +162,10 @@ async def set_queue_attributes(ctx: Context) -> dict[str, Any]:
     if "Attributes" not in ctx.params:
         raise missing("Attributes")
     desc = await ctx.describe(name)
-    changes = qa.changes_for(attributes, fifo=desc.settings.fifo, creating=False)
+    fifo = desc.settings.fifo
+    changes = qa.changes_for(attributes, fifo=fifo, creating=False, account=ctx.account)
     if changes.dead_letter_queue is not None:
-        await _check_dead_letter_target(ctx, changes.dead_letter_queue, desc.settings.fifo)
+        await _check_dead_letter_target(ctx, changes.dead_letter_queue, fifo)
     fields = dict(changes.fields)
     fields["meta"] = qa.patched_meta(desc.settings.meta, changes.meta, ctx.now_ms() // 1000)
     await ctx.run(name, cmd.PatchSettings(fields))
@@ -188,39 +193,6 @@ async def purge_queue(ctx: Context) -> dict[str, Any]:
     ctx.forget(name)
     await ctx.run(name, cmd.Purge())
     return {}
-
-
-async def _patch_tags(ctx: Context, desc: Description, updates: dict[str, str | None]) -> None:
-    meta = qa.patched_meta(desc.settings.meta, updates, ctx.now_ms() // 1000)
-    if len([k for k in meta if k.startswith(qa.TAG)]) > qa.MAX_TAGS:
-        raise invalid(f"Too many tags: a queue has at most {qa.MAX_TAGS}.")
-    await ctx.run(desc.name, cmd.PatchSettings({"meta": meta}))
-    ctx.forget(desc.name)
-
-
-async def tag_queue(ctx: Context) -> dict[str, Any]:
-    name = ctx.queue()
-    tags = qa.check_tags(ctx.params.string_map("Tags"))
-    if not tags:
-        raise missing("Tags")
-    desc = await ctx.describe(name)
-    await _patch_tags(ctx, desc, {qa.TAG + k: v for k, v in tags.items()})
-    return {}
-
-
-async def untag_queue(ctx: Context) -> dict[str, Any]:
-    name = ctx.queue()
-    keys = ctx.params.strings("TagKeys")
-    if not keys:
-        raise missing("TagKeys")
-    desc = await ctx.describe(name)
-    await _patch_tags(ctx, desc, dict.fromkeys((qa.TAG + k for k in keys), None))
-    return {}
-
-
-async def list_queue_tags(ctx: Context) -> dict[str, Any]:
-    tags = qa.tags_of((await ctx.describe(ctx.queue())).settings)
-    return {"Tags": tags} if tags else {}
 
 
 async def list_dead_letter_source_queues(ctx: Context) -> dict[str, Any]:
@@ -252,8 +224,5 @@ ACTIONS = {
     "GetQueueAttributes": get_queue_attributes,
     "SetQueueAttributes": set_queue_attributes,
     "PurgeQueue": purge_queue,
-    "TagQueue": tag_queue,
-    "UntagQueue": untag_queue,
-    "ListQueueTags": list_queue_tags,
     "ListDeadLetterSourceQueues": list_dead_letter_source_queues,
 }

@@ -99,7 +99,7 @@ def xml_error(error: SqsError, request_id: str) -> bytes:
     return (
         f'<?xml version="1.0"?><ErrorResponse xmlns="{XML_NS}"><Error>'
         f"<Type>{error.fault}</Type><Code>{_text(error.query_code)}</Code>"
-        f"<Message>{_text(error.message)}</Message><Detail/></Error>"
+        f"<Message>{_text(error.query_message)}</Message><Detail/></Error>"
         f"<RequestId>{request_id}</RequestId></ErrorResponse>"
     ).encode()
 

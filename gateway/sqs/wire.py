@@ -35,6 +35,8 @@ _LISTS = {
     "MessageSystemAttributeName": "MessageSystemAttributeNames",
     "MessageAttributeName": "MessageAttributeNames",
     "TagKey": "TagKeys",
+    "AWSAccountId": "AWSAccountIds",
+    "ActionName": "Actions",
     "SendMessageBatchRequestEntry": "Entries",
     "DeleteMessageBatchRequestEntry": "Entries",
     "ChangeMessageVisibilityBatchRequestEntry": "Entries",
@@ -125,7 +127,10 @@ def _malformed(key: str) -> SqsError:
 
 
 def _numbered(name: str, node: Any) -> list[Any]:
-    """The values of ``name.1``, ``name.2``, … in order of their numbers."""
+    """The values of ``name.1``, ``name.2``, … in order of their numbers (``name=`` with
+    no value: none, as SDKs send an empty list)."""
+    if node == "":
+        return []
     if not isinstance(node, dict):
         raise _malformed(name)
     items = []
@@ -196,14 +201,17 @@ class Params:
         assert value is not None
         return value
 
-    def number(self, name: str, low: int, high: int, *, required: bool = False) -> int | None:
-        """An integer parameter within ``low..high``. Raises: SqsError."""
+    def number(
+        self, name: str, low: int, high: int, *, required: bool = False, reason: str = ""
+    ) -> int | None:
+        """An integer parameter within ``low..high`` (``reason``: SQS's words when it is
+        not; by default "Must be between {low} and {high}, if provided."). Raises: SqsError."""
         value = self.values.get(name)
         if value is None:
             if required:
                 raise missing(name)
             return None
-        return parse_int(value, name, low, high)
+        return parse_int(value, name, low, high, reason)
 
     def boolean(self, name: str) -> bool | None:
         """A boolean parameter. Raises: SqsError."""
@@ -215,9 +223,10 @@ class Params:
         raise invalid(f"Value {str(value)[:100]} for parameter {name} is invalid: not a boolean.")
 
     def sequence(self, name: str) -> list[Any]:
-        """A list parameter (empty when absent). Raises: SqsError."""
+        """A list parameter (empty when absent; the query protocol sends an empty list as
+        ``Name=``). Raises: SqsError."""
         value = self.values.get(name)
-        if value is None:
+        if value is None or (self.query and value == ""):
             return []
         if not isinstance(value, list):
             raise invalid(f"Value for parameter {name} must be a list.")
@@ -247,11 +256,11 @@ class Params:
         return value
 
 
-def parse_int(value: Any, name: str, low: int, high: int) -> int:
+def parse_int(value: Any, name: str, low: int, high: int, reason: str = "") -> int:
     """An integer given as a JSON number or a decimal string, within ``low..high``.
 
     Raises:
-        SqsError: InvalidParameterValue.
+        SqsError: InvalidParameterValue, with ``reason`` (default: SQS's usual one).
     """
     number: int | None = None
     if isinstance(value, int) and not isinstance(value, bool):
@@ -259,10 +268,8 @@ def parse_int(value: Any, name: str, low: int, high: int) -> int:
     elif isinstance(value, str) and re.fullmatch(r"[+-]?\d{1,19}", value.strip()):
         number = int(value)
     if number is None or not low <= number <= high:
-        raise invalid(
-            f"Value {str(value)[:100]} for parameter {name} is invalid. "
-            f"Reason: must be an integer between {low} and {high}."
-        )
+        reason = reason or f"Must be between {low} and {high}, if provided."
+        raise invalid(f"Value {str(value)[:100]} for parameter {name} is invalid. Reason: {reason}")
     return number
 
 

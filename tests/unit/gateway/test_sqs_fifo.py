@@ -180,6 +180,13 @@ def test_on_a_fifo_queue_only_the_latest_receipt_handle_holds(sqs: Any) -> None:
     [second] = sqs.receive_message(QueueUrl=url, WaitTimeSeconds=2)["Messages"]
     with pytest.raises(ClientError) as info:
         sqs.delete_message(QueueUrl=url, ReceiptHandle=first["ReceiptHandle"])
-    assert info.value.response["Error"]["Code"] == "ReceiptHandleIsInvalid"
+    # SQS's answer for the expired handle of a FIFO queue
+    assert info.value.response["Error"] == {
+        "Code": "InvalidParameterValue",
+        "Message": f"Value {first['ReceiptHandle']} for parameter ReceiptHandle is invalid. "
+        "Reason: The receipt handle has expired.",
+        "QueryErrorCode": "InvalidParameterValueException",
+        "Type": "Sender",
+    }
     sqs.delete_message(QueueUrl=url, ReceiptHandle=second["ReceiptHandle"])
     assert bodies(sqs, url) == []

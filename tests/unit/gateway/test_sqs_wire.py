@@ -25,10 +25,11 @@ from moto.sqs.models import Message as MotoMessage
 from multidict import CIMultiDict
 
 from gateway.sqs import render
+from gateway.sqs.addresses import name_of_arn, name_of_url
 from gateway.sqs.errors import SqsError
 from gateway.sqs.md5 import md5_of_attributes, md5_of_body
 from gateway.sqs.message_attrs import parse_attributes
-from gateway.sqs.queue_attrs import changes_for, name_of_arn, name_of_url
+from gateway.sqs.queue_attrs import changes_for
 from gateway.sqs.receipts import Receipt, decode_receipt, encode_receipt, receipt_key
 from gateway.sqs.sigv4 import verify
 from gateway.sqs.wire import Params, parse_json, parse_query
@@ -105,10 +106,10 @@ def test_attributes_are_checked_as_sqs_checks_them() -> None:
     for attributes in bad:
         with pytest.raises(SqsError) as info:
             parse_attributes(attributes)
-        assert info.value.code == "InvalidParameterValue", attributes
+        assert info.value.query_code == "InvalidParameterValue", attributes
     with pytest.raises(SqsError) as info:
         parse_attributes({"x": {"DataType": "String", "StringValue": "\x00"}})
-    assert info.value.code == "InvalidMessageContents"
+    assert info.value.query_code == "InvalidMessageContents"
 
 
 # ---------------------------------------------------------------- receipt handles
@@ -155,12 +156,12 @@ def test_handles_from_before_the_mac_still_read_unsigned() -> None:
 def test_garbage_receipt_handles_are_invalid_and_never_crash(handle: str) -> None:
     with pytest.raises(SqsError) as info:
         decode_receipt(handle, None, KEY)
-    assert info.value.code == "ReceiptHandleIsInvalid"
+    assert info.value.query_code == "ReceiptHandleIsInvalid"
 
 
 def test_a_receipt_handle_of_another_queue_is_invalid() -> None:
     handle = encode_receipt("a", "1", "2", KEY)
-    with pytest.raises(SqsError, match="another queue"):
+    with pytest.raises(SqsError, match="is not valid for this queue"):
         decode_receipt(handle, "b", KEY)
 
 
@@ -228,7 +229,7 @@ def test_query_forms_fold_into_the_json_shape() -> None:
 def test_malformed_query_forms_are_refused(pairs: list[tuple[str, str]], code: str) -> None:
     with pytest.raises(SqsError) as info:
         parse_query(pairs)
-    assert info.value.code == code
+    assert info.value.query_code == code
 
 
 def test_json_requests_need_an_sqs_target_and_an_object() -> None:
@@ -238,7 +239,7 @@ def test_json_requests_need_an_sqs_target_and_an_object() -> None:
     for body in (b"[1]", b"{", b"\xff"):
         with pytest.raises(SqsError) as info:
             parse_json("AmazonSQS.ListQueues", body)
-        assert info.value.code == "SerializationException"
+        assert info.value.query_code == "SerializationException"
 
 
 @pytest.mark.parametrize("query", [True, False])
@@ -254,25 +255,32 @@ def test_params_read_numbers_from_strings_and_json_numbers(query: bool) -> None:
         p.number("C", 0, 5)  # a boolean is not a number
     with pytest.raises(SqsError) as info:
         p.number("Z", 0, 5, required=True)
-    assert info.value.code == "MissingParameter"
+    assert info.value.query_code == "MissingParameter"
 
 
 def test_queue_urls_and_arns_name_queues() -> None:
-    assert name_of_url("http://any.host:1/000000000000/q-1.fifo") == "q-1.fifo"
-    assert name_of_url("/000000000000/q") == "q"
-    for url, code in [
-        ("q", "InvalidAddress"),
-        ("http://h/000000000000", "InvalidAddress"),
-        ("http://h/123456789012/q", "QueueDoesNotExist"),
-        ("http://h/000000000000/bad name", "QueueDoesNotExist"),
-        ("http://h/000000000000/__evq-keys-00", "QueueDoesNotExist"),  # the server's own
+    account = "000000000000"
+    assert name_of_url("http://any.host:1/000000000000/q-1.fifo", account) == "q-1.fifo"
+    assert name_of_url("/000000000000/q", account) == "q"
+    assert name_of_url("q-2", account) == "q-2"  # a bare name, as SQS accepts it
+    assert name_of_url("http://h/123456789012/q", "123456789012") == "q"
+    for url in [
+        "http://whatever-incorrect-queue-address",  # AWS: no such queue
+        "http://h/000000000000",
+        "http://h/000000000000/q/more",
+        "http://h/123456789012/q",  # another account
+        "http://h/000000000000/bad name",
+        "bad name",
+        "http://h/000000000000/__evq-keys-00",  # the server's own
+        "__evq-keys-00",
     ]:
         with pytest.raises(SqsError) as info:
-            name_of_url(url)
-        assert info.value.code == code, url
-    assert name_of_arn("arn:aws:sqs:eu-west-1:000000000000:dlq") == "dlq"
-    with pytest.raises(SqsError):
-        name_of_arn("arn:aws:sns:eu-west-1:000000000000:dlq")
+            name_of_url(url, account)
+        assert info.value.query_code == "AWS.SimpleQueueService.NonExistentQueue", url
+    assert name_of_arn("arn:aws:sqs:eu-west-1:000000000000:dlq", account) == "dlq"
+    for arn in ("arn:aws:sns:eu-west-1:000000000000:dlq", "arn:aws:sqs:eu-west-1:1:dlq"):
+        with pytest.raises(SqsError):
+            name_of_arn(arn, account)
 
 
 def test_queue_attributes_map_onto_settings_with_sqs_ranges() -> None:
@@ -288,6 +296,7 @@ def test_queue_attributes_map_onto_settings_with_sqs_ranges() -> None:
         },
         fifo=False,
         creating=True,
+        account="000000000000",
     )
     assert changes.fields == {
         "visibility_timeout_ms": 5000,
@@ -309,9 +318,14 @@ def test_queue_attributes_map_onto_settings_with_sqs_ranges() -> None:
         ("Colour", "x", "InvalidAttributeName"),
     ]:
         with pytest.raises(SqsError) as info:
-            changes_for({name: value}, fifo=False, creating=True)
-        assert info.value.code == code, name
-    big = changes_for({"evq.MaximumMessageSize": str(8 * 1024 * 1024)}, fifo=False, creating=True)
+            changes_for({name: value}, fifo=False, creating=True, account="000000000000")
+        assert info.value.query_code == code, name
+    big = changes_for(
+        {"evq.MaximumMessageSize": str(8 * 1024 * 1024)},
+        fifo=False,
+        creating=True,
+        account="000000000000",
+    )
     assert big.fields == {"max_message_bytes": 8 * 1024 * 1024}
 
 
@@ -456,7 +470,7 @@ def test_bad_signatures_are_refused(change: str, code: str) -> None:
         now -= 6 * 60 * 1000
     with pytest.raises(SqsError) as info:
         check(path, headers, now, body)
-    assert info.value.code == code
+    assert info.value.query_code == code
     assert info.value.status in (400, 403)
     if change == "old":
         assert "Signature expired" in info.value.message
