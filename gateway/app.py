@@ -41,6 +41,7 @@ class AppOptions(msgspec.Struct, frozen=True, kw_only=True):
     max_waiting_per_shard: int = 20_000  # commands waiting for a call toward one shard
     sqs_keys: dict[str, str] = {}  # SQS access key → secret; empty: no signature check
     sqs_open: bool = True  # without keys, accept any request (False: refuse every one)
+    sqs_account_id: str = "000000000000"  # the account in SQS queue URLs and ARNs
     # The cluster secret (signs SQS receipt handles alike on every gateway); None: random.
     cluster_secret: str | None = None
     tokens: list[Token] = []  # bearer tokens (gateway/auth.py); empty: no auth
@@ -92,6 +93,7 @@ def make_app(directory: Directory, options: AppOptions | None = None) -> web.App
         keys=options.sqs_keys,
         open_without_keys=options.sqs_open,
         cluster_secret=options.cluster_secret,
+        account_id=options.sqs_account_id,
     )
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

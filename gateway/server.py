@@ -251,6 +251,7 @@ def app_options(settings: ServerSettings, cluster_secret: str | None = None) -> 
         auto_create=settings.auto_create,
         sqs_keys=settings.sqs_key_map(),
         sqs_open=is_loopback(settings.host),
+        sqs_account_id=settings.sqs_account_id,
         tokens=list(settings_tokens),
         batch_in_flight=settings.batch_in_flight,
         batch_split_at=settings.batch_split_at,

@@ -64,6 +64,8 @@ class ServerSettings(msgspec.Struct, kw_only=True):
     # SQS API credentials, "ACCESS_KEY:SECRET[,ACCESS_KEY:SECRET…]" (environment or TOML:
     # keep secrets off the command line). Set: every SQS request needs a valid SigV4.
     sqs_keys: str | None = None
+    # The account in SQS queue URLs and ARNs (12 digits, as AWS's).
+    sqs_account_id: Annotated[str, msgspec.Meta(pattern=r"^\d{12}$")] = "000000000000"
     tokens_file: str | None = None  # bearer tokens and permissions (gateway/auth.py)
     # The secret every gateway, shard and handler of one Ray cluster shows the shards' data
     # channels: EVQ_CLUSTER_SECRET (or TOML), or a file; never on the command line. Unset,
@@ -219,6 +221,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help="custom Ray resource each shard needs one unit of (nodes offering it host shards)",
     )
     add("--no-ray", action="store_true", default=None, help="run the queues in this process")
+    add(
+        "--sqs-account-id",
+        metavar="ID",
+        help="the account (12 digits) in SQS queue URLs and ARNs (default 000000000000)",
+    )
     add(
         "--tokens-file",
         metavar="FILE",

@@ -46,8 +46,11 @@ PLUGIN = HERE / "evq_moto_plugin.py"
 TEST_FILES = ("tests/test_sqs/test_sqs.py", "tests/test_sqs/test_sqs_message_attributes.py")
 # moto's suite hard-codes "http://localhost:5000" in server mode (queue URL assertions).
 DEFAULT_PORT = 5000
-# The account each server puts into its queue URLs and ARNs; the STS stub answers it.
-ACCOUNTS = {"evq": "000000000000", "moto": "123456789012"}
+# The account in the servers' queue URLs and ARNs, which the STS stub answers: the one
+# moto's tests hard-code (moto.core.DEFAULT_ACCOUNT_ID), given to the evq started here with
+# --sqs-account-id; a running server (--endpoint) has evq's default unless told otherwise.
+MOTO_ACCOUNT = "123456789012"
+ACCOUNTS = {"evq": MOTO_ACCOUNT, "moto": MOTO_ACCOUNT, "endpoint": "000000000000"}
 # Modules the suite imports that evq's dev extra may lack: import name → pip requirement.
 TEST_DEPENDENCIES = {"freezegun": "freezegun", "pytest_timeout": "pytest-timeout"}
 # What Ray needs in a server subprocess here (as tests/integration/server.py sets it).
@@ -254,9 +257,9 @@ def stop_process(proc: subprocess.Popen[bytes], grace: float, what: str) -> None
 
 
 @contextlib.contextmanager
-def evq_server(port: int, log_path: Path, ready_timeout: float) -> Iterator[str]:
-    """A fresh ``evq serve`` on 127.0.0.1:``port`` over a temporary data directory; yields
-    its URL once ``/readyz`` answers 200, stops it at the end.
+def evq_server(port: int, log_path: Path, ready_timeout: float, account: str) -> Iterator[str]:
+    """A fresh ``evq serve`` on 127.0.0.1:``port`` over a temporary data directory, its SQS
+    account ``account``; yields its URL once ``/readyz`` answers 200, stops it at the end.
 
     Raises:
         RunError: it exited or was not ready in time.
@@ -266,6 +269,7 @@ def evq_server(port: int, log_path: Path, ready_timeout: float) -> Iterator[str]
         raise RunError(f"{evq} not found: run with the project's .venv/bin/python")
     with tempfile.TemporaryDirectory(prefix="evq-sqs-moto-") as data, log_path.open("ab") as out:
         command = [str(evq), "serve", "--data", data, "--host", "127.0.0.1", "--port", str(port)]
+        command += ["--sqs-account-id", account]
         log(f"starting {' '.join(command)} (log: {log_path})")
         env = {**os.environ, **RAY_ENV, "PYTHONUNBUFFERED": "1"}
         proc = subprocess.Popen(
@@ -491,7 +495,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument(
         "--account-id",
-        help="account the STS stub answers (default: evq's 000000000000, moto's 123456789012)",
+        help=f"the SQS account of the server, which the STS stub answers (default "
+        f"{MOTO_ACCOUNT}, given to the evq started here; 000000000000 with --endpoint)",
     )
     parser.add_argument(
         "--timeout", type=float, default=1800, help="seconds for the whole run (default 1800)"
@@ -514,7 +519,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 @contextlib.contextmanager
-def target_server(args: argparse.Namespace, target: str, work_dir: Path) -> Iterator[str]:
+def target_server(
+    args: argparse.Namespace, target: str, work_dir: Path, account: str
+) -> Iterator[str]:
     """The endpoint the tests use: a given one, moto's server, or a fresh evq serve."""
     if target == "endpoint":
         yield args.endpoint.rstrip("/")
@@ -522,7 +529,8 @@ def target_server(args: argparse.Namespace, target: str, work_dir: Path) -> Iter
         with moto_server(choose_port(args.port)) as url:
             yield url
     else:
-        with evq_server(choose_port(args.port), work_dir / "evq-serve.log", 180) as url:
+        log_path = work_dir / "evq-serve.log"
+        with evq_server(choose_port(args.port), log_path, 180, account) as url:
             yield url
 
 
@@ -535,7 +543,7 @@ def main(argv: list[str] | None = None) -> int:
     work_dir = (args.work_dir or cache_dir / f"work-{target}").resolve()
     report_path = args.report or work_dir / "report.json"
     baseline = json.loads(args.baseline.read_text(encoding="utf-8")) if args.baseline else None
-    account = args.account_id or ACCOUNTS["moto" if target == "moto" else "evq"]
+    account = args.account_id or ACCOUNTS[target]
     moto_version = importlib.metadata.version("moto")
     try:
         ensure_test_dependencies()
@@ -543,7 +551,7 @@ def main(argv: list[str] | None = None) -> int:
         files = read_test_tree(sdist, TEST_FILES)
         prepare_work_dir(work_dir, files)
         log(f"work dir {work_dir}: {len(files)} files from moto's tests tree")
-        with target_server(args, target, work_dir) as endpoint:
+        with target_server(args, target, work_dir, account) as endpoint:
             command = pytest_command(args, work_dir)
             log(f"running pytest against {endpoint} (output: {work_dir / 'pytest.log'})")
             env = pytest_env(endpoint, account, target, work_dir)

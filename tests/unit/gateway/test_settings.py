@@ -82,3 +82,26 @@ def test_an_unreadable_cluster_secret_file_says_which(tmp_path) -> None:  # type
     missing = tmp_path / "nowhere"
     with pytest.raises(BadRequest, match=r"cannot read cluster_secret_file .*nowhere"):
         _settings({}, "--cluster-secret-file", str(missing)).cluster_secret_value()
+
+
+def test_the_sqs_account_id_comes_from_flag_environment_or_toml(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from gateway.server import app_options
+
+    assert _settings({}).sqs_account_id == "000000000000"
+    assert _settings({}, "--sqs-account-id", "123456789012").sqs_account_id == "123456789012"
+    assert _settings({"EVQ_SQS_ACCOUNT_ID": "210987654321"}).sqs_account_id == "210987654321"
+    config = tmp_path / "evq.toml"
+    config.write_text('[evq]\nsqs_account_id = "111122223333"\n')
+    assert _settings({}, "--config", str(config)).sqs_account_id == "111122223333"
+    # The command line wins over the environment, which wins over the file.
+    env = {"EVQ_SQS_ACCOUNT_ID": "210987654321", "EVQ_CONFIG": str(config)}
+    assert _settings(env).sqs_account_id == "210987654321"
+    assert _settings(env, "--sqs-account-id", "123456789012").sqs_account_id == "123456789012"
+    options = app_options(_settings({}, "--sqs-account-id", "123456789012"))
+    assert options.sqs_account_id == "123456789012"
+
+
+@pytest.mark.parametrize("value", ["", "12345678901", "1234567890123", "12345678901x", " 123"])
+def test_an_sqs_account_id_of_other_than_12_digits_is_refused(value: str) -> None:
+    with pytest.raises(BadRequest, match="sqs_account_id"):
+        _settings({"EVQ_SQS_ACCOUNT_ID": value})
