@@ -23,6 +23,7 @@ from gateway.sqs.context import ACCOUNT, CLOCK, KEYS, OPEN, Context
 from gateway.sqs.errors import SqsError, from_queue_error
 from gateway.sqs.leases import ACTIONS as LEASE_ACTIONS
 from gateway.sqs.messages import ACTIONS as MESSAGE_ACTIONS
+from gateway.sqs.permissions import ACTIONS as PERMISSION_ACTIONS
 from gateway.sqs.queues import ACTIONS as QUEUE_ACTIONS
 from gateway.sqs.sigv4 import parse_authorization, verify
 from gateway.sqs.tags import ACTIONS as TAG_ACTIONS
@@ -36,20 +37,13 @@ Action = Callable[[Context], Awaitable[dict[str, Any]]]
 ACTIONS: dict[str, Action] = {
     **QUEUE_ACTIONS,
     **TAG_ACTIONS,
+    **PERMISSION_ACTIONS,
     **MESSAGE_ACTIONS,
     **LEASE_ACTIONS,
 }
 DEFAULT_REGION = "us-east-1"
 # SQS actions evq does not offer (README.md, "Differences from SQS").
-UNSUPPORTED = frozenset(
-    {
-        "AddPermission",
-        "RemovePermission",
-        "StartMessageMoveTask",
-        "CancelMessageMoveTask",
-        "ListMessageMoveTasks",
-    }
-)
+UNSUPPORTED = frozenset({"StartMessageMoveTask", "CancelMessageMoveTask", "ListMessageMoveTasks"})
 _FORM = "application/x-www-form-urlencoded"
 
 
