@@ -91,6 +91,7 @@ def make_app(directory: Directory, options: AppOptions | None = None) -> web.App
     sqs.setup(
         app,
         keys=options.sqs_keys,
+        callers=options.tokens,
         open_without_keys=options.sqs_open,
         cluster_secret=options.cluster_secret,
         account_id=options.sqs_account_id,

@@ -1,23 +1,29 @@
-"""Bearer tokens with per-queue permissions, and a leaky-bucket rate limit per token.
+"""Callers with per-queue permissions, and a leaky-bucket rate limit per caller.
 
-Tokens come from a TOML or JSON file (``--tokens-file``) or from ``EVQ_TOKENS`` (the same
-document as JSON)::
+Callers ("tokens") come from a TOML or JSON file (``--tokens-file``) or from ``EVQ_TOKENS``
+(the same document as JSON)::
 
     [[token]]
     name = "billing-producer"
-    token = "…a long random string…"
+    token = "…a long random string…"     # a bearer token for the native API
+    sqs_access_key = "AKIAEXAMPLE0001"   # and/or an AWS SigV4 key pair for the SQS API
+    sqs_secret_key = "…a long random string…"
     rate = 200          # requests per second (leaky bucket); omit for no limit
     burst = 400         # how many may arrive at once (default: twice the rate)
     [token.queues]      # queue-name globs → permission: read < write < admin
     "billing-*" = "write"
     "*" = "read"
 
+A caller has a bearer token, an SQS key pair, or both: one set of permissions and one rate
+limit, whichever API it calls. The SQS actions map onto the same three levels
+(``gateway/sqs/access.py``).
+
 ``read``: look (describe, stats, peek, list, get and watch keys); ``write``: also produce and
 consume (put, take, ack, release, touch, update, delete messages; set keys); ``admin``: also
 create, change, purge and delete queues. Keys are matched by their own name, except
 ``queue:{name}`` keys, which follow the queue; ``sys:`` keys and ``/metrics``/``/v1/status``
 need any valid token. ``/healthz``, ``/readyz`` and the dashboard page are open; the SQS API
-has its own SigV4 keys.
+is checked by the SQS face (``gateway/sqs/handler.py``) with the callers' SigV4 keys.
 
 Without tokens the server is open and must listen on loopback only (see gateway/server.py).
 
@@ -54,19 +60,28 @@ __all__ = [
     "Token",
     "auth_middleware",
     "authorize",
+    "check_tokens",
     "load_tokens",
     "presented",
+    "sqs_key_callers",
 ]
 
 LEVELS = {"read": 1, "write": 2, "admin": 3}
 
 
+MIN_SECRET_CHARS = 16
+
+
 class Token(msgspec.Struct, frozen=True, kw_only=True):
+    """One caller: its credentials, permissions and rate limit."""
+
     name: str
-    token: str
+    token: str | None = None  # bearer token (native API)
     queues: dict[str, str] = {}  # glob → read | write | admin
     rate: float | None = None
     burst: float | None = None
+    sqs_access_key: str | None = None  # SigV4 key pair (SQS API)
+    sqs_secret_key: str | None = None
 
     def level(self, resource: str) -> int:
         """The highest permission this token has on ``resource``."""
@@ -92,19 +107,59 @@ def load_tokens(text: str, *, toml: bool) -> list[Token]:
         doc = msgspec.convert(raw, _TokenFile)
     except (tomllib.TOMLDecodeError, json.JSONDecodeError, msgspec.ValidationError) as exc:
         raise BadRequest(f"invalid token document: {exc}") from None
+    check_tokens(doc.token)
+    return doc.token
+
+
+def check_tokens(tokens: list[Token]) -> None:
+    """Each caller has credentials of its own and known permissions.
+
+    Raises:
+        BadRequest: a caller without credentials, a short secret, a credential listed twice,
+            an unknown permission, or a rate that is not positive.
+    """
     seen: set[str] = set()
-    for t in doc.token:
-        if len(t.token) < 16:
-            raise BadRequest(f"token {t.name!r}: tokens must be at least 16 characters")
-        if t.token in seen:
-            raise BadRequest(f"token {t.name!r} is listed twice")
-        seen.add(t.token)
+    keys: set[str] = set()
+    for t in tokens:
+        if t.token is None and t.sqs_access_key is None:
+            raise BadRequest(f"token {t.name!r}: give a token, an SQS key pair, or both")
+        if t.token is not None:
+            if len(t.token) < MIN_SECRET_CHARS:
+                raise BadRequest(f"token {t.name!r}: tokens must be at least 16 characters")
+            if t.token in seen:
+                raise BadRequest(f"token {t.name!r} is listed twice")
+            seen.add(t.token)
+        _check_sqs_key(t, keys)
         bad = sorted(set(t.queues.values()) - set(LEVELS))
         if bad:
             raise BadRequest(f"token {t.name!r}: unknown permission {bad[0]!r}")
         if t.rate is not None and t.rate <= 0:
             raise BadRequest(f"token {t.name!r}: rate must be positive")
-    return doc.token
+
+
+def _check_sqs_key(t: Token, keys: set[str]) -> None:
+    if (t.sqs_access_key is None) != (t.sqs_secret_key is None):
+        raise BadRequest(f"token {t.name!r}: give sqs_access_key and sqs_secret_key together")
+    if t.sqs_access_key is None or t.sqs_secret_key is None:
+        return
+    if not t.sqs_access_key.isalnum() or len(t.sqs_access_key) > 128:
+        raise BadRequest(f"token {t.name!r}: sqs_access_key is 1-128 letters and digits")
+    if len(t.sqs_secret_key) < MIN_SECRET_CHARS:
+        raise BadRequest(f"token {t.name!r}: sqs_secret_key must be at least 16 characters")
+    if t.sqs_access_key in keys:
+        raise BadRequest(f"SQS access key of token {t.name!r} is listed twice")
+    keys.add(t.sqs_access_key)
+
+
+def sqs_key_callers(keys: dict[str, str]) -> list[Token]:
+    """Callers for bare SQS keys (``EVQ_SQS_KEYS``: access key → secret): each may do
+    anything on every queue, with no rate limit; the tokens file gives keys permissions."""
+    return [
+        Token(
+            name=f"sqs-key-{key}", queues={"*": "admin"}, sqs_access_key=key, sqs_secret_key=secret
+        )
+        for key, secret in keys.items()
+    ]
 
 
 def read_tokens(path: str | None, env_json: str | None) -> list[Token]:
@@ -114,6 +169,7 @@ def read_tokens(path: str | None, env_json: str | None) -> list[Token]:
         tokens += load_tokens(Path(path).read_text(), toml=not path.endswith(".json"))
     if env_json:
         tokens += load_tokens(env_json, toml=False)
+    check_tokens(tokens)  # the two together, too
     return tokens
 
 
@@ -126,16 +182,22 @@ class _Bucket:
 
 
 class Auth:
-    """The configured tokens; checks a request's token, permission and rate."""
+    """The configured callers; checks a request's credentials, permission and rate."""
 
     def __init__(self, tokens: list[Token], clock: Clock | None = None) -> None:
-        self.tokens = {t.token.encode(): t for t in tokens}
+        self.callers = list(tokens)
+        self.tokens = {t.token.encode(): t for t in tokens if t.token is not None}
+        self.sqs_callers = {t.sqs_access_key: t for t in tokens if t.sqs_access_key is not None}
+        # access key → secret, as the SigV4 check takes them
+        self.sqs_secrets = {k: t.sqs_secret_key or "" for k, t in self.sqs_callers.items()}
         self.clock = clock or SystemClock()
         self._buckets: dict[str, _Bucket] = {}
 
     @property
     def enabled(self) -> bool:
-        return bool(self.tokens)
+        """Whether callers are configured (the native API then needs a bearer token, even if
+        no caller has one)."""
+        return bool(self.callers)
 
     def identify(self, presented: str | None) -> Token | None:
         """The token presented, if it is one of ours (constant-time comparison)."""

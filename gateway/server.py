@@ -86,7 +86,7 @@ def main(args: argparse.Namespace) -> int:
                 settings.host,
             )
         for token in tokens:
-            if token.token.startswith(PLACEHOLDER):
+            if (token.token or "").startswith(PLACEHOLDER):
                 log.error(
                     "token %r is the shipped placeholder (%s…): anyone who read the "
                     "manifests can use it; replace it",

@@ -13,6 +13,8 @@ from actors.core import commands as cmd
 from actors.core.replies import Description
 from actors.settings import QueueSettings
 from gateway import hot, native
+from gateway.auth import Token
+from gateway.sqs.access import denied, permits
 from gateway.sqs.addresses import arn, name_of_url
 from gateway.sqs.wire import Call, Params
 
@@ -61,14 +63,21 @@ CLOCK = web.AppKey("sqs_clock", Clock)
 RECEIPT_KEY = web.AppKey("sqs_receipt_key", bytes)  # signs receipt handles (receipts.py)
 SETTINGS_CACHE = web.AppKey("sqs_settings", SettingsCache)
 ACCOUNT = web.AppKey("sqs_account", str)  # the account of every queue URL and ARN
+CALLERS = web.AppKey("sqs_callers", dict)  # access key → Token (gateway/auth.py)
 
 
 class Context:
     """One SQS request being served."""
 
     def __init__(
-        self, request: web.Request, call: Call, region: str, path_queue: str | None
+        self,
+        request: web.Request,
+        call: Call,
+        region: str,
+        path_queue: str | None,
+        caller: Token | None = None,
     ) -> None:
+        self.caller = caller  # who signed the request (None: no keys are configured)
         self.request = request
         self.app = request.app
         self.action = call.action
@@ -113,6 +122,15 @@ class Context:
     def receipt_key(self) -> bytes:
         """The key that signs this cluster's receipt handles."""
         return self.app[RECEIPT_KEY]
+
+    def may(self, level: str, queue: str) -> bool:
+        """Whether the caller holds ``level`` (read, write, admin) on ``queue``."""
+        return permits(self.caller, level, queue)
+
+    def require(self, level: str, queue: str) -> None:
+        """Raises: SqsError AccessDenied, unless the caller holds ``level`` on ``queue``."""
+        if self.caller is not None and not permits(self.caller, level, queue):
+            raise denied(self.caller, self.action, self.arn(queue))
 
     def now_ms(self) -> int:
         """The gateway's clock."""

@@ -59,6 +59,7 @@ class SqsError(Exception):
         status: int = 400,
         sender: bool = True,
         query_message: str | None = None,
+        retry_after: float | None = None,
     ) -> None:
         super().__init__(message)
         self.code = code
@@ -66,6 +67,7 @@ class SqsError(Exception):
         self.status = status
         self.sender = sender
         self.query_message = query_message or message
+        self.retry_after = retry_after  # seconds a throttled caller should wait
 
     @property
     def query_code(self) -> str:

@@ -17,12 +17,16 @@ from urllib.parse import parse_qsl
 from aiohttp import web
 
 from actors.errors import QueueError
+from gateway.auth import AUTH, Token, retry_after
 from gateway.sqs import render
-from gateway.sqs.addresses import name_of_url
-from gateway.sqs.context import ACCOUNT, CLOCK, KEYS, OPEN, Context
+from gateway.sqs.access import NEW, QUEUE, RULES, SOURCE, TASK
+from gateway.sqs.addresses import name_of_arn, name_of_url
+from gateway.sqs.context import ACCOUNT, CALLERS, CLOCK, KEYS, OPEN, Context
 from gateway.sqs.errors import SqsError, from_queue_error
 from gateway.sqs.leases import ACTIONS as LEASE_ACTIONS
 from gateway.sqs.messages import ACTIONS as MESSAGE_ACTIONS
+from gateway.sqs.moves import ACTIONS as MOVE_ACTIONS
+from gateway.sqs.moves import decode_handle
 from gateway.sqs.permissions import ACTIONS as PERMISSION_ACTIONS
 from gateway.sqs.queues import ACTIONS as QUEUE_ACTIONS
 from gateway.sqs.sigv4 import parse_authorization, verify
@@ -40,10 +44,9 @@ ACTIONS: dict[str, Action] = {
     **PERMISSION_ACTIONS,
     **MESSAGE_ACTIONS,
     **LEASE_ACTIONS,
+    **MOVE_ACTIONS,
 }
 DEFAULT_REGION = "us-east-1"
-# SQS actions evq does not offer (README.md, "Differences from SQS").
-UNSUPPORTED = frozenset({"StartMessageMoveTask", "CancelMessageMoveTask", "ListMessageMoveTasks"})
 _FORM = "application/x-www-form-urlencoded"
 
 
@@ -58,13 +61,16 @@ async def handle(request: web.Request) -> web.Response:
     action = ""
     try:
         body = await _read(request)
-        region = _authenticate(request, body)
+        region, caller = _authenticate(request, body)
         call = _parse(request, body)
         action = call.action
         handler = ACTIONS.get(call.action)
         if handler is None:
             raise _unknown_action(call)
-        result = await handler(Context(request, call, region, _path_queue(request)))
+        ctx = Context(request, call, region, _path_queue(request), caller)
+        if caller is not None:
+            _authorize(ctx, caller)
+        result = await handler(ctx)
     except SqsError as exc:
         return _error(exc, protocol, request_id)
     except QueueError as exc:
@@ -91,8 +97,9 @@ async def _read(request: web.Request) -> bytes:
         ) from None
 
 
-def _authenticate(request: web.Request, body: bytes) -> str:
-    """Check the signature when keys are configured; the request's region either way.
+def _authenticate(request: web.Request, body: bytes) -> tuple[str, Token | None]:
+    """Check the signature when keys are configured: the request's region, and who signed
+    it (None: no keys are configured, or a key given without permissions).
 
     Raises:
         SqsError: the signature's errors (keys configured only).
@@ -107,7 +114,7 @@ def _authenticate(request: web.Request, body: bytes) -> str:
             keys=keys,
             now_ms=request.app[CLOCK].now_ms(),
         )
-        return signature.region
+        return signature.region, request.app[CALLERS].get(signature.access_key)
     if not request.app[OPEN]:
         raise SqsError(
             "InvalidClientTokenId",
@@ -116,9 +123,42 @@ def _authenticate(request: web.Request, body: bytes) -> str:
             status=403,
         )
     try:  # local development: any credentials; the region only names ARNs
-        return parse_authorization(request.headers.get("Authorization", "")).region
+        return parse_authorization(request.headers.get("Authorization", "")).region, None
     except SqsError:
-        return DEFAULT_REGION
+        return DEFAULT_REGION, None
+
+
+def _authorize(ctx: Context, caller: Token) -> None:
+    """The caller's permission for the action on its queue (gateway/sqs/access.py), then
+    its rate limit, shared with its native API requests.
+
+    Raises:
+        SqsError: AccessDenied; RequestThrottled; the errors of naming the queue.
+    """
+    level, target = RULES[ctx.action]
+    queue = _target_queue(ctx, target)
+    if queue is not None:
+        ctx.require(level, queue)
+    wait = ctx.app[AUTH].admit(caller)
+    if wait is not None:
+        raise SqsError("RequestThrottled", "Rate exceeded", status=400, retry_after=wait)
+
+
+def _target_queue(ctx: Context, target: str) -> str | None:
+    """The queue an action's permission is checked on (None: checked by the action)."""
+    if target == QUEUE:
+        return ctx.queue()
+    if target == NEW:
+        return ctx.params.required("QueueName")
+    if target == SOURCE:
+        return name_of_arn(ctx.params.required("SourceArn"), ctx.account, "SourceArn")
+    if target == TASK:
+        _, source_arn = decode_handle(ctx.params.required("TaskHandle"))
+        try:
+            return name_of_arn(source_arn, ctx.account, "TaskHandle")
+        except SqsError:
+            return None  # the action answers that the task's queue does not exist
+    return None
 
 
 def _parse(request: web.Request, body: bytes) -> Call:
@@ -136,8 +176,6 @@ def _parse(request: web.Request, body: bytes) -> Call:
 
 
 def _unknown_action(call: Call) -> SqsError:
-    if call.action in UNSUPPORTED:
-        return SqsError("UnsupportedOperation", f"evq does not support {call.action}.")
     if call.protocol == "json":
         return SqsError("UnknownOperationException", f"Unknown operation AmazonSQS.{call.action}.")
     return SqsError("InvalidAction", f"The action {call.action} is not valid for this endpoint.")
@@ -153,7 +191,9 @@ def _path_queue(request: web.Request) -> str | None:
 
 def _error(error: SqsError, protocol: str, request_id: str) -> web.Response:
     headers = {"x-amzn-RequestId": request_id}
-    if error.status in (429, 503):
+    if error.retry_after is not None:
+        headers["Retry-After"] = retry_after(error.retry_after)
+    elif error.status in (429, 503):
         headers["Retry-After"] = "1"
     if protocol == "json":
         body, extra = render.json_error(error)

@@ -333,7 +333,7 @@ def _renderer(
         stored = d.attributes or {}
         values = {
             "SenderId": ctx.account,
-            "SentTimestamp": str(d.enqueued_at_ms),
+            "SentTimestamp": str(stored.get(cmd.SENT_AT, d.enqueued_at_ms)),
             "ApproximateReceiveCount": str(d.receive_count),
             "ApproximateFirstReceiveTimestamp": str(d.first_taken_ms),
             "SequenceNumber": d.id if fifo else None,
@@ -355,7 +355,7 @@ def _renderer(
 
 
 def _source_arn(ctx: Context, stored: dict[str, Any]) -> str | None:
-    source = stored.get("evq.source_queue")  # set on dead letters (actors/shard.py)
+    source = stored.get(cmd.SOURCE_QUEUE)  # set on dead letters (actors/shard.py)
     return ctx.arn(source) if isinstance(source, str) else None
 
 

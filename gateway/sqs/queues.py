@@ -18,7 +18,7 @@ from gateway.sqs.context import Context
 from gateway.sqs.errors import SqsError, invalid, missing, no_queue
 from gateway.sqs.tags import check_tags
 
-__all__ = ["ACTIONS"]
+__all__ = ["ACTIONS", "dead_letter_sources"]
 
 
 def _queue_name(name: str, attributes: dict[str, str]) -> str:
@@ -125,8 +125,9 @@ def _page(names: list[str], ctx: Context) -> tuple[list[str], str | None]:
 
 
 async def _visible_names(ctx: Context) -> list[str]:
+    """The SQS queues the caller may read, sorted."""
     names = await native_directory(ctx).names()
-    return sorted(n for n in names if not n.startswith(RESERVED_PREFIX))
+    return sorted(n for n in names if not n.startswith(RESERVED_PREFIX) and ctx.may("read", n))
 
 
 async def list_queues(ctx: Context) -> dict[str, Any]:
@@ -195,9 +196,8 @@ async def purge_queue(ctx: Context) -> dict[str, Any]:
     return {}
 
 
-async def list_dead_letter_source_queues(ctx: Context) -> dict[str, Any]:
-    target = ctx.queue()
-    await ctx.run(target, cmd.Stats())  # the queue itself must exist
+async def dead_letter_sources(ctx: Context, target: str) -> list[str]:
+    """The queues whose dead letters go to ``target``, by name."""
 
     async def points_here(name: str) -> bool:
         try:
@@ -208,7 +208,13 @@ async def list_dead_letter_source_queues(ctx: Context) -> dict[str, Any]:
 
     names = await _visible_names(ctx)
     found = await asyncio.gather(*map(points_here, names))
-    sources = [n for n, ok in zip(names, found, strict=True) if ok]
+    return [n for n, ok in zip(names, found, strict=True) if ok]
+
+
+async def list_dead_letter_source_queues(ctx: Context) -> dict[str, Any]:
+    target = ctx.queue()
+    await ctx.run(target, cmd.Stats())  # the queue itself must exist
+    sources = await dead_letter_sources(ctx, target)
     page, token = _page(sources, ctx)
     result: dict[str, Any] = {"queueUrls": [ctx.url(n) for n in page]}
     if token:

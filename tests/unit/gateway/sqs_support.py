@@ -71,7 +71,8 @@ class SqsServer:
     async def _boot(self) -> None:
         directory = LocalDirectory(LocalDirStore(self.data), count=2)
         app = make_app(directory, self.options)
-        app[KEYS] = self.keys
+        if self.keys:  # plain keys (each allowed everything), beside the options' callers
+            app[KEYS] = {**app[KEYS], **self.keys}
         if self.clock is not None:
             app[CLOCK] = self.clock
         self.runner = web.AppRunner(app, handler_cancellation=True, access_log=None)

@@ -12,9 +12,10 @@ import xml.etree.ElementTree as ET
 from collections.abc import Iterator
 from typing import Any
 
+import botocore.session
 import pytest
 
-from gateway.sqs.handler import UNSUPPORTED
+from gateway.sqs.handler import ACTIONS
 from tests.unit.gateway.sqs_support import SqsServer, client_of, running, unique
 
 NS = {"q": "http://queue.amazonaws.com/doc/2012-11-05/"}
@@ -242,11 +243,11 @@ def test_unknown_actions_in_each_protocol(server: SqsServer) -> None:
     status, _, body = send(server, "query", "ReticulateSplines", {})
     assert status == 400
     assert ET.fromstring(body).findtext("q:Error/q:Code", namespaces=NS) == "InvalidAction"
-    for action in sorted(UNSUPPORTED):  # SQS actions evq does not offer (yet)
-        status, headers, body = send(server, "json", action, {})
-        assert status == 400
-        assert json.loads(body)["__type"].endswith("#UnsupportedOperation")
-        assert headers["x-amzn-query-error"] == "AWS.SimpleQueueService.UnsupportedOperation;Sender"
+
+
+def test_every_action_of_the_sdks_service_model_is_served() -> None:
+    model = botocore.session.get_session().get_service_model("sqs")
+    assert set(model.operation_names) <= set(ACTIONS)
 
 
 def test_a_body_that_is_no_request_is_refused(server: SqsServer) -> None:
