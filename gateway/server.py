@@ -78,11 +78,12 @@ def main(args: argparse.Namespace) -> int:
         print(f"evq serve: {exc}", file=sys.stderr)
         return 2
     if tokens:
-        log.info("auth on: %d bearer token(s)", len(tokens))
-        if not settings.sqs_key_map() and not is_loopback(settings.host):
+        signers = sum(t.sqs_access_key is not None for t in tokens)
+        log.info("auth on: %d caller(s), %d with SQS keys", len(tokens), signers)
+        if not signers and not settings.sqs_key_map() and not is_loopback(settings.host):
             log.warning(
-                "the SQS API has no access keys (EVQ_SQS_KEYS): it refuses every request "
-                "while listening on %s",
+                "the SQS API has no access keys (sqs_access_key in the tokens, or "
+                "EVQ_SQS_KEYS): it refuses every request while listening on %s",
                 settings.host,
             )
         for token in tokens:

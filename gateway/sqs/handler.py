@@ -118,8 +118,8 @@ def _authenticate(request: web.Request, body: bytes) -> tuple[str, Token | None]
     if not request.app[OPEN]:
         raise SqsError(
             "InvalidClientTokenId",
-            "This server's SQS API has no access keys (EVQ_SQS_KEYS) and it does not listen "
-            "on loopback only, so it accepts no request.",
+            "This server's SQS API has no access keys (sqs_access_key in the tokens file, or "
+            "EVQ_SQS_KEYS) and it does not listen on loopback only, so it accepts no request.",
             status=403,
         )
     try:  # local development: any credentials; the region only names ARNs
