@@ -33,6 +33,7 @@ _LIST_ITEMS = {
     "queueUrls": "QueueUrl",
     "Messages": "Message",
     "Failed": "BatchResultErrorEntry",
+    "Results": "ListMessageMoveTasksResultEntry",
 }
 _BATCH_ENTRIES = {
     "SendMessageBatch": "SendMessageBatchResultEntry",
