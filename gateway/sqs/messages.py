@@ -246,12 +246,17 @@ def _check_batch_size(entries: list[tuple[str, Params]], s: QueueSettings) -> No
 
 def _check_fifo_entries(entries: list[tuple[str, Params]], s: QueueSettings) -> None:
     """On a FIFO queue, SQS fails the whole batch when an entry lacks its group, or its
-    deduplication id (without content-based deduplication); nothing of it is sent.
+    deduplication id (without content-based deduplication); nothing of it is sent. A batch
+    with no group at all lacks a parameter, as a single send does (MissingParameter); one in
+    which only some entries have a group is InvalidParameterValue (AWS's recorded answer).
 
     Raises:
-        SqsError: InvalidParameterValue.
+        SqsError: MissingParameter, InvalidParameterValue.
     """
-    if any("MessageGroupId" not in entry for _, entry in entries):
+    grouped = ["MessageGroupId" in entry for _, entry in entries]
+    if not any(grouped):
+        raise missing("MessageGroupId")
+    if not all(grouped):
         raise invalid("The request must contain the parameter MessageGroupId.")
     if s.content_based_dedup:
         return

@@ -164,7 +164,12 @@ async def remove_permission(ctx: Context) -> dict[str, Any]:
     label = ctx.params.required("Label")
     desc = await ctx.describe(name)
     policy, statements = _policy(desc)
-    if policy is None or not _has_label(statements, label):
+    if policy is None:  # moto's words for this case; AWS's recorded ones are for the next
+        raise invalid(
+            f"Value {label} for parameter Label is invalid. "
+            "Reason: can't find label on existing policy."
+        )
+    if not _has_label(statements, label):
         raise invalid(f"Value {label} for parameter Label is invalid. Reason: can't find label.")
     kept = [s for s in statements if not (isinstance(s, dict) and s.get("Sid") == label)]
     policy["Statement"] = kept

@@ -186,6 +186,11 @@ def test_a_fifo_batch_missing_a_group_or_a_deduplication_id_fails_whole(sqs: Any
         "The queue should either have ContentBasedDeduplication enabled or "
         "MessageDeduplicationId provided explicitly",
     )
+    no_group_either = {**no_group, "Id": "no_group_either"}
+    assert error(sqs.send_message_batch, QueueUrl=url, Entries=[no_group, no_group_either]) == (
+        *MISSING,  # no entry has a group: the request lacks the parameter
+        "The request must contain the parameter MessageGroupId.",
+    )
     assert "Messages" not in sqs.receive_message(QueueUrl=url)  # nothing was sent
     # A single send names the missing group otherwise.
     assert error(sqs.send_message, QueueUrl=url, MessageBody="b", MessageDeduplicationId="3") == (

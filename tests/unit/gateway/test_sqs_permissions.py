@@ -104,12 +104,18 @@ def test_permissions_make_the_policy_and_leave_it_as_sqs_does(sqs: Any) -> None:
     assert policy_of(sqs, url)["Statement"] == [  # type: ignore[index]
         statement(name, second, [ACCOUNT], ["SQS:SendMessage", "SQS:*"])
     ]
-    sqs.remove_permission(QueueUrl=url, Label=second)
-    assert policy_of(sqs, url) is None
-    assert error(sqs.remove_permission, QueueUrl=url, Label=second) == (
+    assert error(sqs.remove_permission, QueueUrl=url, Label=LABEL) == (  # a policy, not it
         400,
         "InvalidParameterValue",
-        f"Value {second} for parameter Label is invalid. Reason: can't find label.",
+        f"Value {LABEL} for parameter Label is invalid. Reason: can't find label.",
+    )
+    sqs.remove_permission(QueueUrl=url, Label=second)
+    assert policy_of(sqs, url) is None
+    assert error(sqs.remove_permission, QueueUrl=url, Label=second) == (  # no policy at all
+        400,
+        "InvalidParameterValue",
+        f"Value {second} for parameter Label is invalid. "
+        "Reason: can't find label on existing policy.",
     )
 
 
