@@ -28,6 +28,7 @@ from actors.log.store import LocalDirStore, ObjectStore
 from gateway.app import AppOptions, make_app
 from gateway.directory import LocalDirectory
 from gateway.door import DoorRunner
+from tests.unit.gateway.sqs_support import SqsServer, client_of, running
 
 T = TypeVar("T")
 
@@ -351,3 +352,21 @@ def serve(aiohttp_client: Any, data_dir: Path) -> Iterator[Serve]:
 async def api(serve: Serve) -> Api:
     """A ready gateway with the default options."""
     return await serve()
+
+
+# ---------------------------------------------------------------- the SQS face's modules
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SqsServer]:
+    """A gateway of its own for each SQS test module (a module with other options defines
+    its own ``server``)."""
+    with running(tmp_path_factory.mktemp("sqs")) as s:
+        yield s
+
+
+@pytest.fixture
+def sqs(server: SqsServer) -> Iterator[Any]:
+    """A boto3 SQS client of the module's server."""
+    with client_of(server) as c:
+        yield c

@@ -17,8 +17,10 @@ from pathlib import Path
 from typing import Any
 
 import boto3
+import pytest
 from aiohttp import web
 from botocore.config import Config
+from botocore.exceptions import ClientError
 
 from actors.clock import Clock
 from actors.log.store import LocalDirStore
@@ -175,3 +177,17 @@ def native(server: SqsServer, method: str, path: str, doc: Any = None) -> Any:
 def error_code(exc: Any) -> tuple[str, str]:
     """(exception class name, Error.Code) of a botocore ClientError."""
     return type(exc).__name__, exc.response["Error"]["Code"]
+
+
+# (Code, QueryErrorCode) of AWS's InvalidParameterValue in the JSON protocol
+INVALID = ("InvalidParameterValue", "InvalidParameterValueException")
+
+
+def error(call: Any, **kwargs: Any) -> tuple[str, str, str]:
+    """(Code, QueryErrorCode, Message) of a call that fails with status 400."""
+    with pytest.raises(ClientError) as info:
+        call(**kwargs)
+    response = info.value.response
+    assert response["ResponseMetadata"]["HTTPStatusCode"] == 400, response
+    e = response["Error"]
+    return e["Code"], e.get("QueryErrorCode", ""), e["Message"]

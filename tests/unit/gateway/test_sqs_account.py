@@ -15,7 +15,7 @@ from botocore.exceptions import ClientError
 
 from gateway import sqs as sqs_api
 from gateway.app import AppOptions
-from tests.unit.gateway.sqs_support import REGION, SqsServer, client_of, running, unique
+from tests.unit.gateway.sqs_support import REGION, SqsServer, running, unique
 
 ACCOUNT = "123456789012"
 
@@ -25,12 +25,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SqsServer]:
     options = AppOptions(sqs_account_id=ACCOUNT)
     with running(tmp_path_factory.mktemp("sqs"), options=options) as s:
         yield s
-
-
-@pytest.fixture
-def sqs(server: SqsServer) -> Iterator[Any]:
-    with client_of(server) as c:
-        yield c
 
 
 def test_queue_urls_and_arns_carry_the_configured_account(sqs: Any, server: SqsServer) -> None:

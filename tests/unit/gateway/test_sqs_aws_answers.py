@@ -10,39 +10,14 @@ existence before a receipt handle).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from botocore.exceptions import ClientError
 
-from tests.unit.gateway.sqs_support import SqsServer, client_of, running, unique
+from tests.unit.gateway.sqs_support import INVALID, SqsServer, error, unique
 
 MAX = 1_048_576
-INVALID = ("InvalidParameterValue", "InvalidParameterValueException")
 MISSING = ("MissingParameter", "MissingRequiredParameterException")
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SqsServer]:
-    with running(tmp_path_factory.mktemp("sqs")) as s:
-        yield s
-
-
-@pytest.fixture
-def sqs(server: SqsServer) -> Iterator[Any]:
-    with client_of(server) as c:
-        yield c
-
-
-def error(call: Any, **kwargs: Any) -> tuple[str, str, str]:
-    """(Code, QueryErrorCode, Message) of a call that fails with status 400."""
-    with pytest.raises(ClientError) as info:
-        call(**kwargs)
-    response = info.value.response
-    assert response["ResponseMetadata"]["HTTPStatusCode"] == 400, response
-    e = response["Error"]
-    return e["Code"], e.get("QueryErrorCode", ""), e["Message"]
 
 
 def new_queue(sqs: Any, *, fifo: bool = False, **attributes: str) -> str:

@@ -12,39 +12,14 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from botocore.exceptions import ClientError
 
-from tests.unit.gateway.sqs_support import SqsServer, client_of, running, unique
+from tests.unit.gateway.sqs_support import INVALID, SqsServer, error, unique
 
 NS = {"q": "http://queue.amazonaws.com/doc/2012-11-05/"}
-INVALID = ("InvalidParameterValue", "InvalidParameterValueException")
 NAME_RULE = "Can only include alphanumeric characters, hyphens, or underscores. 1 to 80 in length"
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SqsServer]:
-    with running(tmp_path_factory.mktemp("sqs")) as s:
-        yield s
-
-
-@pytest.fixture
-def sqs(server: SqsServer) -> Iterator[Any]:
-    with client_of(server) as c:
-        yield c
-
-
-def error(call: Any, **kwargs: Any) -> tuple[str, str, str]:
-    """(Code, QueryErrorCode, Message) of a call that fails with status 400."""
-    with pytest.raises(ClientError) as info:
-        call(**kwargs)
-    response = info.value.response
-    assert response["ResponseMetadata"]["HTTPStatusCode"] == 400, response
-    e = response["Error"]
-    return e["Code"], e.get("QueryErrorCode", ""), e["Message"]
 
 
 def query(server: SqsServer, fields: list[tuple[str, str]]) -> tuple[int, ET.Element]:

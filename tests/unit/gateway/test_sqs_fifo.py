@@ -7,25 +7,12 @@ from __future__ import annotations
 import hashlib
 import json
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from botocore.exceptions import ClientError
 
-from tests.unit.gateway.sqs_support import SqsServer, client_of, error_code, running, unique
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SqsServer]:
-    with running(tmp_path_factory.mktemp("sqs")) as s:
-        yield s
-
-
-@pytest.fixture
-def sqs(server: SqsServer) -> Iterator[Any]:
-    with client_of(server) as c:
-        yield c
+from tests.unit.gateway.sqs_support import error_code, unique
 
 
 def fifo_queue(sqs: Any, **attributes: str) -> str:

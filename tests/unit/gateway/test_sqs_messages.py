@@ -12,7 +12,6 @@ import hashlib
 import json
 import threading
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -25,7 +24,6 @@ from tests.unit.gateway.sqs_support import (
     error_code,
     expected_md5,
     native,
-    running,
     unique,
 )
 
@@ -35,18 +33,6 @@ ATTRIBUTES = {
     "blob": {"DataType": "Binary", "BinaryValue": b"\x00\xff\x10"},
     "custom": {"DataType": "String.json", "StringValue": '{"a": 1}'},
 }
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SqsServer]:
-    with running(tmp_path_factory.mktemp("sqs")) as s:
-        yield s
-
-
-@pytest.fixture
-def sqs(server: SqsServer) -> Iterator[Any]:
-    with client_of(server) as c:
-        yield c
 
 
 def new_queue(sqs: Any, **attributes: str) -> str:

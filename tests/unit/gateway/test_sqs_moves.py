@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,18 +14,6 @@ from botocore.exceptions import ClientError
 
 from gateway.sqs.moves import encode_handle
 from tests.unit.gateway.sqs_support import SqsServer, client_of, running, unique
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SqsServer]:
-    with running(tmp_path_factory.mktemp("sqs-moves")) as s:
-        yield s
-
-
-@pytest.fixture
-def sqs(server: SqsServer) -> Iterator[Any]:
-    with client_of(server) as c:
-        yield c
 
 
 def arn_of(sqs: Any, url: str) -> str:

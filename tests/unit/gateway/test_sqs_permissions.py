@@ -28,12 +28,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SqsServer]:
         yield s
 
 
-@pytest.fixture
-def sqs(server: SqsServer) -> Iterator[Any]:
-    with client_of(server) as c:
-        yield c
-
-
 def policy_of(sqs: Any, url: str) -> dict[str, Any] | None:
     attributes = sqs.get_queue_attributes(QueueUrl=url, AttributeNames=["Policy"])
     text = attributes.get("Attributes", {}).get("Policy")

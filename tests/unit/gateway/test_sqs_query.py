@@ -9,20 +9,11 @@ import urllib.error
 import urllib.parse
 import urllib.request
 import xml.etree.ElementTree as ET
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
-
-from tests.unit.gateway.sqs_support import ACCOUNT, SqsServer, expected_md5, running, unique
+from tests.unit.gateway.sqs_support import ACCOUNT, SqsServer, expected_md5, unique
 
 NS = {"q": "http://queue.amazonaws.com/doc/2012-11-05/"}
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SqsServer]:
-    with running(tmp_path_factory.mktemp("sqs")) as s:
-        yield s
 
 
 def post(

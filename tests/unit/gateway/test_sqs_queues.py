@@ -8,7 +8,6 @@ ListDeadLetterSourceQueues; attributes and tags surviving a restart of the serve
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,18 +25,6 @@ from tests.unit.gateway.sqs_support import (
     running,
     unique,
 )
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SqsServer]:
-    with running(tmp_path_factory.mktemp("sqs")) as s:
-        yield s
-
-
-@pytest.fixture
-def sqs(server: SqsServer) -> Iterator[Any]:
-    with client_of(server) as c:
-        yield c
 
 
 def fails(call: Any, **kwargs: Any) -> tuple[str, str]:
