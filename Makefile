@@ -44,8 +44,9 @@ bench: $(STAMP)
 clean:
 	rm -rf $(VENV) $(LEGACY_VENV) .pytest_cache .ruff_cache build *.egg-info
 
-# The SQS query protocol as older SDKs speak it: boto3/botocore 1.34.50 in a virtualenv of
-# their own, for tests/integration/test_sqs_legacy.py (pins in tests/sqs_legacy/).
+# The SQS query protocol as older SDKs speak it: boto3/botocore 1.34.50 and the AWS CLI of
+# that era (awscli 1.32.50) in a virtualenv of their own, for
+# tests/integration/test_sqs_clients.py (pins in tests/sqs_legacy/).
 $(LEGACY): tests/sqs_legacy/requirements.txt
 	$(PYTHON) -m venv $(LEGACY_VENV)
 	$(LEGACY_VENV)/bin/pip install -q -r tests/sqs_legacy/requirements.txt
