@@ -120,15 +120,29 @@ def empties(sqs: Sqs, prefix: str) -> Observations:
 
 
 def old_handles(sqs: Sqs, prefix: str) -> Observations:
-    """The receipt handle of an earlier receive, after the message was received again."""
-    out: Observations = {}
-    url = sqs.create_queue(QueueName=prefix, Attributes={"VisibilityTimeout": "1"})["QueueUrl"]
+    """The receipt handle of an earlier receive, after the message's visibility timeout ran
+    out and it was received again: on a standard queue (one message, then a batch) and on a
+    FIFO queue. The three are received first, so that one wait serves them all."""
+    one_s = {"VisibilityTimeout": "1"}
+    url = sqs.create_queue(QueueName=prefix, Attributes=one_s)["QueueUrl"]
+    batch = sqs.create_queue(QueueName=f"{prefix}-batch", Attributes=one_s)["QueueUrl"]
+    fifo = sqs.create_queue(
+        QueueName=f"{prefix}.fifo",
+        Attributes={"FifoQueue": "true", "ContentBasedDeduplication": "true", **one_s},
+    )["QueueUrl"]
     sqs.send_message(QueueUrl=url, MessageBody="one")
-    [first] = receive(sqs, url)
+    entries = [{"Id": f"e{i}", "MessageBody": f"b{i}"} for i in range(3)]
+    sqs.send_message_batch(QueueUrl=batch, Entries=entries)
+    sqs.send_message(QueueUrl=fifo, MessageBody="f", MessageGroupId="g")
+    [first], firsts, [old] = receive(sqs, url), receive(sqs, batch), receive(sqs, fifo)
     time.sleep(1.3)
     [second] = receive(sqs, url, VisibilityTimeout=60)
-    out["same_message"] = first["MessageId"] == second["MessageId"]
-    out["handles_differ"] = first["ReceiptHandle"] != second["ReceiptHandle"]
+    seconds = receive(sqs, batch, VisibilityTimeout=60)
+    [new] = receive(sqs, fifo, VisibilityTimeout=60)
+    out: Observations = {
+        "same_message": first["MessageId"] == second["MessageId"],
+        "handles_differ": first["ReceiptHandle"] != second["ReceiptHandle"],
+    }
     sqs.change_message_visibility(
         QueueUrl=url, ReceiptHandle=first["ReceiptHandle"], VisibilityTimeout=0
     )
@@ -139,14 +153,9 @@ def old_handles(sqs: Sqs, prefix: str) -> Observations:
         sqs.delete_message(QueueUrl=url, ReceiptHandle=first["ReceiptHandle"])
     )
     out["counts_after_delete"] = counts(sqs, url)
-    entries = [{"Id": f"e{i}", "MessageBody": f"b{i}"} for i in range(3)]
-    sqs.send_message_batch(QueueUrl=url, Entries=entries)
-    firsts = receive(sqs, url)
-    time.sleep(1.3)
-    seconds = receive(sqs, url, VisibilityTimeout=60)
     out["batch_received_twice"] = sorted(m["Body"] for m in seconds)
     changed = sqs.change_message_visibility_batch(
-        QueueUrl=url,
+        QueueUrl=batch,
         Entries=[
             {"Id": f"c{i}", "ReceiptHandle": m["ReceiptHandle"], "VisibilityTimeout": 120}
             for i, m in enumerate(firsts)
@@ -154,25 +163,19 @@ def old_handles(sqs: Sqs, prefix: str) -> Observations:
     )
     out["batch_change_with_old_handles"] = sorted(e["Id"] for e in changed["Successful"])
     deleted = sqs.delete_message_batch(
-        QueueUrl=url,
+        QueueUrl=batch,
         Entries=[
             {"Id": f"d{i}", "ReceiptHandle": m["ReceiptHandle"]} for i, m in enumerate(firsts)
         ],
     )
     out["batch_delete_with_old_handles"] = sorted(e["Id"] for e in deleted["Successful"])
-    out["counts_after_batch_delete"] = counts(sqs, url)
-    fifo = sqs.create_queue(
-        QueueName=f"{prefix}.fifo",
-        Attributes={
-            "FifoQueue": "true",
-            "VisibilityTimeout": "1",
-            "ContentBasedDeduplication": "true",
-        },
-    )["QueueUrl"]
-    sqs.send_message(QueueUrl=fifo, MessageBody="f", MessageGroupId="g")
-    [old] = receive(sqs, fifo)
-    time.sleep(1.3)
-    [new] = receive(sqs, fifo, VisibilityTimeout=60)
+    out["counts_after_batch_delete"] = counts(sqs, batch)
+    out["fifo_change_with_old_handle"] = error_of(
+        sqs.change_message_visibility,
+        QueueUrl=fifo,
+        ReceiptHandle=old["ReceiptHandle"],
+        VisibilityTimeout=0,
+    )
     out["fifo_delete_with_old_handle"] = error_of(
         sqs.delete_message, QueueUrl=fifo, ReceiptHandle=old["ReceiptHandle"]
     )
@@ -286,18 +289,46 @@ def move_task(sqs: Sqs, prefix: str) -> Observations:
     out["bad_handle"] = error_of(sqs.cancel_message_move_task, TaskHandle="foobared")
     handle = sqs.start_message_move_task(SourceArn=dlq_arn)["TaskHandle"]
     out["handle_is_text"] = isinstance(handle, str) and len(handle) > 0
-    deadline = time.monotonic() + 30
-    while True:
-        [task] = sqs.list_message_move_tasks(SourceArn=dlq_arn)["Results"]
-        if task["Status"] != "RUNNING" or time.monotonic() > deadline:
-            break
-        time.sleep(0.2)
+    task = settled_task(sqs, dlq_arn)
     out["task"] = {k: task.get(k) for k in ("Status", "ApproximateNumberOfMessagesMoved")}
     out["task_keys"] = sorted(task)
     back = wait_for(sqs, url, 3)
     out["back_ids_match"] = sorted(m["MessageId"] for m in back) == sorted(sent)
     out["dlq_counts"] = counts(sqs, dlq)
+    out["cancelled"] = cancelled_move(sqs, dlq, url)
     return out
+
+
+def cancelled_move(sqs: Sqs, dlq: str, url: str) -> Observations:
+    """A slow task to an explicit destination, cancelled while it runs: every message is
+    either moved or still in the dead-letter queue."""
+    entries = [{"Id": f"x{i}", "MessageBody": f"x{i}"} for i in range(5)]
+    sqs.send_message_batch(QueueUrl=dlq, Entries=entries)  # straight in: no source
+    handle = sqs.start_message_move_task(
+        SourceArn=arn_of(sqs, dlq), DestinationArn=arn_of(sqs, url), MaxNumberOfMessagesPerSecond=1
+    )["TaskHandle"]
+    answer = clean(sqs.cancel_message_move_task(TaskHandle=handle))
+    task = settled_task(sqs, arn_of(sqs, dlq))
+    return {
+        "answer_keys": sorted(answer),
+        "moved_at_cancel_at_most_final": answer["ApproximateNumberOfMessagesMoved"]
+        <= task["ApproximateNumberOfMessagesMoved"],
+        "status": task["Status"],
+        "handle_listed": "TaskHandle" in task,
+        "again": error_of(sqs.cancel_message_move_task, TaskHandle=handle).get("error"),
+        "moved_plus_left": task["ApproximateNumberOfMessagesMoved"] + counts(sqs, dlq)[0],
+        "moved_arrived": counts(sqs, url)[0] == task["ApproximateNumberOfMessagesMoved"],
+    }
+
+
+def settled_task(sqs: Sqs, source_arn: str, timeout: float = 30.0) -> dict[str, Any]:
+    """The newest move task of ``source_arn`` once it stopped running (or at the deadline)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        [task] = sqs.list_message_move_tasks(SourceArn=source_arn)["Results"]
+        if task["Status"] not in ("RUNNING", "CANCELLING") or time.monotonic() > deadline:
+            return dict(task)
+        time.sleep(0.2)
 
 
 def permissions(sqs: Sqs, prefix: str) -> Observations:
@@ -379,6 +410,18 @@ def counters(sqs: Sqs, prefix: str) -> Observations:
     return out
 
 
+def read_only(sqs: Sqs, prefix: str) -> Observations:
+    """What a caller that may only read queue ``prefix`` (made by someone else) gets."""
+    url = sqs.get_queue_url(QueueName=prefix)["QueueUrl"]
+    return {
+        "attributes_read": arn_of(sqs, url).endswith(f":{prefix}"),
+        "listed": url in sqs.list_queues(QueueNamePrefix=prefix).get("QueueUrls", []),
+        "send": error_of(sqs.send_message, QueueUrl=url, MessageBody="x"),
+        "receive": error_of(sqs.receive_message, QueueUrl=url).get("error"),
+        "purge": error_of(sqs.purge_queue, QueueUrl=url).get("error"),
+    }
+
+
 SCENARIOS: dict[str, Callable[[Sqs, str], Observations]] = {
     f.__name__: f
     for f in (
@@ -392,6 +435,7 @@ SCENARIOS: dict[str, Callable[[Sqs, str], Observations]] = {
         permissions,
         paging,
         counters,
+        read_only,
     )
 }
 
