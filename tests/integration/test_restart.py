@@ -116,7 +116,7 @@ def test_graceful_restart_keeps_every_state(make_server: ServerFactory, names: N
         assert reserved.body == b"old"
         keyed = c.put(plain, "keyed", idempotency_key="idem-1")[0]
         c.put(fifo, ["f1", "f2"], group="g")
-        [head] = c.take(fifo, 5, visibility_timeout=300)
+        [head] = c.take(fifo, 1, visibility_timeout=300)  # f2 waits behind it
         c.put(ids, "client body", id="job-7")
         for src, _dlq in (same, across):
             c.put(src, "poison")

@@ -496,8 +496,11 @@ def test_dead_letters_reach_their_queue_on_any_shard(client: Client, names: Name
         assert letter.attributes == {
             "pair": str(i),
             "evq.source_queue": src,  # where the dead letter came from
-            "evq.source_id": letter.attributes["evq.source_id"],
+            "evq.source_id": letter.id,  # it kept its id
+            "evq.sent_at": letter.attributes["evq.sent_at"],  # when it was put into src
         }
+        sent_at = letter.attributes["evq.sent_at"] / 1000
+        assert letter.enqueued_at - 60 < sent_at < letter.enqueued_at
         assert letter.receive_count == 1  # a fresh start in the dead-letter queue
 
         def settled(src: str = src) -> bool:
