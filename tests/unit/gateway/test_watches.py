@@ -255,7 +255,7 @@ async def test_one_upstream_watch_per_key_whatever_the_watchers(api: Api) -> Non
         await ws.close()
 
 
-async def test_10k_connect_disconnect_cycles_leave_nothing_behind(api: Api) -> None:
+async def test_2k_connect_disconnect_cycles_leave_nothing_behind(api: Api) -> None:
     hub = api.app[HUB]
     session = aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0))
     url = api.client.make_url("/v1/ws")
@@ -266,7 +266,7 @@ async def test_10k_connect_disconnect_cycles_leave_nothing_behind(api: Api) -> N
         await ws.send_json({"op": "watch", "key": "cycle:hot", "version": 0})
         await ws.close()
 
-    for start in range(0, 10_000, 200):
+    for start in range(0, 2_000, 200):  # each leak would show: the counts must reach 0
         await asyncio.gather(*(cycle(i) for i in range(start, start + 200)))
     await session.close()
     await until(lambda: hub.table.watchers() == 0 and api.app[WATCHERS].n == 0, within=10)
