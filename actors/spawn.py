@@ -25,6 +25,7 @@ from actors.channel import ChannelServer
 from actors.core import commands as cmd
 from actors.errors import QueueError
 from actors.log.store import open_store
+from actors.logsetup import LogConfig, configure
 from actors.settings import LogSettings, QueueSettings
 from actors.shard import QueueShard, ShardStatus, placement
 
@@ -56,6 +57,7 @@ class ShardSpec(msgspec.Struct, frozen=True):
     store_options: dict[str, Any] = msgspec.field(default_factory=dict)
     log_settings: LogSettings = msgspec.field(default_factory=LogSettings)
     memory_budget_bytes: int | None = None  # puts refused past it (QueueShard)
+    log: LogConfig = msgspec.field(default_factory=LogConfig)  # the gateway's --log-*
 
 
 class ShardActor:
@@ -63,9 +65,7 @@ class ShardActor:
     :func:`spawn_shards`."""
 
     def __init__(self, index: int, spec: ShardSpec) -> None:
-        logging.basicConfig(
-            level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-        )
+        configure(spec.log, shard=index)  # every record names this shard
         self.index = index
         self.spec = spec
         store = open_store(spec.store, **spec.store_options)

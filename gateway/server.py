@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from actors.errors import QueueError
+from actors.logsetup import LogConfig, forward_ray_output
 from actors.settings import LogSettings
 from gateway import door
 from gateway.app import AppOptions, make_app
@@ -315,6 +316,7 @@ def _ray_directory(
         # behind everything else on a busy machine.
         _system_config={"worker_niceness": 0} if not settings.ray_address else None,
     )
+    forward_ray_output()  # the shards' lines in this process's log format and mode
     spec = ShardSpec(
         count=settings.shard_count(),
         store=settings.store_target(),
@@ -322,6 +324,7 @@ def _ray_directory(
         store_options=settings.store_options(),
         log_settings=log_settings,
         memory_budget_bytes=settings.shard_memory_bytes(),
+        log=LogConfig(settings.log_level, settings.log_format, settings.log_mode),
     )
     handles = spawn_shards(
         spec, spread=settings.shard_spread, resource=settings.shard_resource, detached=not local

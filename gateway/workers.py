@@ -211,6 +211,7 @@ def worker_main() -> int:
         settings.log_format,
         mode=settings.log_mode,
         prefix=f"worker-{spec.index} ",
+        fields={"worker": spec.index},
     )
     directory = ChannelDirectory(spec.shards, spec.secret, _control_lookup(spec))
     try:

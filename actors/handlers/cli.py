@@ -23,6 +23,7 @@ import msgspec
 from actors.clock import SystemClock
 from actors.errors import QueueError
 from actors.handlers.api import Backoff, Handler, load_handler, resolve
+from actors.logsetup import FORMATS, MODES, LogConfig, setup_logging
 
 __all__ = ["add_arguments", "main"]
 
@@ -97,6 +98,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--ray-address",
         metavar="ADDR",
         help="join this Ray cluster (default: start a local one)",
+    )
+    p.add_argument("--log-level", metavar="LEVEL", help="default: $EVQ_LOG_LEVEL or INFO")
+    p.add_argument("--log-format", choices=FORMATS, help="default: $EVQ_LOG_FORMAT or text")
+    p.add_argument(
+        "--log-mode",
+        choices=MODES,
+        help="a slow log sink: drop records and count them (default), or block; also $EVQ_LOG_MODE",
     )
     p.add_argument(
         "--status-every",
@@ -196,10 +204,25 @@ class _Reporter:
         print(text, file=self.out, flush=True)
 
 
+def _log_config(args: argparse.Namespace) -> LogConfig:
+    """How this process and the handler's log: the options, else ``EVQ_LOG_*``, else text.
+
+    Raises:
+        ValueError: an unknown format or mode in the environment.
+    """
+    env = os.environ
+    return LogConfig(
+        level=args.log_level or env.get("EVQ_LOG_LEVEL") or "INFO",
+        format=args.log_format or env.get("EVQ_LOG_FORMAT") or "text",
+        mode=args.log_mode or env.get("EVQ_LOG_MODE") or "drop",
+    ).check()
+
+
 def main(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     """Run ``evq handle``; the exit code."""
     try:
         handler = _load(args)
+        log = _log_config(args)
     except (ValueError, ImportError) as exc:
         print(f"evq handle: {exc}", file=err)
         return 2
@@ -211,6 +234,9 @@ def main(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
         return 1
     from actors.handlers import cluster  # Ray: only now
 
+    fields = {"handler": handler.name, "queue": handler.options.queue}
+    setup_logging(log.level, log.format, mode=log.mode, stream=err, fields=fields)
+
     reporter = _Reporter(out, args.status_every, args.json)
     try:
         final = cluster.run(
@@ -220,6 +246,7 @@ def main(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
             token=token,
             ray_address=args.ray_address,
             report=reporter,
+            log=log,
         )
     except QueueError as exc:
         print(f"evq handle: {exc.code}: {exc.message}", file=err)

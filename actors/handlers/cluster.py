@@ -49,6 +49,7 @@ from actors.handlers.plan import resource_limit
 from actors.handlers.runtime import HandlerRuntime, HandlerStats
 from actors.handlers.source import DirectorySource, HttpSource, Source
 from actors.handlers.task import run_task
+from actors.logsetup import LogConfig, configure, forward_ray_output
 
 __all__ = [
     "DEFAULT_SERVER",
@@ -88,7 +89,8 @@ class _Worker:
     wrapped in :class:`RayExecutor`; it holds the handler's resources while it lives). The
     chunks come over a socket of its own (:mod:`actors.handlers.link`)."""
 
-    def __init__(self, handler: Handler, secret: str) -> None:
+    def __init__(self, handler: Handler, secret: str, log: LogConfig) -> None:
+        configure(log, handler=handler.name, queue=handler.options.queue)
         self.server = WorkerServer(
             lambda messages: run_task(handler, messages), secret, ray.util.get_node_ip_address()
         )
@@ -108,9 +110,12 @@ class RayExecutor:
     started when chunks wait and none is free, ``warm_workers`` idle ones kept, the others
     let go after ``idle_s`` idle."""
 
-    def __init__(self, handler: Handler, *, idle_s: float = 60.0) -> None:
+    def __init__(
+        self, handler: Handler, *, idle_s: float = 60.0, log: LogConfig | None = None
+    ) -> None:
         options = handler.options
         self._handler = handler
+        self._log = log or LogConfig()
         self._secret = secrets.token_hex(16)  # what a connection to a worker begins with
         self._class = ray.remote(_Worker).options(  # type: ignore[attr-defined]
             max_restarts=0,  # a worker that died is replaced; its chunk's leases expire
@@ -138,7 +143,7 @@ class RayExecutor:
         return self._pool.submit(messages)
 
     def _spawn(self) -> Any:
-        worker = self._class.remote(self._handler, self._secret)
+        worker = self._class.remote(self._handler, self._secret, self._log)
         self._spawned[worker] = asyncio.get_running_loop().time()
         return worker
 
@@ -254,10 +259,10 @@ class HandlerActor:
         token: str | None = None,
         wrap_source: Callable[[Source], Source] | None = None,
         seed: int | None = None,
+        log: LogConfig | None = None,
     ) -> None:
-        logging.basicConfig(
-            level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-        )
+        self.log = log or LogConfig()
+        configure(self.log, handler=handler.name, queue=handler.options.queue)
         self.handler = handler
         self.server = server
         self.transport = transport
@@ -287,7 +292,10 @@ class HandlerActor:
         if self.wrap_source is not None:
             source = self.wrap_source(source)
         self._runtime = HandlerRuntime(
-            self.handler, source, RayExecutor(self.handler), rng=random.Random(self.seed)
+            self.handler,
+            source,
+            RayExecutor(self.handler, log=self.log),
+            rng=random.Random(self.seed),
         )
         return await self._runtime.run()
 
@@ -373,6 +381,7 @@ def _init_ray(address: str | None) -> None:
         logging_level=logging.WARNING,
         log_to_driver=True,
     )
+    forward_ray_output()  # the workers' lines in this process's log format (evq handle)
 
 
 def start(
@@ -384,8 +393,10 @@ def start(
     ray_address: str | None = None,
     wrap_source: Callable[[Source], Source] | None = None,
     seed: int | None = None,
+    log: LogConfig | None = None,
 ) -> HandlerRun:
-    """Start ``handler`` in the Ray cluster (this process's, or a new local one).
+    """Start ``handler`` in the Ray cluster (this process's, or a new local one); its
+    processes log as ``log`` says (default: text, drop, INFO).
 
     Raises:
         ValueError: an unknown transport.
@@ -403,7 +414,7 @@ def start(
             max_task_retries=-1,
             max_concurrency=1000,
         )
-        .remote(handler, server, transport, token, wrap_source, seed)
+        .remote(handler, server, transport, token, wrap_source, seed, log)
     )
     started = HandlerRun(actor, handler)
     try:
@@ -426,6 +437,7 @@ def run(
     token: str | None = None,
     ray_address: str | None = None,
     report: Callable[[HandlerStats], None] | None = None,
+    log: LogConfig | None = None,
 ) -> HandlerStats:
     """Run ``handler`` until SIGTERM or SIGINT, then drain it; the final stats.
 
@@ -438,7 +450,7 @@ def run(
         sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGTERM, signal.SIGINT)
     }
     try:
-        started = start(handler, server=server, transport=transport, token=token)
+        started = start(handler, server=server, transport=transport, token=token, log=log)
         try:
             return started.serve(stop, report=report)
         finally:
