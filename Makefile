@@ -1,9 +1,11 @@
-# evq — every target creates .venv when it is missing and installs the project into it.
+# evq — every target creates .venv when it is missing and installs the project into it,
+# with the extras it needs: `serve` the server's (Ray, the log's stores), the others `dev`
+# (everything the tests, linters and load tests use; pyproject.toml lists the extras).
 PYTHON ?= python3
 VENV   := .venv
 PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.installed
-EXTRAS ?= dev
+STAMP  := $(VENV)/.installed-dev
+SERVER := $(VENV)/.installed-server
 # The SQS query protocol as older SDKs speak it (see the rule for $(LEGACY) below).
 LEGACY_VENV := .venv-sqs-legacy
 LEGACY      := $(LEGACY_VENV)/.installed
@@ -14,14 +16,15 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip setuptools wheel
 
-# Reinstall only when the project's metadata changed (editable install: code changes need nothing).
-$(STAMP): pyproject.toml | $(PY)
-	$(PY) -m pip install -q -e '.[$(EXTRAS)]'
-	touch $(STAMP)
+# Reinstall only when the project's metadata changed (editable install: code changes need
+# nothing). One stamp per extra: .installed-dev, .installed-server.
+$(VENV)/.installed-%: pyproject.toml | $(PY)
+	$(PY) -m pip install -q -e '.[$*]'
+	touch $@
 
 setup: $(STAMP)
 
-serve: $(STAMP)
+serve: $(SERVER)
 	$(VENV)/bin/evq serve $(ARGS)
 
 lint: $(STAMP)
@@ -32,10 +35,10 @@ fmt: $(STAMP)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-test: $(STAMP) lint chromium $(LEGACY)
+test: $(STAMP) lint chromium java $(LEGACY)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-test-all: $(STAMP) chromium $(LEGACY)
+test-all: $(STAMP) chromium java $(LEGACY)
 	$(PY) -m pytest -m '' $(PYTEST_ARGS)
 
 bench: $(STAMP)
@@ -64,3 +67,9 @@ loadtest: $(STAMP)
 .PHONY: chromium
 chromium:
 	@command -v chromium >/dev/null 2>&1 || (apt-get update && apt-get install -y chromium)
+
+# Java 17 for PySpark (the pipeline's tests): Debian's headless JRE, installed only when
+# there is no java at all.
+.PHONY: java
+java:
+	@command -v java >/dev/null 2>&1 || (apt-get update && apt-get install -y openjdk-17-jre-headless)

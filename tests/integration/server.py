@@ -107,8 +107,10 @@ class Server:
         log: Path | None = None,
         env: dict[str, str] | None = None,
         host: str = "127.0.0.1",
+        evq: list[str] | None = None,
     ) -> None:
         self.data = data
+        self.evq = evq or EVQ  # how to run `evq` (another virtualenv's python, say)
         self.host = host
         self.port = port or free_port()
         self.args = list(args)
@@ -136,7 +138,8 @@ class Server:
             RuntimeError: it exited or did not get ready in time (the log is in the message).
         """
         assert self.proc is None or self.proc.poll() is not None, "already running"
-        command = [*EVQ, "serve", "--data", str(self.data), "--port", str(self.port), *self.args]
+        command = [*self.evq, "serve", "--data", str(self.data), "--port", str(self.port)]
+        command += self.args
         if self.host != "127.0.0.1":
             command += ["--host", self.host]
         self._log_start = self.log_path.stat().st_size if self.log_path.exists() else 0
