@@ -6,6 +6,8 @@ from __future__ import annotations
 import io
 import json
 import logging
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 
@@ -130,3 +132,16 @@ def test_bad_settings_are_refused_before_anything_is_set_up() -> None:
         logsetup.LogConfig(format="xml").check()
     with pytest.raises(ValueError, match="mode"):
         logsetup.LogConfig(mode="later").check()
+
+
+def test_the_shared_logging_reaches_nothing_of_the_gateway_nor_ray_until_a_driver_asks() -> None:
+    """Shards and handlers import it: it must not pull the gateway in (no upward import),
+    nor Ray (only forward_ray_output, in a Ray driver, does)."""
+    from tests.unit.test_layering import ROOT, _closure
+
+    assert not [k for k in _closure(ROOT / "actors" / "logsetup.py") if "gateway" in k]
+    probe = "import sys, actors.logsetup; print('ray' in sys.modules)"
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.strip() == "False"

@@ -61,3 +61,13 @@ def test_the_cli_and_the_handler_api_do_not_load_ray_until_a_handler_runs() -> N
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
     )
     assert result.stdout.strip() == "False"
+
+
+def test_log_options_are_checked_before_anything_starts(monkeypatch: pytest.MonkeyPatch) -> None:
+    code, err = run("tests.unit.handlers.funcs:send", "--log-format", "xml")
+    assert code == 2
+    assert "invalid choice: 'xml'" in err
+    monkeypatch.setenv("EVQ_LOG_MODE", "later")
+    code, err = run("tests.unit.handlers.funcs:send")
+    assert code == 2
+    assert "log mode must be drop or block, not 'later'" in err
