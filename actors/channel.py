@@ -156,6 +156,7 @@ _REPLY_TYPES: dict[type, Any] = {
     cmd.Reschedule: rp.MessageView,
     cmd.Peek: rp.MessageView,
     cmd.PeekReady: list[rp.MessageView],
+    cmd.Browse: rp.BrowsePage,
     cmd.Delete: None,
     cmd.Purge: int,
     cmd.Stats: rp.StatsView,

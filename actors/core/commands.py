@@ -19,6 +19,7 @@ __all__ = [
     "SOURCE_ID",
     "SOURCE_QUEUE",
     "Ack",
+    "Browse",
     "CancelMove",
     "ChangeSettings",
     "Checkpoint",
@@ -196,6 +197,16 @@ class PeekReady(msgspec.Struct, frozen=True, tag=True):
     max: int = 1
 
 
+class Browse(msgspec.Struct, frozen=True, tag=True):
+    """Look at the messages in one state (``ready``, ``delayed`` or ``reserved``), a page
+    of up to ``limit`` at a time, without changing anything. ``after`` is the cursor a page
+    gave as its ``next`` (None: from the start). Order and cursor: ``actors/core/browse.py``."""
+
+    state: str = "ready"
+    limit: int = 100
+    after: str | None = None
+
+
 class Delete(msgspec.Struct, frozen=True, tag=True):
     """Delete one message; a reserved one needs its lease."""
 
@@ -292,6 +303,7 @@ Command = (
     | Reschedule
     | Peek
     | PeekReady
+    | Browse
     | Delete
     | Purge
     | Stats

@@ -18,6 +18,7 @@ from typing import Any
 
 import msgspec
 
+from actors.core import browse
 from actors.core import commands as cmd
 from actors.core import events as ev
 from actors.core import replies as rp
@@ -638,6 +639,11 @@ def _peek(state: QueueState, c: cmd.Peek, now: int, ids: IdSource) -> Decision:
     return [], _view(m)
 
 
+def _browse(state: QueueState, c: cmd.Browse, now: int, ids: IdSource) -> Decision:
+    found, after = browse.page(state, c.state, c.limit, c.after)
+    return [], rp.BrowsePage([_view(m) for m in found], after)
+
+
 def _delete(state: QueueState, c: cmd.Delete, now: int, ids: IdSource) -> Decision:
     m = _require(state, c.id, c.lease)
     return [ev.MessagesDeleted(now, [m.id])], None
@@ -751,6 +757,7 @@ _DECIDE: dict[type, Callable[[QueueState, Any, int, IdSource], Decision]] = {
     cmd.Reschedule: _update,
     cmd.Peek: _peek,
     cmd.PeekReady: _peek_ready_cmd,
+    cmd.Browse: _browse,
     cmd.Delete: _delete,
     cmd.Purge: _purge,
     cmd.Stats: _stats,

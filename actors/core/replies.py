@@ -9,6 +9,7 @@ import msgspec
 from actors.settings import QueueSettings
 
 __all__ = [
+    "BrowsePage",
     "Delivery",
     "Description",
     "ItemResult",
@@ -65,6 +66,14 @@ class MessageView(msgspec.Struct, array_like=True, frozen=True):
     lease_expires_at_ms: int | None
     attributes: dict[str, Any] | None
     group: str | None
+
+
+class BrowsePage(msgspec.Struct, array_like=True, frozen=True):
+    """A page of a browse: messages in the state's order, and the cursor of the next page
+    (None: no message follows the last one, for now)."""
+
+    messages: list[MessageView]
+    next: str | None
 
 
 class StatsView(msgspec.Struct, frozen=True, kw_only=True):

@@ -100,6 +100,23 @@ class Reference:
             ready = heads
         return sorted(ready, key=lambda m: (m.activate_at, m.seq))
 
+    @staticmethod
+    def key(m: RMsg) -> tuple[int, int]:
+        """Where a message stands in the listing of its state (browse)."""
+        return (m.deadline if m.state == "reserved" else m.activate_at, m.seq)
+
+    def browse(
+        self, state: str, limit: int, after: tuple[int, int] | None
+    ) -> tuple[list[RMsg], tuple[int, int] | None]:
+        """The messages in ``state`` past ``after`` in key order, up to ``limit``; and the
+        key to continue after (None: nothing follows)."""
+        found = sorted(
+            (m for m in self.msgs if m.state == state and (after is None or self.key(m) > after)),
+            key=self.key,
+        )
+        more = len(found) > limit
+        return found[:limit], self.key(found[limit - 1]) if more else None
+
     def stats(self) -> dict[str, int | None]:
         takeable = self.takeable()
         return {

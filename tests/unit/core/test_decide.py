@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import pytest
 
+from actors.core import browse as browse_module
 from actors.core import commands as c
 from actors.core import events as ev
 from actors.core import replies as rp
@@ -284,6 +285,7 @@ NOT_CREATED_COMMANDS = [
     c.Reschedule(id="1", delay_ms=0),
     c.Peek("1"),
     c.PeekReady(),
+    c.Browse(),
     c.Delete("1"),
     c.Purge(),
     c.Stats(),
@@ -1509,6 +1511,222 @@ def test_peek_ready_shows_the_next_messages_in_take_order_without_reserving_them
 
 def test_peek_ready_of_an_empty_queue_is_an_empty_list() -> None:
     assert Q().run(c.PeekReady(5), T1) == ([], [])
+
+
+# ---------------------------------------------------------------- browse
+
+
+@pytest.fixture(params=["walk", "scan"])
+def browse_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Pages found by walking the state's heap only, or by scanning its messages only (a
+    page takes whichever is cheaper; both must list the same)."""
+    budget = 10**9 if request.param == "walk" else -1
+    monkeypatch.setattr(browse_module, "walk_budget", lambda state, want: budget)
+    return str(request.param)
+
+
+def browse(
+    q: Q, now: int, state: str = "ready", limit: int = 100, after: str | None = None
+) -> tuple[list[str], str | None]:
+    """One page: the ids listed and the next cursor (checking that nothing was emitted)."""
+    events, page = q.run(c.Browse(state, limit, after), now)
+    assert events == []
+    assert all(v.state == state for v in page.messages)
+    return [v.id for v in page.messages], page.next
+
+
+def browse_all(q: Q, now: int, state: str, limit: int) -> list[str]:
+    """Every page from the start, concatenated."""
+    listed, after = browse(q, now, state, limit)
+    return listed + browse_all_after(q, now, state, after, limit)
+
+
+def browse_all_after(q: Q, now: int, state: str, after: str | None, limit: int = 1) -> list[str]:
+    """The pages after cursor ``after``, concatenated (at most 50 pages: a cursor that
+    does not move on fails instead of looping)."""
+    listed: list[str] = []
+    for _ in range(50):
+        if after is None:
+            return listed
+        more, after = browse(q, now, state, limit, after)
+        listed += more
+    raise AssertionError(f"still paging after 50 pages: {listed}")
+
+
+def mixed() -> Q:
+    """Messages 1-8 in every state, each state in an order unlike arrival: ready 8, 3, 4
+    (8 was activated in the past); delayed 6, 7, 5; reserved 2, 1 (2 expires first)."""
+    q = Q()
+    q.put(T1, nm(b"1"), nm(b"2"), nm(b"3"), nm(b"4"))
+    q.take(T1, vt=60_000)  # 1, lease 1001
+    q.take(T1, vt=5_000)  # 2, lease 1002
+    q.put(T1, nm(b"5", delay_ms=9_000), nm(b"6", delay_ms=3_000), nm(b"7", delay_ms=3_000))
+    q.put(T1, nm(b"8", activate_at_ms=T1 - 1_000))
+    return q
+
+
+MIXED = {"ready": ["8", "3", "4"], "delayed": ["6", "7", "5"], "reserved": ["2", "1"]}
+
+
+def test_mixed_queue_holds_what_the_browse_tables_expect() -> None:
+    q = mixed()
+    states = {mid: q.peek(T1, mid).state for mid in "12345678"}
+    assert states == {mid: state for state, ids in MIXED.items() for mid in ids}
+
+
+@pytest.mark.usefixtures("browse_path")
+@pytest.mark.parametrize("state", list(MIXED))
+def test_browse_lists_a_state_in_its_order_and_changes_nothing(state: str) -> None:
+    q = mixed()
+    before = state_bytes(q.state)
+    assert browse(q, T1, state) == (MIXED[state], None)
+    assert state_bytes(q.state) == before
+    assert browse(q, T1, state) == (MIXED[state], None)  # the heaps are as they were
+
+
+@pytest.mark.usefixtures("browse_path")
+def test_browse_of_ready_lists_what_take_hands_out_in_take_order() -> None:
+    q = mixed()
+    listed, _ = browse(q, T1, "ready")
+    assert [d.id for d in q.take(T1, max=10)] == listed
+
+
+def test_browse_shows_each_message_as_peek_does() -> None:
+    q = mixed()
+    for state in ("ready", "delayed", "reserved"):
+        _, page = q.run(c.Browse(state), T1)
+        assert page.messages == [q.peek(T1, v.id) for v in page.messages]
+
+
+@pytest.mark.usefixtures("browse_path")
+@pytest.mark.parametrize("state", ["ready", "delayed", "reserved"])
+@pytest.mark.parametrize("limit", [1, 2, 3])
+def test_browse_pages_follow_one_another_to_the_end(state: str, limit: int) -> None:
+    q = mixed()
+    whole, _ = browse(q, T1, state)
+    assert browse_all(q, T1, state, limit) == whole
+    first, after = browse(q, T1, state, limit)
+    assert first == whole[:limit]
+    assert (after is None) == (len(whole) <= limit)
+
+
+@pytest.mark.usefixtures("browse_path")
+def test_browse_cursor_names_the_state_and_the_key_of_the_last_message() -> None:
+    q = mixed()
+    assert browse(q, T1, "ready", 1) == (["8"], f"ready.{T1 - 1_000}.8")
+    assert browse(q, T1, "delayed", 2) == (["6", "7"], f"delayed.{T1 + 3_000}.7")
+    assert browse(q, T1, "reserved", 1) == (["2"], f"reserved.{T1 + 5_000}.2")
+
+
+@pytest.mark.usefixtures("browse_path")
+def test_browse_of_an_empty_state_is_an_empty_last_page() -> None:
+    assert browse(Q(), T1, "delayed") == ([], None)
+    assert browse(mixed(), T1, "reserved", after=f"reserved.{T1 + 10**9}.1") == ([], None)
+
+
+@pytest.mark.usefixtures("browse_path")
+def test_paging_while_the_queue_changes_lists_every_message_that_stayed_exactly_once() -> None:
+    q = Q(S(visibility_timeout_ms=VT))
+    q.put(T1, *[nm(bytes([65 + i])) for i in range(8)])  # 1-8, all ready at T1
+    first, after = browse(q, T1, "ready", 3)
+    assert first == ["1", "2", "3"]
+    taken = q.take(T2, max=2)  # 1 and 2 leave (already listed)
+    q.put(T2, nm(b"i", activate_at_ms=T1 - 1), nm(b"j"))  # 9: behind the cursor; 10: ahead
+    q.ack(T2, *[(d.id, d.lease) for d in taken])
+    q.take(T2 + 1, max=1)  # 9 leaves, unlisted: it came in behind the cursor
+    q.run(c.Delete("5"), T2 + 2)  # 5 leaves before it is listed
+    second, after = browse(q, T2 + 3, "ready", 3, after)
+    third, last = browse(q, T2 + 3, "ready", 3, after)
+    assert (second, third, last) == (["4", "6", "7"], ["8", "10"], None)
+
+
+@pytest.mark.usefixtures("browse_path")
+def test_paging_reserved_messages_lists_one_that_stayed_once_while_leases_end_around_it() -> None:
+    q = Q()
+    q.put(T1, *[nm(bytes([65 + i])) for i in range(5)])
+    taken = {d.id: d for d in (q.take(T1 + i, vt=10_000)[0] for i in range(5))}
+    first, after = browse(q, T1 + 5, "reserved", 2)
+    assert first == ["1", "2"]
+    q.ack(T1 + 6, ("3", taken["3"].lease))  # gone before it is listed
+    q.take(T1 + 10_001, vt=50_000)  # 1's lease ran out; it is taken again: expires last
+    rest = browse_all_after(q, T1 + 10_002, "reserved", after)
+    assert rest == ["4", "5", "1"]  # 1 re-entered with a new key ahead of the cursor
+
+
+@pytest.mark.usefixtures("browse_path")
+@pytest.mark.parametrize(("vt", "listed"), [(20_000, ["2", "1"]), (1_000, ["2"])])
+def test_a_touch_moves_a_reserved_message_to_its_new_place_in_the_order(
+    vt: int, listed: list[str]
+) -> None:
+    q = Q()
+    q.put(T1, nm(b"a"), nm(b"b"))
+    [a] = q.take(T1, vt=5_000)
+    q.take(T1, vt=10_000)
+    first, after = browse(q, T1, "reserved", 1)
+    assert first == ["1"]
+    q.run(c.Touch([c.TouchItem(id="1", lease=a.lease, visibility_timeout_ms=vt)]), T1 + 100)
+    assert browse_all_after(q, T1 + 100, "reserved", after) == listed
+
+
+@pytest.mark.usefixtures("browse_path")
+def test_browse_skips_stale_index_entries_and_lists_a_message_once() -> None:
+    q = Q()
+    q.put(T1, nm(b"a"), nm(b"b"))
+    [a] = q.take(T1, vt=5_000)
+    for _ in range(3):  # three entries of message 1 with the same key
+        q.run(c.Touch([c.TouchItem(id="1", lease=a.lease, visibility_timeout_ms=5_000)]), T1)
+    [b] = q.take(T1, vt=5_000)
+    q.release(T1, b.id, b.lease, delay_ms=60_000)  # 2's reserved entry is stale now
+    assert browse(q, T1, "reserved") == (["1"], None)
+    assert browse(q, T1, "delayed") == (["2"], None)
+
+
+@pytest.mark.usefixtures("browse_path")
+def test_a_page_stops_at_8_mib_of_bodies_but_holds_at_least_one_message() -> None:
+    mib = 1024 * 1024
+    q = Q(S(max_message_bytes=16 * mib))
+    q.put(T1, nm(b"a" * 3 * mib), nm(b"b" * 3 * mib), nm(b"c" * 3 * mib), nm(b"d" * 9 * mib))
+    first, after = browse(q, T1, "ready", 10)
+    assert first == ["1", "2"]
+    second, after = browse(q, T1, "ready", 10, after)
+    assert second == ["3"]
+    assert browse(q, T1, "ready", 10, after) == (["4"], None)
+
+
+def test_browse_of_a_fifo_queue_lists_every_ready_message_blocked_groups_too() -> None:
+    q = fifo((b"a", "g"), (b"b", "g"), (b"x", "h"), (b"y", "h"))
+    q.put(T1, nm(b"z", group="k", activate_at_ms=T1 - 10))
+    assert [d.body for d in q.take(T2)] == [b"z"]  # group k is busy now
+    assert [d.body for d in q.take(T2, max=2)] == [b"a", b"b"]  # g's run
+    assert browse(q, T2, "ready") == (["3", "4"], None)
+    q.release(T2, "1", "1002")  # a comes back: g stays blocked by b
+    assert browse_all(q, T2, "ready", 1) == ["3", "4", "1"]
+    assert browse(q, T2, "reserved") == (["2", "5"], None)
+
+
+@pytest.mark.parametrize(
+    "command",
+    [
+        pytest.param(c.Browse("dead"), id="unknown-state"),
+        pytest.param(c.Browse(""), id="empty-state"),
+        pytest.param(c.Browse(None), id="no-state"),  # type: ignore[arg-type]
+        pytest.param(c.Browse("ready", 0), id="limit-0"),
+        pytest.param(c.Browse("ready", 1001), id="limit-1001"),
+        pytest.param(c.Browse("ready", True), id="limit-bool"),
+        pytest.param(c.Browse("ready", 1.5), id="limit-float"),  # type: ignore[arg-type]
+        pytest.param(c.Browse("ready", 10, "x"), id="cursor-junk"),
+        pytest.param(c.Browse("ready", 10, ""), id="cursor-empty"),
+        pytest.param(c.Browse("ready", 10, "ready.1"), id="cursor-short"),
+        pytest.param(c.Browse("ready", 10, "ready.-1.2"), id="cursor-negative"),
+        pytest.param(c.Browse("ready", 10, "ready.1.2.3"), id="cursor-long"),
+        pytest.param(c.Browse("ready", 10, "ready.1." + "9" * 20), id="cursor-huge"),
+        pytest.param(c.Browse("ready", 10, f"delayed.{T1}.1"), id="cursor-of-delayed"),
+        pytest.param(c.Browse("ready", 10, 7), id="cursor-int"),  # type: ignore[arg-type]
+    ],
+)
+def test_browse_rejects_a_bad_state_limit_or_cursor(command: c.Browse) -> None:
+    q = mixed()
+    q.fails(command, T1, BadRequest)
 
 
 # ---------------------------------------------------------------- delete

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import os
 import random
+from collections import Counter
+from dataclasses import dataclass, field
 
 import hypothesis.strategies as st
 import pytest
@@ -24,6 +26,7 @@ from hypothesis.stateful import (
     rule,
 )
 
+from actors.core import browse
 from actors.core import commands as c
 from actors.core.decide import execute
 from actors.core.events import Event
@@ -32,7 +35,7 @@ from actors.core.state import QueueState
 from actors.errors import QueueError
 from actors.ids import SequentialIds
 from actors.settings import QueueSettings
-from tests.unit.core.reference import Reference
+from tests.unit.core.reference import Reference, RMsg
 
 T0 = 1_700_000_000_000
 CLIENT_IDS = [f"m{i}" for i in range(8)]
@@ -40,6 +43,7 @@ BODIES = [b"alpha", b"beta", b"gamma"]
 KEYS = ["k1", "k2", "k3", "k4"]
 GROUPS = ["g1", "g2", "g3"]
 
+STATES = ["ready", "delayed", "reserved"]
 delays = st.sampled_from([0, 0, 0, 5, 1_500, 12_000]) | st.integers(0, 25_000)
 durations = st.integers(0, 20_000)
 put_specs = st.fixed_dictionaries(
@@ -50,6 +54,29 @@ put_specs = st.fixed_dictionaries(
     },
     optional={"delay": delays, "past": st.integers(1, 5_000), "key": st.sampled_from(KEYS)},
 )
+
+
+@dataclass
+class Pager:
+    """A client paging through one state's listing while the queue changes."""
+
+    state: str
+    stayed: dict[str, tuple[int, int]]  # in the state with the same key since the start
+    after: str | None = None  # the engine's cursor
+    ref_after: tuple[int, int] | None = None  # the reference's
+    listed: list[tuple[str, tuple[int, int]]] = field(default_factory=list)
+
+    def still(self, ref: Reference) -> None:
+        """Forget the messages that left the state or changed their key."""
+        self.stayed = {
+            mid: key
+            for mid, key in self.stayed.items()
+            if _in(ref.find(mid), self.state) and Reference.key(ref.find(mid)) == key  # type: ignore[arg-type]
+        }
+
+
+def _in(m: RMsg | None, state: str) -> bool:
+    return m is not None and m.state == state
 
 
 class QueueMachine(RuleBasedStateMachine):
@@ -66,6 +93,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.base: bytes | None = None  # snapshot the events continue from
         self.held: list[tuple[str, str]] = []  # (id, lease) pairs ever handed out
         self.known: list[str] = []  # every id ever assigned
+        self.pager: Pager | None = None  # a browse under way
 
     # ------------------------------------------------------------ plumbing
 
@@ -203,6 +231,38 @@ class QueueMachine(RuleBasedStateMachine):
         reply = self.run(c.PeekReady(limit))
         assert [v.id for v in reply] == [str(m.id) for m in self.ref.runs()[:limit]]
 
+    def do_browse(self, state: str, limit: int) -> None:
+        """The next page of a listing (a new listing when none of ``state`` is under way):
+        the same page as the reference's; at the end, every message that stayed in the
+        state with its key was listed exactly once, and none twice under one key."""
+        ref = self.ref
+        if self.pager is None or self.pager.state != state:
+            stayed = {str(m.id): ref.key(m) for m in ref.msgs if m.state == state}
+            self.pager = Pager(state, stayed)
+        p = self.pager
+        page = self.run(c.Browse(state, limit, p.after))
+        found, ref_next = ref.browse(state, limit, p.ref_after)
+        assert [v.id for v in page.messages] == [str(m.id) for m in found]
+        assert page.next == (None if ref_next is None else f"{state}.{ref_next[0]}.{ref_next[1]}")
+        self.check_browse_paths(state, p.ref_after, limit + 1)
+        p.listed += [(str(m.id), ref.key(m)) for m in found]
+        p.after, p.ref_after = page.next, ref_next
+        if page.next is None:
+            listed = Counter(p.listed)
+            assert all(n == 1 for n in listed.values()), listed
+            assert all((mid, key) in listed for mid, key in p.stayed.items())
+            self.pager = None
+
+    def check_browse_paths(self, state: str, after: tuple[int, int] | None, want: int) -> None:
+        """Walking the state's heap and scanning its messages find the same messages."""
+        code = browse.STATES[state]
+        scanned = browse._scan(self.state, code, after, want)
+        if not (state == "ready" and self.ref.settings.fifo):
+            heap = {"ready": self.state.ready, "delayed": self.state.delayed}.get(
+                state, self.state.reserved
+            )
+            assert browse._walk(heap, code, after, want, 10**9) == scanned
+
     def do_replay_from_events(self) -> None:
         """The state rebuilt from the log equals the live state; carry on with it."""
         rebuilt = restore(decode_snapshot(self.base)) if self.base else QueueState()
@@ -273,6 +333,10 @@ class QueueMachine(RuleBasedStateMachine):
     def peek_ready(self, limit: int) -> None:
         self.do_peek_ready(limit)
 
+    @rule(state=st.sampled_from(STATES), limit=st.integers(1, 3))
+    def browse(self, state: str, limit: int) -> None:
+        self.do_browse(state, limit)
+
     @rule()
     def replay_from_events(self) -> None:
         self.do_replay_from_events()
@@ -308,6 +372,8 @@ class QueueMachine(RuleBasedStateMachine):
             assert view.lease_expires_at_ms == (m.deadline if m.state == "reserved" else None)
         due = self.state.next_due_ms()
         assert due is None or due > self.now  # advance left nothing overdue
+        if self.pager is not None:
+            self.pager.still(self.ref)
 
 
 TestQueueModel = QueueMachine.TestCase
@@ -341,8 +407,8 @@ def _random_specs(rng: random.Random) -> list[dict]:
 def _walk_step(m: QueueMachine, rng: random.Random) -> None:
     """One random operation, weighted toward the common ones."""
     op = rng.choices(
-        ["tick", "put", "take", "ack", "release", "touch", "update", "delete", "rare"],
-        weights=[20, 20, 15, 12, 6, 4, 5, 4, 2],
+        ["tick", "put", "take", "ack", "release", "touch", "update", "delete", "browse", "rare"],
+        weights=[20, 20, 15, 12, 6, 4, 5, 4, 6, 2],
     )[0]
     pool = m.item_pool()
     if op == "tick":
@@ -368,6 +434,9 @@ def _walk_step(m: QueueMachine, rng: random.Random) -> None:
         else:
             body = rng.choice([None, *BODIES])
             m.do_update(mid, lease, body, rng.choice([None, rng.randint(0, 25_000)]))
+    elif op == "browse":
+        state = m.pager.state if m.pager is not None and rng.random() < 0.8 else rng.choice(STATES)
+        m.do_browse(state, rng.randint(1, 3))
     elif op == "rare":
         rng.choice(
             [
