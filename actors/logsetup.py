@@ -300,11 +300,10 @@ def forward_ray_output(handler: logging.Handler | None = None) -> bool:
     installed) — in its format, never blocking in ``drop`` mode — instead of Ray's printer,
     and let the ``ray`` logger's records reach it too. False when there is no such handler
     or this Ray has no such hook (then Ray prints as it does by default)."""
-    if handler is None:
-        found = [h for h in logging.getLogger().handlers if isinstance(h, NonBlockingHandler)]
-        if not found:
-            return False
-        handler = found[0]
+    found = [h for h in logging.getLogger().handlers if isinstance(h, NonBlockingHandler)]
+    sink = handler or (found[0] if found else None)
+    if sink is None:
+        return False
     try:
         from ray._private.ray_logging import global_worker_stdstream_dispatcher as dispatcher
     except ImportError:
@@ -314,7 +313,7 @@ def forward_ray_output(handler: logging.Handler | None = None) -> bool:
 
     def forward(batch: dict[str, Any]) -> None:
         for record in worker_records(batch):
-            handler.handle(record)
+            sink.handle(record)
 
     dispatcher.remove_handler("ray_print_logs")  # the name ray.shutdown() removes again
     dispatcher.add_handler("ray_print_logs", forward)
