@@ -138,4 +138,8 @@ class LogSettings(msgspec.Struct, frozen=True, kw_only=True):
     # past it, the queues that hold its oldest segment take snapshots (bounds recovery time).
     retain_records: int = 400_000
     segment_bytes: int = 16 * 1024 * 1024  # a local log's segment files
+    # Pruned segments are archived first (actors/log/archive.py); kept this many days in
+    # the archive (None: forever).
+    archive: bool = True
+    archive_retention_days: int | None = None
     segment_roll_ms: int = 300_000  # a local log's segment is closed after this long

@@ -39,6 +39,7 @@ from actors.errors import Fenced, NotReady, Overloaded, QueueError, QueueExists,
 from actors.ids import RandomIds
 from actors.keyspace import ShardKeys, is_partition, partition_of
 from actors.log import keys
+from actors.log.archive import Archive
 from actors.log.device import LogDevice, open_device
 from actors.log.replay import RecoveryReport
 from actors.log.shard_recovery import (
@@ -51,7 +52,7 @@ from actors.log.shard_recovery import (
     placement,
 )
 from actors.log.shardlog import Batch, ShardLog
-from actors.log.store import ObjectStore
+from actors.log.store import KeyNotFound, ObjectStore
 from actors.metrics import QueueMetrics
 from actors.queue_actor import Call, Entry, QueueActor, unavailable
 from actors.settings import LogSettings, QueueSettings, validate_queue_name
@@ -144,6 +145,12 @@ class QueueShard:
         self._background: set[asyncio.Task[Any]] = set()
         self._pruning = False
         self._checkpointing: set[str] = set()
+        settings = self.log_settings
+        self.archive = (
+            Archive(store, index, self.clock, retention_days=settings.archive_retention_days)
+            if settings.archive
+            else None
+        )
         self.keys = ShardKeys(self.clock, self._get_app_key, self._get_stats)
 
     # ---------------------------------------------------------------- lifecycle
@@ -154,6 +161,8 @@ class QueueShard:
         log.info("shard %d/%d: recovering", self.index, self.count)
         try:
             opened = await self._open_log()
+            if self.archive is not None:
+                await self.archive.open()
         finally:
             self._recovering = 0
         self._install(opened)
@@ -341,8 +350,13 @@ class QueueShard:
             while len(segments) > 1 and segments[0].key != self.device.active():
                 if self._pinning(segments[0]):
                     break
+                if self.archive is not None:
+                    await self._archive(segments[0].key)  # durable before the deletion
                 await self.device.delete(segments[0].key)
                 segments.popleft()
+            archive = self.archive
+            if archive is not None and archive.sweep_due() and await archive.sweep(self._owns):
+                await self._archive_baselines()
             if segments and self.wal.next_lsn - segments[0].first_lsn > (
                 self.log_settings.retain_records
             ):
@@ -354,6 +368,35 @@ class QueueShard:
             log.error("shard %d: pruning the log failed: %s", self.index, exc)
         finally:
             self._pruning = False
+
+    async def _archive(self, key: str) -> None:
+        """Copy a segment into the archive; the first time, each queue's baseline before it.
+        Raises: QueueError (the segment is kept live)."""
+        assert self.archive is not None
+        if not self.archive.started:
+            await self._archive_baselines()
+            await self.archive.start()
+        try:
+            data = await self.device.read(key)
+        except KeyNotFound:
+            return  # gone already: a deletion that was not listed as done
+        await self.archive.keep(key, data)
+
+    async def _archive_baselines(self) -> None:
+        """Copy each queue's oldest snapshot into the archive: where its archived history
+        can start (actors/log/archive.py). Raises: QueueError."""
+        assert self.archive is not None
+        for name, queue in list(self.queues.items()):
+            if queue.snapshots:
+                key = keys.snapshot_key(name, queue.snapshots[0])
+                try:
+                    data = await self.store.get(key)
+                except KeyNotFound:
+                    continue  # pruned meanwhile: a newer one follows at the next sweep
+                await self.archive.keep(key, data)
+
+    def _owns(self, queue: str) -> bool:
+        return placement(queue, self.count) == self.index
 
     def _pinning(self, segment: SegmentInfo) -> dict[str, int]:
         """The queues whose records in ``segment`` are not yet covered by two snapshots, and

@@ -8,7 +8,13 @@ segments, snapshots). What lives where (FORMAT.md, "Object names"):
 
 - ``wal/<shard>/<first_lsn>.seg``: the shard logs, one per shard, shared by its queues;
 - ``queues/<queue>/snap/<seq>.snap``: each queue's snapshots;
-- ``queues/<queue>/log/<first_seq>.seg``: version-1 segments a queue may still have.
+- ``queues/<queue>/log/<first_seq>.seg``: version-1 segments a queue may still have;
+- ``archive/<day>/…``: what the live log pruned, under its own names (the segments of the
+  shard logs, and queues' baseline snapshots; ``actors/log/archive.py``).
+
+The archive and the live log are read as one history: each object under its live name
+once, the live copy where both hold it (a crash came between archiving and pruning), so
+listings below are ordered and have no gap and no overlap where the log had none.
 
 Reading while the server writes is safe: a reader lists, then reads what it listed. Objects
 written later are not part of this read; a segment that vanished between listing and
@@ -71,6 +77,7 @@ class SyncStore:
         self.store: ObjectStore = open_store(url, **(options or {}))  # may raise: no loop yet
         self._loop = asyncio.new_event_loop()
         self._devices: dict[int, LogDevice] = {}
+        self._archived: dict[str, str] | None = None
 
     def run(self, call: Coroutine[Any, Any, _T]) -> _T:
         """Wait for one call of the store or a device."""
@@ -83,6 +90,17 @@ class SyncStore:
     def list(self, prefix: str) -> list[str]:
         """Sorted keys under ``prefix``. Raises: StoreError."""
         return self.run(self.store.list(prefix))
+
+    def archived(self) -> dict[str, str]:
+        """The archive's objects: live name → archived key (listed once per store)."""
+        if self._archived is None:
+            found: dict[str, str] = {}
+            for key in self.list(keys.ARCHIVE_ROOT):
+                live = keys.unarchived(key)
+                if live != key:  # the newest day's copy wins (they hold the same bytes)
+                    found[live] = max(found.get(live, key), key)
+            self._archived = found
+        return self._archived
 
     def device(self, shard: int) -> LogDevice:
         """Shard ``shard``'s log, for reading (never opened: it takes no lock)."""
@@ -115,12 +133,12 @@ class QueueObjects(msgspec.Struct):
 
 
 def queue_objects(store: SyncStore) -> dict[str, QueueObjects]:
-    """The queues that have objects under ``queues/``, with their version-1 segments and
-    snapshots (a version-1 queue being deleted is left out)."""
+    """The queues that have objects under ``queues/`` (or archived snapshots), with their
+    version-1 segments and snapshots (a version-1 queue being deleted is left out)."""
     found: dict[str, QueueObjects] = {}
     deleted: set[str] = set()
-    for key in store.list(keys.ROOT):
-        name, _, rest = key[len(keys.ROOT) :].partition("/")
+    for key in _with_archived(store, keys.ROOT, store.list(keys.ROOT)):
+        name, _, rest = keys.unarchived(key)[len(keys.ROOT) :].partition("/")
         objects = found.setdefault(name, QueueObjects())
         kind = rest.partition("/")[0]
         if rest == "DELETED":  # a version-1 tombstone: the queue is being erased
@@ -140,8 +158,16 @@ def _is_log_name(key: str) -> bool:
     return True
 
 
+def _with_archived(store: SyncStore, prefix: str, live: list[str]) -> list[str]:
+    """``live`` (keys under ``prefix``) and the archived objects under it that are not live."""
+    listed = set(live)
+    extra = [a for k, a in store.archived().items() if k.startswith(prefix) and k not in listed]
+    return live + extra
+
+
 def _numbered(store: SyncStore, prefix: str) -> list[tuple[int, str]]:
-    return sorted((keys.seq_of(k), k) for k in store.list(prefix) if _is_log_name(k))
+    found = _with_archived(store, prefix, store.list(prefix))
+    return sorted((keys.seq_of(k), k) for k in found if _is_log_name(k))
 
 
 def segment_keys(store: SyncStore, queue: str) -> list[tuple[int, str]]:
@@ -157,16 +183,24 @@ def snapshot_keys(store: SyncStore, queue: str) -> list[tuple[int, str]]:
 def shard_logs(store: SyncStore) -> list[int]:
     """The shards that have a log under ``wal/``."""
     shards = set()
-    for key in store.list(keys.WAL_ROOT):
-        head, sep, _ = key[len(keys.WAL_ROOT) :].partition("/")
+    for key in _with_archived(store, keys.WAL_ROOT, store.list(keys.WAL_ROOT)):
+        head, sep, _ = keys.unarchived(key)[len(keys.WAL_ROOT) :].partition("/")
         if sep and len(head) == 4 and head.isdigit():
             shards.add(int(head))
     return sorted(shards)
 
 
 def wal_segments(store: SyncStore, shard: int) -> list[tuple[int, str]]:
-    """``(first LSN, key)`` of shard ``shard``'s log segments, in order."""
-    return store.run(store.device(shard).segments())
+    """``(first LSN, key)`` of shard ``shard``'s log segments, archived ones first, in order."""
+    live = store.run(store.device(shard).segments())
+    prefix = keys.wal_prefix(shard)
+    names = {k for _, k in live}
+    archived = [
+        (keys.seq_of(k), a)
+        for k, a in store.archived().items()
+        if k.startswith(prefix) and keys.is_wal_segment(k) and k not in names
+    ]
+    return sorted(archived + live)
 
 
 # ------------------------------------------------------------------ version 1

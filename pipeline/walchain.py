@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 
 import msgspec
 
+from actors.log import keys
 from actors.log.replay import Discarded
 from pipeline.chain import VANISHED, Chain, Cut, SegmentMeta
 
@@ -63,8 +64,9 @@ class LogCut(msgspec.Struct):
 
 
 def log_of(key: str) -> str:
-    """The log an object belongs to: ``wal/<shard>/`` or ``queues/<queue>/log/``."""
-    return key.rpartition("/")[0] + "/"
+    """The log an object belongs to: ``wal/<shard>/`` or ``queues/<queue>/log/`` (an
+    archived object's, its live name's)."""
+    return keys.unarchived(key).rpartition("/")[0] + "/"
 
 
 class LogChain:

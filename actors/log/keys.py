@@ -5,6 +5,10 @@ from __future__ import annotations
 from actors.errors import DataError
 
 __all__ = [
+    "ARCHIVE_ROOT",
+    "archive_day",
+    "archive_key",
+    "archive_marker_key",
     "damaged_key",
     "is_wal_segment",
     "log_prefix",
@@ -15,6 +19,7 @@ __all__ = [
     "seq_of",
     "snapshot_key",
     "snapshot_prefix",
+    "unarchived",
     "wal_damaged_key",
     "wal_prefix",
     "wal_report_key",
@@ -24,7 +29,9 @@ __all__ = [
 ROOT = "queues/"
 WAL_ROOT = "wal/"
 LAYOUT = f"{WAL_ROOT}LAYOUT"  # the shard count the logs under wal/ were written with
+ARCHIVE_ROOT = "archive/"
 _SEQ_WIDTH = 20
+_DAY_WIDTH = 8  # YYYYMMDD
 
 
 def queue_prefix(queue: str) -> str:
@@ -122,3 +129,31 @@ def queue_of(key: str) -> str:
     if not key.startswith(ROOT) or key.count("/") < 2:
         raise DataError(f"not a queue object: {key!r}")
     return key[len(ROOT) :].split("/", 1)[0]
+
+
+def archive_key(key: str, day: str) -> str:
+    """Where the archive keeps object ``key`` archived on ``day`` (YYYYMMDD, UTC)."""
+    return f"{ARCHIVE_ROOT}{day}/{key}"
+
+
+def archive_day(key: str) -> str | None:
+    """The day an archived object was archived (None: not an archive key)."""
+    if not key.startswith(ARCHIVE_ROOT):
+        return None
+    day, sep, rest = key[len(ARCHIVE_ROOT) :].partition("/")
+    if not sep or not rest or len(day) != _DAY_WIDTH or not (day.isascii() and day.isdigit()):
+        return None
+    return day
+
+
+def unarchived(key: str) -> str:
+    """The key an object had in the live log (an archive key less its ``archive/<day>/``);
+    any other key as it is."""
+    day = archive_day(key)
+    return key if day is None else key[len(ARCHIVE_ROOT) + _DAY_WIDTH + 1 :]
+
+
+def archive_marker_key(shard: int) -> str:
+    """The object that says shard ``shard`` archives its log (written before its first
+    archived segment, after the baselines of its queues)."""
+    return f"{ARCHIVE_ROOT}shards/{shard:04d}"

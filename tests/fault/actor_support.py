@@ -218,3 +218,17 @@ def puts_id(mid: str) -> Callable[[ev.Event], bool]:
 def deletes_id(mid: str) -> Callable[[ev.Event], bool]:
     """Matches the deletion of message ``mid``."""
     return lambda e: isinstance(e, ev.MessagesDeleted) and mid in [str(i) for i in e.ids]
+
+
+async def settle_shard(shard: QueueShard) -> None:
+    """Until the log is idle and no background work (snapshots, pruning, checkpoints) is
+    left: waits on the tasks themselves, not on time."""
+    while True:
+        await shard.wal.drain()
+        tasks = [
+            *shard._background,
+            *(t for q in shard.queues.values() for t in q._background),
+        ]  # the only private attributes these tests read
+        if not tasks and shard.wal.idle:
+            return
+        await asyncio.gather(*tasks)

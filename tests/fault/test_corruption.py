@@ -37,6 +37,7 @@ from actors.log.wal import decode_record
 from actors.queue_actor import QueueActor
 from actors.settings import LogSettings, QueueSettings
 from actors.shard import QueueShard
+from tests.fault.actor_support import settle_shard
 from tests.unit.log import layout
 
 pytestmark = pytest.mark.fault
@@ -111,6 +112,7 @@ async def write_log(
     queue = await shard.get(Q)
     await script(History(queue, clock))
     await queue.execute(c.Stats())  # everything decided is durable
+    await settle_shard(shard)  # the prune behind the snapshots (and its archiving) is done
     live = state_bytes(queue.state, clock.now_ms())
     await stop(shard)
     return clock, live

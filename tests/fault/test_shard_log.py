@@ -41,6 +41,7 @@ from actors.log.wal import decode_groups, decode_record, scan_segment
 from actors.settings import LogSettings
 from actors.shard import QueueShard
 from tests.fault.actor_support import CLIENT_IDS, device_of, empty_store, put, state_view
+from tests.fault.actor_support import settle_shard as settle
 
 pytestmark = pytest.mark.fault
 
@@ -80,20 +81,6 @@ async def run(shard: QueueShard, name: str, *commands: object) -> list[Any]:
     errors = [r for r in results if isinstance(r, QueueError)]
     assert not errors, errors
     return results
-
-
-async def settle(shard: QueueShard) -> None:
-    """Until the log is idle and no background work (snapshots, pruning, checkpoints) is
-    left: waits on the tasks themselves, not on time."""
-    while True:
-        await shard.wal.drain()
-        tasks = [
-            *shard._background,
-            *(t for q in shard.queues.values() for t in q._background),
-        ]  # the only private attributes these tests read
-        if not tasks and shard.wal.idle:
-            return
-        await asyncio.gather(*tasks)
 
 
 def views(shard: QueueShard, now_ms: int) -> dict[str, Any]:
@@ -283,6 +270,7 @@ async def test_a_segment_goes_once_the_older_snapshot_of_every_queue_in_it_cover
         for _ in range(2):  # busy's older snapshot covers its records in the first segments
             await busy.snapshot()
             await run(shard, "busy", put(f"b-{busy.next_seq}"))
+        await settle(shard)  # the prunes these snapshots started are over
         before = await last_seqs(store)
         quiet_segments = [k for k, seqs in before.items() if "quiet" in seqs]
         assert len(before) >= 3
@@ -456,6 +444,7 @@ async def test_a_queue_deleted_while_other_queues_pin_its_records_stays_deleted(
         await create(shard, "gone", "pin")
         await shard.run_batch([("gone", put("g1", "g2")), ("pin", put("p1"))])
         await shard.queues["gone"].snapshot()
+        await settle(shard)  # the prune this snapshot starts is over before the deletion
         await run(shard, "gone", cmd.Take(max=1))
         await shard.delete("gone")
         await settle(shard)

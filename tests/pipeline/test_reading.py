@@ -267,9 +267,12 @@ def test_a_block_read_before_its_pages_were_written_is_read_again(tmp_path: Path
 
 async def _pruned_log(root: Path) -> tuple[int, dict[str, Any]]:
     """A queue that snapshots every few records in a log of small segments: old segments
-    are pruned behind its snapshots."""
+    are pruned behind its snapshots, with no archive (as a deployment from before it, or
+    one whose archive retention removed the start): the history starts at a snapshot."""
     clock = ManualClock(START_MS)
-    log = LogSettings(snapshot_every_records=7, snapshot_every_ms=10**12, segment_bytes=200)
+    log = LogSettings(
+        snapshot_every_records=7, snapshot_every_ms=10**12, segment_bytes=200, archive=False
+    )
     shard = QueueShard(
         0, 1, LocalDirStore(root), clock=clock, ids=SequentialIds(), log_settings=log
     )
