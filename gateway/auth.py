@@ -18,12 +18,13 @@ A caller has a bearer token, an SQS key pair, or both: one set of permissions an
 limit, whichever API it calls. The SQS actions map onto the same three levels
 (``gateway/sqs/access.py``).
 
-``read``: look (describe, stats, peek, list, get and watch keys); ``write``: also produce and
-consume (put, take, ack, release, touch, update, delete messages; set keys); ``admin``: also
-create, change, purge and delete queues. Keys are matched by their own name, except
-``queue:{name}`` keys, which follow the queue; ``sys:`` keys and ``/metrics``/``/v1/status``
-need any valid token. ``/healthz``, ``/readyz`` and the dashboard page are open; the SQS API
-is checked by the SQS face (``gateway/sqs/handler.py``) with the callers' SigV4 keys.
+``read``: look (describe, stats, peek and browse messages, list, get and watch keys);
+``write``: also produce and consume (put, take, ack, release, touch, update, delete
+messages; set keys); ``admin``: also create, change, purge and delete queues. Keys are
+matched by their own name, except ``queue:{name}`` keys, which follow the queue; ``sys:``
+keys and ``/metrics``/``/v1/status`` need any valid token. ``/healthz``, ``/readyz`` and the
+dashboard page are open; the SQS API is checked by the SQS face (``gateway/sqs/handler.py``)
+with the callers' SigV4 keys.
 
 Without tokens the server is open and must listen on loopback only (see gateway/server.py).
 
@@ -243,6 +244,7 @@ _RULES: dict[tuple[str, str], tuple[str, str]] = {
     ("POST", "/v1/queues/{name}/ack"): ("write", "queue"),
     ("POST", "/v1/queues/{name}/release"): ("write", "queue"),
     ("POST", "/v1/queues/{name}/touch"): ("write", "queue"),
+    ("GET", "/v1/queues/{name}/messages"): ("read", "queue"),
     ("GET", "/v1/queues/{name}/messages/{id}"): ("read", "queue"),
     ("PATCH", "/v1/queues/{name}/messages/{id}"): ("write", "queue"),
     ("DELETE", "/v1/queues/{name}/messages/{id}"): ("write", "queue"),
@@ -305,7 +307,8 @@ def authorize(
     route (``/v1/queues/{name}``), ``name`` the queue or key it names (or "")."""
     if not auth.enabled or path in _OPEN or path.startswith(_OPEN_PREFIXES):
         return None
-    rule = _RULES.get((method, canonical))
+    # aiohttp answers HEAD with a GET route's handler: the same rule applies
+    rule = _RULES.get(("GET" if method == "HEAD" else method, canonical))
     if rule is None and not path.startswith(("/v1/", "/metrics")):
         return None  # the SQS API (SigV4) and unknown paths (404)
     token = auth.identify(presented)

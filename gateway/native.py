@@ -7,6 +7,7 @@ goes through that queue's batcher.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
@@ -14,7 +15,7 @@ from aiohttp import web
 
 from actors.core import commands as cmd
 from actors.errors import BadRequest
-from actors.settings import validate_queue_name
+from actors.settings import MAX_BATCH, validate_queue_name
 from gateway import hot, wire
 from gateway.auth import TOKEN
 from gateway.errors import MSGPACK, MSGPACK_TYPES, wants_msgpack
@@ -30,6 +31,8 @@ __all__ = [
     "routes",
 ]
 
+
+BROWSE_LIMIT = 100  # messages per page when the query gives no limit
 
 _json = msgspec.json.Encoder()
 _msgpack = msgspec.msgpack.Encoder()
@@ -146,6 +149,29 @@ async def release_messages(request: web.Request) -> web.Response:
 @routes.post("/v1/queues/{name}/touch")
 async def touch_messages(request: web.Request) -> web.Response:
     return await _hot(request, "touch")
+
+
+@routes.get("/v1/queues/{name}/messages")
+async def browse_messages(request: web.Request) -> web.Response:
+    """A page of the messages in one state (``?state=ready|delayed|reserved&limit=N&after=C``;
+    order and cursor: actors/core/browse.py)."""
+    name = queue_name(request)
+    page = await run(request, name, browse_command(request.query))
+    binary = wants_msgpack(request)
+    messages = [wire.view_doc(v, binary=binary) for v in page.messages]
+    return reply(request, {"messages": messages, "next": page.next})
+
+
+def browse_command(query: Mapping[str, str]) -> cmd.Browse:
+    """The Browse command of a query string (the engine checks state and cursor).
+
+    Raises:
+        BadRequest: a limit that is not a whole number.
+    """
+    limit = query.get("limit", str(BROWSE_LIMIT))
+    if not limit.isascii() or not limit.isdigit() or len(limit) > 9:
+        raise BadRequest(f"limit must be a whole number, 1-{MAX_BATCH}")
+    return cmd.Browse(query.get("state", "ready"), int(limit), query.get("after"))
 
 
 @routes.get("/v1/queues/{name}/messages/{id}")

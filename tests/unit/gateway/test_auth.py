@@ -85,6 +85,18 @@ async def test_under_privileged_tokens_are_403_and_enough_passes(
     assert status not in (401, 403), (method, path, status)
 
 
+async def test_every_native_route_has_a_rule_head_as_get(secured: Api) -> None:
+    """A /v1 route without a rule would let any valid token through, whatever it may do."""
+    routes = {
+        (route.method, route.resource.canonical)
+        for route in secured.app.router.routes()
+        if route.resource is not None and route.resource.canonical.startswith("/v1/")
+    }
+    assert ("HEAD", "/v1/queues/{name}/messages") in routes
+    unruled = {(m, r) for m, r in routes if ("GET" if m == "HEAD" else m, r) not in _RULES}
+    assert unruled == set()
+
+
 async def test_a_token_reaches_only_its_queues(secured: Api) -> None:
     assert await call(secured, "PUT", "/v1/queues/orders-eu", ADMIN, {}) == 201
     assert await call(secured, "PUT", "/v1/queues/billing", ADMIN, {}) == 201
