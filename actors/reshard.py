@@ -10,12 +10,18 @@ change goes through snapshots instead, in steps that may be interrupted and run 
 2. check that every queue's newest snapshot is its last record (else stop: nothing changed);
 3. write the layout with ``resharding_to`` and the highest epoch written (from here on, a
    server refuses to start, and running this again resumes at step 4);
-4. remove every shard log segment (``wal/<shard>/*.seg``; reports and damaged copies stay);
+4. retire the old shard logs: every segment, live or archived, goes to the archive under
+   ``resharded-<epoch>/`` (``archive/<day>/resharded-<epoch>/wal/<shard>/…``), where readers
+   of the new logs do not take it for theirs (the new logs number their records from 1
+   again); the shards' archive markers go, so the new shards archive each queue's
+   snapshot as its baseline before their first archived segment; reports and damaged
+   copies stay in ``wal/``;
 5. write the layout with the new count; new shard logs claim epochs above the old ones.
 
-The history in the removed logs is gone (the snapshots hold each queue's state): run the
-pipeline's archive first if it is wanted. The server must be stopped; on a local disk the
-logs' locks refuse a reshard while it runs, on an object store nothing does.
+The history of the old logs stays in the archive, as the logs were; the pipeline reads the
+new logs' history from each queue's snapshot on (``actors/log/archive.py``). The server
+must be stopped; on a local disk the logs' locks refuse a reshard while it runs, on an
+object store nothing does.
 """
 
 from __future__ import annotations
@@ -25,11 +31,12 @@ from collections.abc import Callable
 
 import msgspec
 
-from actors.clock import Clock
+from actors.clock import Clock, SystemClock
 from actors.errors import DataError
 from actors.log import keys
+from actors.log.archive import day_of
 from actors.log.layout import Layout, read_layout, write_layout
-from actors.log.store import ObjectStore
+from actors.log.store import ObjectStore, copy_object
 from actors.settings import LogSettings
 from actors.shard import QueueShard
 
@@ -102,13 +109,34 @@ async def reshard(
                 f"an interrupted change to {layout.resharding_to} shard(s) must be finished "
                 f"first: run `evq reshard --shards {layout.resharding_to}`"
             )
-    for key in await store.list(keys.WAL_ROOT):
-        if keys.is_wal_segment(key):  # reports and damaged copies stay, for people
-            await store.delete(key)
-            report.removed += 1
+    report.removed = await _retire(store, f"resharded-{layout.epoch_floor}", clock)
     await write_layout(store, Layout(shards=count, epoch_floor=layout.epoch_floor))
     say(f"removed {report.removed} shard log object(s); the store now has {count} shard(s)")
     return report
+
+
+async def _retire(store: ObjectStore, generation: str, clock: Clock | None) -> int:
+    """Move every shard-log segment, live or archived, under ``generation`` in the archive,
+    and drop the shards' archive markers; return how many live segments went. Runs again
+    where it stopped (copies are overwritten, deletions of what is gone are no-ops)."""
+    day = day_of((clock or SystemClock()).now_ms())
+    removed = 0
+    for key in await store.list(keys.WAL_ROOT):
+        if not keys.is_wal_segment(key):
+            continue  # reports and damaged copies stay, for people
+        if await copy_object(store, key, keys.archive_key(f"{generation}/{key}", day)):
+            await store.delete(key)
+            removed += 1
+    for key in await store.list(keys.ARCHIVE_ROOT):
+        live = keys.unarchived(key)
+        if keys.is_wal_segment(live):
+            archived_on = keys.archive_day(key) or day
+            retired = keys.archive_key(f"{generation}/{live}", archived_on)
+            if await copy_object(store, key, retired):
+                await store.delete(key)
+        elif key.startswith(keys.ARCHIVE_MARKERS):
+            await store.delete(key)
+    return removed
 
 
 def _check_snapshotted(shard: QueueShard) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from actors.errors import DataError
 
 __all__ = [
+    "ARCHIVE_MARKERS",
     "ARCHIVE_ROOT",
     "archive_day",
     "archive_key",
@@ -30,6 +31,7 @@ ROOT = "queues/"
 WAL_ROOT = "wal/"
 LAYOUT = f"{WAL_ROOT}LAYOUT"  # the shard count the logs under wal/ were written with
 ARCHIVE_ROOT = "archive/"
+ARCHIVE_MARKERS = f"{ARCHIVE_ROOT}shards/"
 _SEQ_WIDTH = 20
 _DAY_WIDTH = 8  # YYYYMMDD
 
@@ -156,4 +158,4 @@ def unarchived(key: str) -> str:
 def archive_marker_key(shard: int) -> str:
     """The object that says shard ``shard`` archives its log (written before its first
     archived segment, after the baselines of its queues)."""
-    return f"{ARCHIVE_ROOT}shards/{shard:04d}"
+    return f"{ARCHIVE_MARKERS}{shard:04d}"

@@ -183,6 +183,11 @@ async def test_resharding_keeps_every_queue_message_lease_and_key(store: ObjectS
     assert (layout.shards, layout.resharding_to) == (3, None)
     assert layout.epoch_floor >= max(epochs)  # the reshard's own incarnations claimed more
     assert await segments(store) == []
+    archived = await store.list(keys.ARCHIVE_ROOT)
+    retired = [k for k in archived if f"/resharded-{layout.epoch_floor}/wal/" in k]
+    assert len(retired) >= report.removed  # the old logs are kept, out of the new logs' way
+    assert not [k for k in archived if keys.is_wal_segment(keys.unarchived(k))]
+    assert not [k for k in archived if k.startswith(keys.ARCHIVE_MARKERS)]
 
     shards = await open_shards(store, 3, clock)
     assert all(s.wal.epoch > layout.epoch_floor for s in shards)
