@@ -52,6 +52,7 @@ from gateway.client_wire import (
     ItemResult,
     KeyValue,
     Message,
+    MessagePage,
     NewMessage,
     PutResult,
     QueueConfig,
@@ -70,6 +71,7 @@ __all__ = [
     "ItemResult",
     "KeyValue",
     "Message",
+    "MessagePage",
     "NewMessage",
     "PutResult",
     "QueueConfig",
@@ -414,6 +416,35 @@ class AsyncClient(_Base):
             QueueNotFound, MessageNotFound: no such queue or message.
         """
         return await self._run(wire.get_message(queue, message_id))
+
+    async def browse(
+        self, queue: str, state: str = "ready", *, limit: int = 100, after: str | None = None
+    ) -> MessagePage:
+        """A page of the messages in ``state`` (``ready``, ``delayed``, ``reserved``) in its
+        order, after ``after`` (a page's ``next``); changes nothing; safe to retry.
+
+        Raises:
+            QueueNotFound: no such queue. BadRequest: a bad state, limit or cursor.
+        """
+        return await self._run(wire.browse(queue, state, limit, after))
+
+    async def browse_all(
+        self, queue: str, state: str = "ready", *, limit: int = 100
+    ) -> AsyncIterator[Message]:
+        """Every message in ``state``, page after page: one that stays in the state with
+        the same time (activation, lease expiry) while this runs is yielded exactly once.
+
+        Raises:
+            QueueNotFound: no such queue. BadRequest: a bad state or limit.
+        """
+        after = None
+        while True:
+            page = await self.browse(queue, state, limit=limit, after=after)
+            for message in page.messages:
+                yield message
+            if page.next is None:
+                return
+            after = page.next
 
     async def update_message(
         self,
@@ -773,6 +804,34 @@ class Client(_Base):
             QueueNotFound, MessageNotFound: no such queue or message.
         """
         return self._run(wire.get_message(queue, message_id))
+
+    def browse(
+        self, queue: str, state: str = "ready", *, limit: int = 100, after: str | None = None
+    ) -> MessagePage:
+        """A page of the messages in ``state`` (``ready``, ``delayed``, ``reserved``) in its
+        order, after ``after`` (a page's ``next``); changes nothing; safe to retry.
+
+        Raises:
+            QueueNotFound: no such queue. BadRequest: a bad state, limit or cursor.
+        """
+        return self._run(wire.browse(queue, state, limit, after))
+
+    def browse_all(
+        self, queue: str, state: str = "ready", *, limit: int = 100
+    ) -> Iterator[Message]:
+        """Every message in ``state``, page after page: one that stays in the state with
+        the same time (activation, lease expiry) while this runs is yielded exactly once.
+
+        Raises:
+            QueueNotFound: no such queue. BadRequest: a bad state or limit.
+        """
+        after = None
+        while True:
+            page = self.browse(queue, state, limit=limit, after=after)
+            yield from page.messages
+            if page.next is None:
+                return
+            after = page.next
 
     def update_message(
         self,

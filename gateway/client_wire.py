@@ -46,6 +46,7 @@ __all__ = [
     "ItemResult",
     "KeyValue",
     "Message",
+    "MessagePage",
     "NewMessage",
     "Prepared",
     "PutResult",
@@ -59,6 +60,7 @@ __all__ = [
     "ack",
     "as_messages",
     "body_fields",
+    "browse",
     "create_queue",
     "decode_payload",
     "delete_message",
@@ -131,6 +133,14 @@ class Message(msgspec.Struct, frozen=True, kw_only=True):
     def body_text(self) -> str:
         """The body decoded as UTF-8 (raises UnicodeDecodeError on binary bodies)."""
         return self.body.decode("utf-8")
+
+
+class MessagePage(msgspec.Struct, frozen=True):
+    """A page of a browse: messages (each with its ``state``, without a lease) and the
+    cursor of the next page, for ``after`` (None: no message follows, for now)."""
+
+    messages: list[Message]
+    next: str | None = None
 
 
 class PutResult(msgspec.Struct, frozen=True):
@@ -651,6 +661,20 @@ def _message_path(queue: str, message_id: str) -> str:
 def get_message(queue: str, message_id: str) -> Call[Message]:
     """GET …/messages/{id}."""
     return Call("GET", _message_path(queue, message_id), lambda _s, doc: message_from(doc))
+
+
+def browse(
+    queue: str, state: str = "ready", limit: int = 100, after: str | None = None
+) -> Call[MessagePage]:
+    """GET …/messages?state=&limit=&after=: one page of a state's messages."""
+    query = {"state": state, "limit": str(limit)}
+    if after is not None:
+        query["after"] = after
+    return Call("GET", _queue(queue) + "/messages", _page, query=query)
+
+
+def _page(_status: int, doc: Any) -> MessagePage:
+    return MessagePage([message_from(m) for m in doc["messages"]], doc["next"])
 
 
 def update_message(

@@ -4,13 +4,16 @@ their cursor while the queue changes, JSON and msgpack, errors, and the ``read``
 
 from __future__ import annotations
 
+import asyncio
 import base64
 from typing import Any
 
 import pytest
 
+from actors.errors import BadRequest, QueueNotFound
 from gateway.app import AppOptions
 from gateway.auth import Token
+from gateway.client import AsyncClient, Client, Message, MessagePage
 from tests.unit.gateway.conftest import MSGPACK, Api, Reply, Serve
 
 VIEW_FIELDS = {
@@ -183,3 +186,74 @@ async def status(api: Api, method: str, path: str, token: Token | None) -> int:
     async with api.client.request(method, path, headers=headers, data=data) as resp:
         await resp.read()
         return resp.status
+
+
+# ---------------------------------------------------------------- the Python clients
+
+
+def url_of(api: Api) -> str:
+    server = api.client.server
+    return f"http://{server.host}:{server.port}"
+
+
+def sync_browse(url: str, binary: bool) -> tuple[MessagePage, MessagePage, list[Message]]:
+    """What the blocking client sees: two pages, then everything."""
+    with Client(url, binary=binary, retries=0) as c:
+        first = c.browse("q", limit=2)
+        second = c.browse("q", limit=2, after=first.next)
+        return first, second, list(c.browse_all("q", limit=2))
+
+
+async def async_browse(url: str, binary: bool) -> tuple[MessagePage, MessagePage, list[Message]]:
+    """What the asyncio client sees: two pages, then everything."""
+    async with AsyncClient(url, binary=binary, retries=0) as c:
+        first = await c.browse("q", limit=2)
+        second = await c.browse("q", limit=2, after=first.next)
+        return first, second, [m async for m in c.browse_all("q", limit=2)]
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["json", "msgpack"])
+@pytest.mark.parametrize("kind", ["sync", "async"])
+async def test_the_clients_browse_a_page_at_a_time_or_all_at_once(
+    api: Api, kind: str, binary: bool
+) -> None:
+    await api.create("q")
+    ids = await api.put("q", "a", {"body_b64": base64.b64encode(BINARY).decode()}, "c", "d", "e")
+    url = url_of(api)
+    if kind == "sync":
+        first, second, whole = await asyncio.to_thread(sync_browse, url, binary)
+    else:
+        first, second, whole = await async_browse(url, binary)
+    assert [m.id for m in first.messages] == ids[:2]
+    assert first.messages[1].body == BINARY
+    assert {(m.state, m.lease) for m in first.messages} == {("ready", None)}
+    assert first.next is not None
+    assert [m.id for m in second.messages] == ids[2:4]
+    assert [m.id for m in whole] == ids
+    assert [m.body for m in whole] == [b"a", BINARY, b"c", b"d", b"e"]
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+async def test_the_clients_raise_the_servers_browse_errors(api: Api, kind: str) -> None:
+    await api.create("q")
+
+    async def attempt(queue: str, **options: Any) -> None:
+        if kind == "sync":
+
+            def run() -> None:
+                with Client(url_of(api), retries=0) as c:
+                    c.browse(queue, **options)
+
+            await asyncio.to_thread(run)
+        else:
+            async with AsyncClient(url_of(api), retries=0) as c:
+                await c.browse(queue, **options)
+
+    with pytest.raises(BadRequest, match="state"):
+        await attempt("q", state="dead")
+    with pytest.raises(BadRequest, match="limit"):
+        await attempt("q", limit=0)
+    with pytest.raises(BadRequest, match="cursor"):
+        await attempt("q", state="delayed", after="ready.1.1")
+    with pytest.raises(QueueNotFound):
+        await attempt("nope")

@@ -188,6 +188,25 @@ def test_watch_builds_the_long_poll_query() -> None:
     assert state == wire.KeyValue("k", 8, [1])
 
 
+def test_browse_asks_for_one_page_of_a_state_and_reads_it() -> None:
+    call = wire.browse("jobs q", "delayed", 50, after="delayed.17.3")
+    prepared = wire.prepare(call)
+    assert (prepared.method, prepared.body, prepared.hot) == ("GET", None, False)
+    assert (
+        prepared.target == "/v1/queues/jobs%20q/messages?state=delayed&limit=50&after=delayed.17.3"
+    )
+    assert wire.prepare(wire.browse("q")).target == "/v1/queues/q/messages?state=ready&limit=100"
+    assert call.resend is Resend.ALWAYS  # it changes nothing
+    doc = {
+        "messages": [{"id": "1", "state": "delayed", "body_b64": "/w==", "activate_at": 2.5}],
+        "next": "delayed.2500.1",
+    }
+    page = wire.handle_reply(call, 200, msgspec.json.encode(doc), "application/json")
+    assert page == wire.MessagePage(
+        [Message(id="1", state="delayed", body=b"\xff", activate_at=2.5)], "delayed.2500.1"
+    )
+
+
 def test_update_message_sends_only_the_given_fields() -> None:
     call = wire.update_message("q", "5", body=b"\xfe", lease="L")
     assert call.method == "PATCH"
