@@ -154,6 +154,16 @@ def reshard_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def log_settings_of(settings: ServerSettings) -> LogSettings:
+    """How the shards use the log, from the server settings."""
+    return LogSettings(
+        snapshot_every_records=settings.snapshot_every_records,
+        snapshot_every_ms=int(settings.snapshot_every_s * 1000),
+        archive=settings.archive_retention_days != 0,
+        archive_retention_days=settings.archive_retention_days or None,
+    )
+
+
 def run(settings: ServerSettings) -> int:
     """Serve with ``settings``; return the exit code."""
     try:
@@ -161,10 +171,7 @@ def run(settings: ServerSettings) -> int:
     except QueueError as exc:
         print(f"evq serve: {exc}", file=sys.stderr)
         return 2
-    log_settings = LogSettings(
-        snapshot_every_records=settings.snapshot_every_records,
-        snapshot_every_ms=int(settings.snapshot_every_s * 1000),
-    )
+    log_settings = log_settings_of(settings)
     try:
         secret = settings.cluster_secret_value()
     except QueueError as exc:

@@ -52,6 +52,9 @@ class ServerSettings(msgspec.Struct, kw_only=True):
     ws_send_buffer_bytes: int = 256 * 1024  # a watcher that lets more pile up is closed
     snapshot_every_records: int = 200_000
     snapshot_every_s: float = 300.0
+    # Days the archive keeps what the log prunes (actors/log/archive.py); None: forever;
+    # 0: no archive (pruned history is gone).
+    archive_retention_days: Annotated[int, msgspec.Meta(ge=0)] | None = None
     ray_address: str | None = None  # join an existing Ray cluster instead of starting one
     ray_cpus: int | None = None
     shard_spread: bool = False  # spread the shards over the Ray cluster's nodes
@@ -207,6 +210,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add("--snapshot-every-records", type=int)
     add("--snapshot-every-s", type=float)
+    add(
+        "--archive-retention-days",
+        type=int,
+        help="days the archive keeps the pruned log (default: forever; 0: no archive)",
+    )
     add("--ray-address", help="join this Ray cluster instead of starting a local one")
     add("--ray-cpus", type=int)
     add(

@@ -8,6 +8,7 @@ import os
 import pytest
 
 from actors.errors import BadRequest
+from gateway.server import log_settings_of
 from gateway.settings import SHARD_MEMORY_SHARE, SHARD_PROCESS_MIB, ServerSettings, load_settings
 
 
@@ -105,3 +106,17 @@ def test_the_sqs_account_id_comes_from_flag_environment_or_toml(tmp_path) -> Non
 def test_an_sqs_account_id_of_other_than_12_digits_is_refused(value: str) -> None:
     with pytest.raises(BadRequest, match="sqs_account_id"):
         _settings({"EVQ_SQS_ACCOUNT_ID": value})
+
+
+@pytest.mark.parametrize(
+    ("value", "archive", "days"),
+    [(None, True, None), ("0", False, None), ("30", True, 30)],
+)
+def test_the_archive_retention_reaches_the_shards_log_settings(
+    value: str | None, archive: bool, days: int | None
+) -> None:
+    env = {} if value is None else {"EVQ_ARCHIVE_RETENTION_DAYS": value}
+    log = log_settings_of(load_settings(argparse.Namespace(), env))
+    assert (log.archive, log.archive_retention_days) == (archive, days)
+    with pytest.raises(BadRequest):
+        load_settings(argparse.Namespace(), {"EVQ_ARCHIVE_RETENTION_DAYS": "-1"})
