@@ -1,8 +1,8 @@
 """The `evq` command line: `evq serve` (the server) and thin clients of the native API.
 
 Output is for people by default (aligned columns) and for programs with ``--json``: one
-JSON document per command, or JSON lines for ``take`` and ``watch``. Exit codes: 0 ok,
-1 an API error (its code and message on stderr), 2 a usage error.
+JSON document per command, or JSON lines for ``take``, ``watch`` and ``peek --all``. Exit
+codes: 0 ok, 1 an API error (its code and message on stderr), 2 a usage error.
 """
 
 from __future__ import annotations
@@ -14,70 +14,33 @@ import json
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
-from datetime import datetime
 from typing import IO, Any
 
 import msgspec
 
 from actors.errors import QueueError
 from actors.handlers import cli as handle_cli  # light: Ray loads only when a handler runs
+from gateway import cli_messages
+from gateway.cli_common import (
+    Output,
+    count_arg,
+    item_results,
+    json_arg,
+    parse_time,
+    plain,
+    seconds_arg,
+    show_body,
+    show_num,
+    table,
+)
 from gateway.client import DEFAULT_URL, Client
-from gateway.client_wire import ItemResult, KeyValue, Message, PutResult, QueueInfo, message_doc
+from gateway.client_wire import KeyValue, Message, PutResult, QueueInfo, message_doc
 from pipeline import args as pipeline_args  # light: Spark loads only when a job runs
 from pipeline import main as pipeline_main
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "main", "parse_time", "show_body"]
 
 MAX_BATCH = 1000  # messages per put request (API.md)
-BODY_WIDTH = 80  # characters of a body shown in human output
-
-# Item statuses of ack / release and the error code each stands for.
-_ITEM_CODES = {"stale_lease": "StaleLease", "not_found": "MessageNotFound"}
-
-
-# ------------------------------------------------------------------ argument types
-
-
-def _seconds(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not value >= 0:
-        raise argparse.ArgumentTypeError(f"seconds must be >= 0, not {text!r}")
-    return value
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, not {text!r}")
-    return value
-
-
-def parse_time(text: str) -> float:
-    """Unix seconds from Unix seconds or ISO-8601 (local time when no offset is given)."""
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    try:
-        return datetime.fromisoformat(text).timestamp()
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"not a time (ISO-8601 or Unix seconds): {text!r}"
-        ) from None
-
-
-def _json_value(text: str) -> Any:
-    try:
-        return json.loads(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not JSON: {text!r} (quote strings: '\"x\"')") from None
 
 
 # ------------------------------------------------------------------ parser
@@ -120,19 +83,19 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("create", help="create a queue (no change if it exists alike)")
     s.add_argument("name")
     s.add_argument("--client-ids", action="store_true", help="ids come from the client")
-    s.add_argument("--visibility-timeout", type=_seconds, metavar="S")
-    s.add_argument("--max-receives", type=_count, metavar="N")
+    s.add_argument("--visibility-timeout", type=seconds_arg, metavar="S")
+    s.add_argument("--max-receives", type=count_arg, metavar="N")
     s.add_argument("--dead-letter-queue", metavar="Q", help="needs --max-receives")
-    s.add_argument("--retention", type=_seconds, metavar="S")
-    s.add_argument("--max-message-bytes", type=_count, metavar="N")
+    s.add_argument("--retention", type=seconds_arg, metavar="S")
+    s.add_argument("--max-message-bytes", type=count_arg, metavar="N")
     s.add_argument("--fifo", action="store_true", help="FIFO queue (name ends in .fifo)")
-    s.add_argument("--delay", type=_seconds, metavar="S", help="default delay of every put")
+    s.add_argument("--delay", type=seconds_arg, metavar="S", help="default delay of every put")
 
     s = sub.add_parser("put", help="put messages (bodies as arguments, or one per stdin line)")
     s.add_argument("queue")
     s.add_argument("bodies", nargs="*", metavar="BODY")
     when = s.add_mutually_exclusive_group()
-    when.add_argument("--delay", type=_seconds, metavar="S")
+    when.add_argument("--delay", type=seconds_arg, metavar="S")
     when.add_argument("--at", type=parse_time, metavar="TIME", help="ISO-8601 or Unix seconds")
     s.add_argument("--id", help="message id (client-id queues; one message)")
     s.add_argument("--key", help="idempotency key (one message)")
@@ -140,20 +103,23 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("take", help="take (reserve) messages")
     s.add_argument("queue")
-    s.add_argument("-n", type=_count, default=1, metavar="N", help="at most N messages")
-    s.add_argument("--wait", type=_seconds, metavar="S", help="wait up to S s for a message")
-    s.add_argument("--visibility-timeout", type=_seconds, metavar="S")
+    s.add_argument("-n", type=count_arg, default=1, metavar="N", help="at most N messages")
+    s.add_argument("--wait", type=seconds_arg, metavar="S", help="wait up to S s for a message")
+    s.add_argument("--visibility-timeout", type=seconds_arg, metavar="S")
 
     s = sub.add_parser("ack", help="acknowledge (delete) a taken message")
     s.add_argument("queue")
     s.add_argument("id")
     s.add_argument("lease")
 
-    s = sub.add_parser("release", help="give a taken message back")
+    s = sub.add_parser("release", help="give a taken message back (now, or later)")
     s.add_argument("queue")
     s.add_argument("id")
     s.add_argument("lease")
-    s.add_argument("--delay", type=_seconds, metavar="S")
+    when = s.add_mutually_exclusive_group()
+    when.add_argument("--delay", type=seconds_arg, metavar="S", help="ready again in S seconds")
+    when.add_argument("--at", type=parse_time, metavar="TIME", help="ISO-8601 or Unix seconds")
+    cli_messages.add_parsers(sub)
 
     s = sub.add_parser("stats", help="a queue's settings and counters")
     s.add_argument("queue")
@@ -161,14 +127,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("set", help="set a key to a JSON value")
     s.add_argument("key")
-    s.add_argument("value", type=_json_value, metavar="VALUE-JSON")
+    s.add_argument("value", type=json_arg, metavar="VALUE-JSON")
     s = sub.add_parser("get", help="a key's value and version")
     s.add_argument("key")
     s = sub.add_parser("watch", help="print a key's state, then each change")
     s.add_argument("key")
     s.add_argument("--once", action="store_true", help="stop after the first state printed")
     s.add_argument("--version", type=int, default=0, help="start after this version")
-    s.add_argument("--timeout", type=_seconds, default=30.0, help="long-poll timeout (s)")
+    s.add_argument("--timeout", type=seconds_arg, default=30.0, help="long-poll timeout (s)")
 
     s = sub.add_parser("delete-queue", help="delete a queue and its messages")
     s.add_argument("name")
@@ -186,7 +152,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument("action", choices=["status", "stop"], help="list them, or close and end them")
     s.add_argument("--ray-address", help="the Ray cluster (default: EVQ_RAY_ADDRESS, else auto)")
-    s.add_argument("--timeout", type=_seconds, default=60.0, help="per shard call (s)")
+    s.add_argument("--timeout", type=seconds_arg, default=60.0, help="per shard call (s)")
 
     s = sub.add_parser("pipeline", help="Spark jobs over the event log: stats, audit, archive")
     pipeline_args.add_arguments(s)
@@ -203,67 +169,15 @@ def _handle_command(sub: Any) -> None:
 # ------------------------------------------------------------------ output
 
 
-@dataclass
-class Output:
-    """Where a command writes, and whether as JSON."""
-
-    out: IO[str]
-    err: IO[str]
-    json: bool
-
-    def doc(self, value: Any) -> None:
-        """One JSON document on one line."""
-        print(json.dumps(value, ensure_ascii=False), file=self.out)
-
-    def line(self, text: str = "") -> None:
-        """One line of human output."""
-        print(text, file=self.out)
-
-    def note(self, text: str) -> None:
-        """A remark for people on stderr (never in JSON output)."""
-        print(text, file=self.err)
-
-
-def table(rows: Iterable[Sequence[object]], headers: Sequence[str] | None = None) -> list[str]:
-    """Rows as aligned lines (the last column is not padded)."""
-    cells = [[str(c) for c in row] for row in ([headers] if headers else []) + list(rows)]
-    if not cells:
-        return []
-    widths = [max(len(r[i]) for r in cells if i < len(r)) for i in range(len(cells[0]))]
-    return [
-        "  ".join(c.ljust(w) for c, w in zip(r[:-1], widths, strict=False)) + "  " + r[-1]
-        if len(r) > 1
-        else r[0]
-        for r in cells
-    ]
-
-
-def show_body(body: bytes, width: int = BODY_WIDTH) -> str:
-    """A body for people: text as is, text with control characters quoted, else its size."""
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError:
-        return f"<{len(body)} bytes, binary>"
-    if not text.isprintable():
-        text = json.dumps(text, ensure_ascii=False)
-    return text if len(text) <= width else text[: width - 1] + "…"
-
-
-def _num(value: object) -> str:
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return "-" if value is None else str(value)
-
-
 def queue_lines(info: QueueInfo) -> list[str]:
     """A queue's stats and settings for people."""
     lines = [f"queue {info.name}"]
     if info.stats is not None:
         stats = msgspec.structs.asdict(info.stats)
-        lines += ["  " + x for x in table((k, _num(v)) for k, v in stats.items())]
+        lines += ["  " + x for x in table((k, show_num(v)) for k, v in stats.items())]
     lines.append("settings")
     settings = msgspec.structs.asdict(info.settings)
-    lines += ["  " + x for x in table((k, _num(v)) for k, v in settings.items())]
+    lines += ["  " + x for x in table((k, show_num(v)) for k, v in settings.items())]
     return lines
 
 
@@ -275,10 +189,6 @@ def message_lines(messages: Sequence[Message]) -> list[str]:
 
 def _key_line(state: KeyValue) -> str:
     return f"{state.key} version {state.version}: {json.dumps(state.value, ensure_ascii=False)}"
-
-
-def _builtins(value: Any) -> Any:
-    return msgspec.to_builtins(value)
 
 
 # ------------------------------------------------------------------ commands
@@ -299,7 +209,7 @@ def _create(client: Client, args: argparse.Namespace, out: Output, _stdin: IO[An
         delay=args.delay,
     )
     if out.json:
-        out.doc({"name": info.name, "settings": _builtins(info.settings), "created": info.created})
+        out.doc({"name": info.name, "settings": plain(info.settings), "created": info.created})
     elif info.created is False:
         out.line(f"queue {info.name} exists with these settings")
     else:
@@ -349,7 +259,7 @@ def _put(client: Client, args: argparse.Namespace, out: Output, stdin: IO[Any]) 
                     out.line(line)
     finally:
         if out.json and results:
-            out.doc({"results": _builtins(results)})
+            out.doc({"results": plain(results)})
     if not results:
         out.note("evq put: no message given (bodies as arguments or lines on stdin)")
     return 0
@@ -370,26 +280,15 @@ def _take(client: Client, args: argparse.Namespace, out: Output, _stdin: IO[Any]
     return 0
 
 
-def _item_results(results: list[ItemResult], verb: str, out: Output) -> int:
-    if out.json:
-        out.doc({"results": _builtins(results)})
-    else:
-        for line in table((r.id, r.status) for r in results):
-            out.line(line)
-    failed = [r for r in results if not r.ok]
-    for r in failed:
-        code = _ITEM_CODES.get(r.status, "Conflict")
-        out.note(f"evq {verb}: {code}: message {r.id}: {r.status}")
-    return 1 if failed else 0
-
-
 def _ack(client: Client, args: argparse.Namespace, out: Output, _stdin: IO[Any]) -> int:
-    return _item_results(client.ack(args.queue, (args.id, args.lease)), "ack", out)
+    return item_results(client.ack(args.queue, (args.id, args.lease)), "ack", out)
 
 
 def _release(client: Client, args: argparse.Namespace, out: Output, _stdin: IO[Any]) -> int:
-    results = client.release(args.queue, (args.id, args.lease), delay=args.delay)
-    return _item_results(results, "release", out)
+    results = client.release(
+        args.queue, (args.id, args.lease), delay=args.delay, activate_at=args.at
+    )
+    return item_results(results, "release", out)
 
 
 def _stats(client: Client, args: argparse.Namespace, out: Output, _stdin: IO[Any]) -> int:
@@ -398,8 +297,8 @@ def _stats(client: Client, args: argparse.Namespace, out: Output, _stdin: IO[Any
         out.doc(
             {
                 "name": info.name,
-                "settings": _builtins(info.settings),
-                "stats": _builtins(info.stats),
+                "settings": plain(info.settings),
+                "stats": plain(info.stats),
             }
         )
     else:
@@ -430,7 +329,7 @@ def _set(client: Client, args: argparse.Namespace, out: Output, _stdin: IO[Any])
 def _get(client: Client, args: argparse.Namespace, out: Output, _stdin: IO[Any]) -> int:
     state = client.get_key(args.key)
     if out.json:
-        out.doc(_builtins(state))
+        out.doc(plain(state))
     else:
         out.line(_key_line(state))
     return 0
@@ -439,7 +338,7 @@ def _get(client: Client, args: argparse.Namespace, out: Output, _stdin: IO[Any])
 def _watch(client: Client, args: argparse.Namespace, out: Output, _stdin: IO[Any]) -> int:
     for state in client.watch_loop(args.key, version=args.version, wait=args.timeout):
         if out.json:
-            out.doc(_builtins(state))
+            out.doc(plain(state))
         else:
             out.line(_key_line(state))
         out.out.flush()
@@ -479,6 +378,8 @@ COMMANDS: dict[str, Handler] = {
     "watch": _watch,
     "delete-queue": _delete_queue,
     "purge": _purge,
+    "peek": cli_messages.peek,
+    "touch": cli_messages.touch,
 }
 
 

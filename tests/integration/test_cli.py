@@ -110,6 +110,35 @@ def test_create_put_take_ack_release(server: Server, names: Names) -> None:
         assert c.get_message(name, doc["id"]).state == "delayed"
 
 
+def test_peek_touch_and_release_on_a_real_server(server: Server, names: Names) -> None:
+    url, name = server.url, names()
+    assert evq(url, "create", name).code == 0
+    r = evq(url, "--json", "put", name, "a", "b", "c")
+    ids = [x["id"] for x in r.docs()[0]["results"]]
+
+    r = evq(url, "peek", name, "-n", "2")
+    assert r.code == 0, r
+    assert [line.split()[0] for line in r.out.splitlines()[1:]] == ids[:2]
+    after = r.err.split("--after ")[1].strip()
+    r = evq(url, "--json", "peek", name, "--after", after)
+    assert [m["id"] for m in r.docs()[0]["messages"]] == ids[2:]
+
+    r = evq(url, "--json", "take", name, "--visibility-timeout", "5")
+    [taken] = r.docs()
+    r = evq(url, "touch", name, taken["id"], taken["lease"], "--visibility-timeout", "300")
+    assert (r.code, r.out.split()[:2]) == (0, [taken["id"], "ok"]), r
+    r = evq(url, "--json", "peek", name, "--state", "reserved")
+    [shown] = r.docs()[0]["messages"]
+    assert shown["lease_expires_at"] > taken["lease_expires_at"] + 290
+
+    r = evq(url, "release", name, taken["id"], taken["lease"], "--delay", "60")
+    assert r.code == 0, r
+    r = evq(url, "--json", "peek", name, "--state", "delayed", "--all")
+    assert [d["id"] for d in r.docs()] == [taken["id"]]
+    r = evq(url, "--json", "peek", name, "--all")
+    assert [d["id"] for d in r.docs()] == ids[1:]
+
+
 def test_put_from_stdin(server: Server, names: Names) -> None:
     name = names()
     assert evq(server.url, "create", name).code == 0
