@@ -436,15 +436,26 @@ def to_bytes(body: Body) -> bytes:
     raise TypeError(f"a body is bytes or str, not {type(body).__name__}")
 
 
+# Bytes JSON writes as they are (it escapes control characters, '"' and '\\').
+_UNESCAPED = bytes(b for b in range(0x20, 0x100) if b not in b'"\\')
+_ESCAPES_CHECKED = 64 * 1024  # smaller bodies go as text whatever their escapes cost
+
+
 def body_fields(body: Body, binary: bool) -> dict[str, Any]:
-    """``{"body": …}`` or, for non-UTF-8 bytes in JSON, ``{"body_b64": …}``."""
+    """``{"body": …}``; in JSON, ``{"body_b64": …}`` for bytes that are not UTF-8, and for
+    large text whose escapes would make it longer than base64 (4/3): a 64 MiB body of
+    control characters would be 384 MiB of JSON, past the server's body limit."""
     raw = to_bytes(body)
     if binary:
         return {"body": raw}
-    try:
-        return {"body": raw.decode("utf-8")}
-    except UnicodeDecodeError:
-        return {"body_b64": base64.b64encode(raw).decode("ascii")}
+    # an escape is at most 6 bytes: 5 more than the byte itself
+    escapes = len(raw.translate(None, _UNESCAPED)) if len(raw) > _ESCAPES_CHECKED else 0
+    if escapes * 15 <= len(raw):
+        try:
+            return {"body": raw.decode("utf-8")}
+        except UnicodeDecodeError:
+            pass
+    return {"body_b64": base64.b64encode(raw).decode("ascii")}
 
 
 def _body_from(doc: Mapping[str, Any]) -> bytes:

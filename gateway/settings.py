@@ -41,7 +41,8 @@ class ServerSettings(msgspec.Struct, kw_only=True):
     # default: the store's count (actors.log.layout), else one per two CPUs (memory-bound)
     shards: Annotated[int, msgspec.Meta(ge=1)] | None = None
     auto_create: bool = False
-    max_body_bytes: int = 32 * MIB
+    # The largest message a queue takes (64 MiB) is 85.4 MiB as base64 in JSON: it must fit.
+    max_body_bytes: int = 96 * MIB
     max_requests: int = 10_000
     max_connections: int = 15_000  # HTTP connections per gateway process (watchers apart)
     shard_memory_mb: int | None = None  # per shard: puts are refused past it (default: RAM/2/n)

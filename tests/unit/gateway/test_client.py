@@ -91,6 +91,29 @@ def test_put_sends_text_as_body_and_other_bytes_as_body_b64() -> None:
     ]
 
 
+@pytest.mark.parametrize(
+    ("body", "as_text"),
+    [
+        (b"a\n" * 40_000, False),  # 80 KB, one escape in two bytes: base64
+        (b"\x00" * 65_536, True),  # at most 64 KiB: text whatever its escapes
+        (b"\x00" * 65_537, False),  # 6 bytes of JSON for each: base64 is 4/3
+        (b"abcdefghijklmn\n" * 10_000, True),  # one escape in 15 bytes: still text
+        (b"abcdefghijklm\t" * 10_000, False),  # one in 14: base64
+        (b'"' * 100_000, False),
+        ("é".encode() * 100_000, True),  # UTF-8 travels unescaped
+    ],
+)
+def test_large_text_goes_as_body_b64_when_its_json_escapes_would_cost_more(
+    body: bytes, as_text: bool
+) -> None:
+    fields = wire.body_fields(body, binary=False)
+    encoded = msgspec.json.encode(fields)
+    if as_text and len(body) > 65_536:
+        assert len(encoded) <= len(body) * 4 / 3 + 20
+    assert ("body" in fields) == as_text
+    assert wire.message_from({"id": "1", **msgspec.json.decode(encoded)}).body == body
+
+
 def test_put_in_msgpack_sends_raw_bytes() -> None:
     items = wire.as_messages(["text", b"\xff\x00"], {})
     doc = _payload(wire.put("q", items, binary=True), binary=True)

@@ -8,6 +8,7 @@ import os
 import pytest
 
 from actors.errors import BadRequest
+from actors.settings import MAX_MESSAGE_BYTES_LIMIT
 from gateway.server import log_settings_of
 from gateway.settings import SHARD_MEMORY_SHARE, SHARD_PROCESS_MIB, ServerSettings, load_settings
 
@@ -24,6 +25,12 @@ def test_the_default_shard_count_is_one_per_two_cpus_bounded_by_memory(
     by_memory = int(2 * 1024 * SHARD_MEMORY_SHARE / SHARD_PROCESS_MIB)
     assert ServerSettings().shard_count() == max(1, min(8, by_memory))
     assert ServerSettings(shards=5).shard_count() == 5
+
+
+def test_the_default_body_limit_takes_the_largest_message_as_base64_in_json() -> None:
+    base64_chars = (MAX_MESSAGE_BYTES_LIMIT + 2) // 3 * 4
+    envelope = len('{"messages":[{"body_b64":"","idempotency_key":"k-0123456789abcdefghijkl"}]}')
+    assert base64_chars + envelope <= ServerSettings().max_body_bytes
 
 
 @pytest.mark.parametrize("value", ["0", "-2", "many"])
