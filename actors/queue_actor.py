@@ -215,6 +215,7 @@ class QueueActor:
         # waits on or watches skips the telling (it happens for every queue of every write).
         self.listener: QueueListener | None = None
         self.counters = QueueCounters()
+        state.ack_waits = []  # time in queue of each ack, drained into counters.in_queue
         self.log_bytes = 0
         self.log_commits = 0
         self._last_batch: Batch | None = None  # the newest unreleased batch with our events
@@ -368,6 +369,7 @@ class QueueActor:
 
     def reloaded(self, state: QueueState, next_seq: int, snapshots: list[int]) -> None:
         """The shard read its log again after a failed write: this is what is durable."""
+        state.ack_waits = []
         self.state = state
         self.next_seq = next_seq
         self.durable_seq = next_seq - 1
@@ -389,6 +391,13 @@ class QueueActor:
                     counters.receives.observe(delivery.receive_count)
             elif kind is MessagesReleased:
                 counters.released += len(event.ids)
+            elif kind is MessagesAcked:
+                waits = self.state.ack_waits
+                if waits:
+                    observe = counters.in_queue.observe
+                    for ms in waits:
+                        observe(ms / 1000)
+                    waits.clear()
 
     def observe_durable(self, entry: Entry, now: float) -> None:
         """Time from the command's arrival until its events were durable."""
@@ -417,8 +426,14 @@ class QueueActor:
             log_bytes=self.log_bytes,
             log_segments=self.log_commits,
             snapshot_age_s=(now - self._snapshot_at_ms) / 1000 if self._snapshot_at_ms else None,
-            recovery_s=0.0,
+            recovery_s=self._recovery_s(),
+            in_queue=c.in_queue,
         )
+
+    def _recovery_s(self) -> float:
+        """How long the last recovery of this queue's shard took (0: none reported)."""
+        report = getattr(self.host, "report", None)  # the shard's ShardReport, once it has one
+        return report.duration_ms / 1000 if report is not None else 0.0
 
     # ---------------------------------------------------------------- time and changes
 

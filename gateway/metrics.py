@@ -4,8 +4,9 @@ Gateway figures are kept here as requests pass (requests by route and status, la
 histograms, watchers, batch sizes toward the shards, dropped log records). Queue figures live
 in the shards: a scrape asks every shard for its queues' figures (one call per shard) and
 renders them — messages by state, puts, takes, acks, releases, dead letters, oldest ready
-age, receive counts, time to durable, log bytes and commits, snapshot age, recovery time —
-and every shard for its log's writes (commits, records, bytes, segments held).
+age, receive counts, time to durable, time in queue (put to ack), log bytes and commits,
+snapshot age, recovery time — and every shard for its log's writes (commits, records, bytes,
+segments held) and its last recovery's duration.
 With several gateway processes, each answers for its own requests and watchers and for every
 queue (the queue figures are the same from any process).
 """
@@ -166,7 +167,10 @@ def _queue_families(queues: list[QueueMetrics]) -> Iterator[Metric]:
             "Group commits holding this queue's events, this incarnation",
         ),
         "evq_queue_snapshot_age_seconds": ("snapshot_age_s", "Time since the last snapshot"),
-        "evq_queue_recovery_seconds": ("recovery_s", "How long the last recovery took"),
+        "evq_queue_recovery_seconds": (
+            "recovery_s",
+            "How long the last recovery of the queue's shard took (its log read, before serving)",
+        ),
     }
     for name, (field, text) in simple.items():
         g = GaugeMetricFamily(name, text, labels=["queue"])
@@ -183,6 +187,12 @@ def _queue_families(queues: list[QueueMetrics]) -> Iterator[Metric]:
         "From a command to its events being durable",
         queues,
         "durable",
+    )
+    yield _histogram(
+        "evq_queue_time_in_queue_seconds",
+        "From a message's put to its ack, for each message acked",
+        queues,
+        "in_queue",
     )
 
 
@@ -203,12 +213,23 @@ def _shard_families(shards: list[ShardStatus]) -> Iterator[Metric]:
     for shard, w in writes:
         g.add_metric([shard], w.segments)
     yield g
+    g = GaugeMetricFamily(
+        "evq_shard_recovery_seconds",
+        "How long a shard's last recovery took (snapshots and log read, before serving)",
+        labels=["shard"],
+    )
+    for s in shards:
+        if s.log is not None:
+            g.add_metric([str(s.index)], s.log.duration_ms / 1000)
+    yield g
 
 
 def _histogram(name: str, text: str, queues: list[QueueMetrics], field: str) -> Metric:
     h = HistogramMetricFamily(name, text, labels=["queue"])
     for q in queues:
-        plain: PlainHistogram = getattr(q, field)
+        plain: PlainHistogram | None = getattr(q, field)
+        if plain is None:
+            continue  # a shard of an earlier version
         buckets, running = [], 0
         for bound, n in zip(plain.bounds, plain.counts, strict=False):
             running += n

@@ -121,6 +121,7 @@ class QueueState:
     """Everything one queue knows. Build it with ``QueueState()`` and apply events."""
 
     __slots__ = (
+        "ack_waits",
         "acked_total",
         "arrivals",
         "clock_ms",
@@ -171,6 +172,9 @@ class QueueState:
         self.move_tasks: list[rp.MoveTask] = []  # the newest last, at most MAX_MOVE_TASKS
         self.transitions = 0  # time-driven transitions made by advance (not part of snapshots)
         self.observer: Observer | None = None  # not part of snapshots either
+        # A shell's list to learn each acked message's time in the queue (ms from its put to
+        # its ack), which it drains; None: nobody asks. Not part of snapshots.
+        self.ack_waits: list[int] | None = None
 
     @property
     def active_move(self) -> rp.MoveTask | None:
@@ -262,11 +266,14 @@ class QueueState:
 
     def _apply_acked(self, e: ev.MessagesAcked) -> None:
         messages = self.messages
+        waits = self.ack_waits
         for mid in e.ids:
             m = messages.get(mid)
             if m is not None and m.state == RESERVED:
                 self._remove(m)
                 self.acked_total += 1
+                if waits is not None:
+                    waits.append(e.at_ms - m.enqueued_at_ms)
         self._maybe_compact()
 
     def _apply_released(self, e: ev.MessagesReleased) -> None:
@@ -349,9 +356,9 @@ class QueueState:
         self._update_move(e.task, status=e.status, reason=e.reason)
 
     def _apply_dropped(self, e: ev.QueueDeleted) -> None:
-        observer = self.observer
+        observer, waits = self.observer, self.ack_waits
         QueueState.__init__(self)  # a deleted queue is as if it never was
-        self.observer = observer
+        self.observer, self.ack_waits = observer, waits
 
     # ---------------------------------------------------------------- time
 

@@ -1193,6 +1193,22 @@ def test_touch_rejects_a_visibility_timeout_out_of_bounds(vt: object) -> None:
     q.fails(c.Touch([c.TouchItem(id="1", lease="1001", visibility_timeout_ms=vt)]), T2, BadRequest)
 
 
+def test_a_shell_that_asks_learns_each_acked_messages_time_in_the_queue() -> None:
+    q = Q()
+    q.put(T1, b"a", b"b", b"c")
+    q.state.ack_waits = []
+    a, b = q.take(T2, max=2)
+    assert q.ack(T2 + 700, (a.id, a.lease), (b.id, "not-the-lease")) == ["ok", "stale_lease"]
+    q.run(c.Ack([c.LeaseRef("3", "old")], lenient=True), T2 + 800)  # deleted, not acked
+    q.run(c.Drop(), T2 + 900)
+    assert q.state.ack_waits == [T2 + 700 - T1]  # kept over the queue's end: the shell's list
+    other = Q()
+    other.put(T1, b"x")
+    [x] = other.take(T1)
+    other.ack(T2, (x.id, x.lease))
+    assert other.state.ack_waits is None
+
+
 # ------------------------------------------------ lenient (the SQS face's old receipt handles)
 
 
