@@ -322,10 +322,15 @@ def running(data: Path, *args: str) -> Iterator[Server]:
 
 
 def eventually(
-    check: Callable[[], object], *, timeout: float, interval: float = 0.1, what: str = ""
+    check: Callable[[], object],
+    *,
+    timeout: float,
+    interval: float = 0.1,
+    what: str | Callable[[], str] = "",
 ) -> object:
     """Call ``check`` until it returns something truthy (an AssertionError counts as not
-    yet); fail after ``timeout`` s with the last answer."""
+    yet); fail after ``timeout`` s with the last answer and ``what`` (a callable is called
+    then: e.g. a process's output so far)."""
     deadline = time.monotonic() + timeout
     last: object = None
     while True:
@@ -337,5 +342,6 @@ def eventually(
             if last:
                 return last
         if time.monotonic() >= deadline:
-            raise AssertionError(f"not within {timeout}s: {what} (last: {last!r})")
+            shown = what() if callable(what) else what
+            raise AssertionError(f"not within {timeout}s: {shown} (last: {last!r})")
         time.sleep(interval)
