@@ -49,6 +49,9 @@ Decision = tuple[list[ev.Event], Any]
 
 _MAX_ID_LEN = 256
 _MAX_ATTRIBUTES = 64
+# A take hands out messages until their bodies would pass this (at least one message): its
+# reply, and the frame and HTTP answer that carry it, stay bounded whatever ``max`` asks.
+MAX_TAKE_BYTES = 64 * 1024 * 1024
 
 
 def execute(state: QueueState, command: object, now_ms: int, ids: IdSource) -> Decision:
@@ -371,7 +374,8 @@ def _take(
 
 
 def _peek_ready(state: QueueState, limit: int, consume: bool = False) -> list[Message]:
-    """The next ``limit`` messages ``take`` would hand out, in order.
+    """The next ``limit`` messages ``take`` would hand out, in order: fewer when their bodies
+    would pass :data:`MAX_TAKE_BYTES` (always at least one).
 
     The heap is left as it was, unless ``consume``: then the caller promises to reserve the
     messages at once, and their entries are not put back."""
@@ -381,17 +385,25 @@ def _peek_ready(state: QueueState, limit: int, consume: bool = False) -> list[Me
     picked: list[Message] = []
     seen: set[int] = set()
     fifo = state.settings.fifo
+    size = 0
     while heap and len(picked) < limit:
         entry = pop(heap)
         m = entry[2]
         if m.state != READY or m.activate_at_ms != entry[0]:
             continue  # stale: dropping it changes nothing
-        popped.append(entry)
         if m.seq not in seen:
+            size += len(m.body)
+            if size > MAX_TAKE_BYTES and picked:
+                heapq.heappush(heap, entry)  # for the next take: a reply stays bounded
+                break
             seen.add(m.seq)
             picked.append(m)
             if fifo:
-                _run_of_group(state, m, limit, picked, seen)
+                size = _run_of_group(state, m, limit, picked, seen, size)
+                if size > MAX_TAKE_BYTES:
+                    popped.append(entry)
+                    break  # the run stopped at a message that would not fit
+        popped.append(entry)
     if not consume:
         for entry in popped:
             heapq.heappush(heap, entry)
@@ -399,25 +411,30 @@ def _peek_ready(state: QueueState, limit: int, consume: bool = False) -> list[Me
 
 
 def _run_of_group(
-    state: QueueState, head: Message, limit: int, picked: list[Message], seen: set[int]
-) -> None:
+    state: QueueState, head: Message, limit: int, picked: list[Message], seen: set[int], size: int
+) -> int:
     """After a FIFO group's ``head``, the ready messages that follow it in the group, in
     order, up to ``limit`` in all (as SQS hands out several messages of one group in a
-    receive). The run ends at the first message that is not ready: a delayed one holds
-    back those behind it."""
+    receive). The run ends at the first message that is not ready (a delayed one holds back
+    those behind it), or whose body would pass :data:`MAX_TAKE_BYTES`: then the size
+    returned is past it, and the take ends too. Returns the bodies' size."""
     after_head = False
     for m in state.groups[head.group].msgs:  # type: ignore[index]
         if len(picked) >= limit:
-            return
+            return size
         if not after_head:
             after_head = m is head
             continue
         if m.state >= GONE:
             continue  # left the group; dropped from its front later
         if m.state != READY:
-            return
+            return size
+        if size + len(m.body) > MAX_TAKE_BYTES:
+            return MAX_TAKE_BYTES + 1
         seen.add(m.seq)
         picked.append(m)
+        size += len(m.body)
+    return size
 
 
 def _visibility(vt: int | None, s: QueueSettings) -> int:

@@ -40,6 +40,7 @@ class Reference:
     dead_lettered: int = 0
     expired: int = 0
     acked: int = 0
+    take_bytes: int = 64 * 1024 * 1024  # a take stops before the body that would pass it
 
     # ------------------------------------------------------------- time
 
@@ -191,7 +192,13 @@ class Reference:
         return out
 
     def take(self, now: int, limit: int, vt: int | None) -> list[RMsg]:
-        picked = self.runs()[:limit]
+        picked: list[RMsg] = []
+        size = 0
+        for m in self.runs()[:limit]:
+            if picked and size + len(m.body) > self.take_bytes:
+                break
+            picked.append(m)
+            size += len(m.body)
         deadline = now + (self.settings.visibility_timeout_ms if vt is None else vt)
         for m in picked:
             m.state = "reserved"

@@ -17,6 +17,7 @@ import pytest
 
 from actors.core import browse as browse_module
 from actors.core import commands as c
+from actors.core import decide as decide_module
 from actors.core import events as ev
 from actors.core import replies as rp
 from actors.core.decide import execute
@@ -865,6 +866,42 @@ def test_take_of_1000_hands_out_1000() -> None:
     q.put(T1, *[b"m"] * 1000)
     assert len(q.take(T2, max=1000)) == 1000
     assert q.stats(T2).reserved == 1000
+
+
+def test_a_take_stops_before_the_body_that_would_pass_64_mib() -> None:
+    mib = 1024 * 1024
+    q = Q(S(max_message_bytes=64 * mib))
+    q.put(T1, b"a" * 30 * mib, b"b" * 30 * mib, b"c" * 5 * mib)
+    assert [len(d.body) // mib for d in q.take(T2, max=10)] == [30, 30]
+    assert [len(d.body) // mib for d in q.take(T2, max=10)] == [5]
+
+
+@pytest.mark.parametrize(
+    ("bodies", "takes"),
+    [
+        ([b"aaa", b"bbb", b"ccc"], [b"aaabbb", b"ccc"]),  # 9 bytes would pass 7
+        ([b"aaaaaaaaaa", b"b", b"c"], [b"aaaaaaaaaa", b"bc"]),  # one larger than 7: alone
+        ([b"aaaa", b"bbbbb", b"cc"], [b"aaaa", b"bbbbbcc"]),  # stops at b, although c fits
+    ],
+)
+def test_a_take_hands_out_messages_until_their_bodies_would_pass_the_bound(
+    monkeypatch: pytest.MonkeyPatch, bodies: list[bytes], takes: list[bytes]
+) -> None:
+    monkeypatch.setattr(decide_module, "MAX_TAKE_BYTES", 7)
+    q = Q()
+    q.put(T1, *bodies)
+    _, peeked = q.run(c.PeekReady(10), T2)
+    assert b"".join(v.body for v in peeked) == takes[0]
+    assert [q.bodies(T2, max=10) for _ in takes] == takes
+
+
+def test_a_fifo_take_ends_with_a_run_that_stops_at_the_bound(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(decide_module, "MAX_TAKE_BYTES", 7)
+    q = fifo((b"aaa", "g"), (b"bbb", "g"), (b"ccc", "g"), (b"x", "h"))
+    assert q.bodies(T2, max=10) == b"aaabbb"  # not x: the take ends where g's run stopped
+    assert q.bodies(T2, max=10) == b"x"  # g is busy until a and b are done
 
 
 @pytest.mark.parametrize(
