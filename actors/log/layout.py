@@ -133,12 +133,17 @@ async def settle_layout(store: ObjectStore, asked: int | None, default: int) -> 
         DataError: shard logs exist without a layout.
     """
     layout = await read_layout(store)
-    if layout is None:
-        if await store.list(keys.WAL_ROOT):
+    if layout is None and await store.list(keys.WAL_ROOT):
+        # A gateway starting beside this one may have claimed the layout and started its
+        # shards since the read above: the layout is written before any shard log, so a
+        # second read after the listing sees it if the logs are theirs.
+        layout = await read_layout(store)
+        if layout is None:
             raise DataError(
                 f"shard logs under {keys.WAL_ROOT} but no {keys.LAYOUT}: the shard count they "
                 f"were written with is unknown"
             )
+    if layout is None:
         count = asked or default
         await claim_layout(store, count)
         return count

@@ -143,6 +143,25 @@ async def test_settling_the_count_asked_stored_default(store: ObjectStore) -> No
     assert (await read_layout(other)).shards == 2  # type: ignore[union-attr]
 
 
+class _ClaimedWhileListing(ObstoreStore):
+    """A store on which another gateway claims the layout and starts a shard between this
+    gateway's read of the layout and its listing of the logs."""
+
+    async def list(self, prefix: str) -> list[str]:
+        if await read_layout(self) is None:
+            await self.put_if_absent(keys.LAYOUT, b'{"format": 2, "shards": 3}\n')
+            await self.put(keys.wal_segment_key(0, 1), b"the other gateway's shard 0")
+        return await super().list(prefix)
+
+
+async def test_a_layout_claimed_by_a_gateway_starting_alongside_is_taken_up() -> None:
+    store = _ClaimedWhileListing(MemoryStore(), "memory://")
+    assert await settle_layout(store, None, 5) == 3
+    store = _ClaimedWhileListing(MemoryStore(), "memory://")
+    with pytest.raises(LayoutMismatch):
+        await settle_layout(store, 4, 5)
+
+
 async def test_shard_logs_without_a_layout_and_a_bad_layout_are_refused() -> None:
     store = memory()
     await store.put(keys.wal_segment_key(0, 1), b"a segment of unknown provenance")
