@@ -14,11 +14,11 @@ by default) for ``--duration`` s; the archive on (the default) and off
 Prints puts/s, p50 and p99 per run, how much the archive took in during the run, and the
 medians.
 
-``history``: ``--messages`` messages through two in-process shards over a local store (in
-batches of ``--batch``: put, take, ack), snapshotting every 20,000 records, so the logs prune
-into the archive; then ``evq pipeline audit`` over the store. Prints the records and the
-per-message events written, how many segments the archive and the live log hold, the
-audit's fates and time. 3.5M messages make 10.5M per-message events.
+``history``: ``--messages`` messages of 100 random bytes through two in-process shards over a
+local store (in batches of ``--batch``: put, take, ack; 4 MiB segments), snapshotting every
+5,000 records, so the logs prune into the archive; then ``evq pipeline audit`` over the
+store. Prints the records and the per-message events written, how many segments the archive
+and the live log hold, the audit's fates and time. 3.5M messages make 10.5M per-message events.
 
     .venv/bin/python loadtest/bench_archive.py copy [--segments 32] [--segment-mb 16]
     .venv/bin/python loadtest/bench_archive.py hotpath [--runs 3] [--duration 20]
@@ -106,7 +106,7 @@ def copy(args: argparse.Namespace) -> None:
 def _hot_run(args: argparse.Namespace, archive: bool, r: int) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         data = Path(tmp) / "data"
-        extra = ["--snapshot-every-s", "5", "--shards", "1"]
+        extra = ["--snapshot-every-s", "5", "--shards", "1", "--auto-create"]
         if not archive:
             extra += ["--archive-retention-days", "0"]
         server = EvqServe(data, Path(tmp) / "serve.log", extra)
@@ -143,7 +143,9 @@ def hotpath(args: argparse.Namespace) -> None:
 
 
 async def _write_history(root: Path, messages: int, batch: int) -> dict[str, Any]:
-    settings = LogSettings(snapshot_every_records=20_000, snapshot_every_ms=60_000)
+    settings = LogSettings(
+        snapshot_every_records=5_000, snapshot_every_ms=60_000, segment_bytes=4 * MIB
+    )
     directory = LocalDirectory(LocalDirStore(root), count=2, log_settings=settings)
     await directory.start()
     assert directory._started is not None
@@ -156,7 +158,7 @@ async def _write_history(root: Path, messages: int, batch: int) -> dict[str, Any
     while done < messages:
         n = min(batch, messages - done)
         queue = queues[(done // batch) % len(queues)]
-        body = [cmd.NewMessage(body=b"x" * 100) for _ in range(n)]
+        body = [cmd.NewMessage(body=os.urandom(100)) for _ in range(n)]
         [put] = await directory.execute_many(queue, [cmd.Put(body)])
         [taken] = await directory.execute_many(queue, [cmd.Take(n)])
         refs = [cmd.LeaseRef(d.id, d.lease) for d in taken]
