@@ -23,8 +23,10 @@ Pure of evq's own modules (``msgspec`` apart), so that the gateway and the actor
 
 from __future__ import annotations
 
+import argparse
 import json
 import logging
+import os
 import queue
 import sys
 import threading
@@ -41,9 +43,12 @@ __all__ = [
     "LogConfig",
     "NonBlockingHandler",
     "TextFormatter",
+    "add_log_arguments",
+    "config_of",
     "configure",
     "dropped",
     "forward_ray_output",
+    "make_handler",
     "setup_logging",
     "worker_records",
 ]
@@ -74,6 +79,31 @@ class LogConfig(msgspec.Struct, frozen=True):
         if self.mode not in MODES:
             raise ValueError(f"log mode must be drop or block, not {self.mode!r}")
         return self
+
+
+def add_log_arguments(p: argparse.ArgumentParser) -> None:
+    """``--log-level``, ``--log-format`` and ``--log-mode`` (read by :func:`config_of`)."""
+    p.add_argument("--log-level", metavar="LEVEL", help="default: $EVQ_LOG_LEVEL or INFO")
+    p.add_argument("--log-format", choices=FORMATS, help="default: $EVQ_LOG_FORMAT or text")
+    p.add_argument(
+        "--log-mode",
+        choices=MODES,
+        help="a slow log sink: drop records and count them (default), or block; also $EVQ_LOG_MODE",
+    )
+
+
+def config_of(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> LogConfig:
+    """How a command logs: its ``--log-*`` options, else ``EVQ_LOG_*``, else INFO, text, drop.
+
+    Raises:
+        ValueError: an unknown format or mode in the environment.
+    """
+    env = os.environ if env is None else env
+    return LogConfig(
+        level=args.log_level or env.get("EVQ_LOG_LEVEL") or "INFO",
+        format=args.log_format or env.get("EVQ_LOG_FORMAT") or "text",
+        mode=args.log_mode or env.get("EVQ_LOG_MODE") or "drop",
+    ).check()
 
 
 def _extra(record: logging.LogRecord) -> dict[str, Any]:
@@ -243,6 +273,32 @@ class NonBlockingHandler(logging.Handler):
         super().close()
 
 
+def make_handler(
+    fmt: str = "text",
+    *,
+    mode: str = "drop",
+    capacity: int = 10_000,
+    stream: IO[str] | None = None,
+    prefix: str | None = None,
+    fields: Mapping[str, Any] | None = None,
+) -> NonBlockingHandler:
+    """A non-blocking handler writing ``fmt`` to ``stream`` (stderr by default), installed
+    nowhere: :func:`setup_logging` puts one on the root logger; a job that runs inside
+    another program (``evq pipeline``) puts one on its own logger."""
+    fields = dict(fields or {})
+    handler = NonBlockingHandler(stream or sys.stderr, capacity=capacity, block=mode == "block")
+    if fmt == "json":
+        handler.setFormatter(JsonFormatter())
+    elif fmt == "kv":
+        handler.setFormatter(KeyValueFormatter())
+    else:
+        if prefix is None:
+            prefix = "".join(f"{k}={v} " for k, v in fields.items())
+        handler.setFormatter(TextFormatter(prefix))
+    handler.addFilter(_Context(fields))
+    return handler
+
+
 def setup_logging(
     level: str = "INFO",
     fmt: str = "text",
@@ -264,17 +320,9 @@ def setup_logging(
         ValueError: an unknown format or mode.
     """
     LogConfig(level, fmt, mode).check()
-    fields = dict(fields or {})
-    handler = NonBlockingHandler(stream or sys.stderr, capacity=capacity, block=mode == "block")
-    if fmt == "json":
-        handler.setFormatter(JsonFormatter())
-    elif fmt == "kv":
-        handler.setFormatter(KeyValueFormatter())
-    else:
-        if prefix is None:
-            prefix = "".join(f"{k}={v} " for k, v in fields.items())
-        handler.setFormatter(TextFormatter(prefix))
-    handler.addFilter(_Context(fields))
+    handler = make_handler(
+        fmt, mode=mode, capacity=capacity, stream=stream, prefix=prefix, fields=fields
+    )
     root = logging.getLogger()
     for old in list(root.handlers):
         root.removeHandler(old)

@@ -7,6 +7,8 @@ import argparse
 import re
 from datetime import UTC, datetime
 
+from actors.logsetup import add_log_arguments
+
 __all__ = ["add_arguments", "duration_ms", "time_ms"]
 
 _UNITS_MS = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
@@ -62,6 +64,7 @@ def _common(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--endpoint", help="S3 endpoint URL (e.g. a local S3-compatible server)")
     p.add_argument("--region", help="S3 region")
+    add_log_arguments(p)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

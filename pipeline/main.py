@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from typing import IO
 
 from actors.clock import SystemClock
+from actors.logsetup import config_of, make_handler
 from pipeline.args import add_arguments
 
 __all__ = ["build_parser", "main", "run"]
@@ -37,17 +38,28 @@ def _store_opts(args: argparse.Namespace) -> dict[str, str]:
     return {k: v for k, v in (("endpoint", args.endpoint), ("region", args.region)) if v}
 
 
-def _setup_logging(err: IO[str]) -> None:
-    handler = logging.StreamHandler(err)
-    handler.setFormatter(logging.Formatter("%(asctime)s %(name)s: %(message)s", "%H:%M:%S"))
-    log.addHandler(handler)
-    log.setLevel(logging.INFO)
-
-
 def run(args: argparse.Namespace, err: IO[str] | None = None) -> int:
-    """Run the job ``args`` describe (parsed by :func:`pipeline.args.add_arguments`)."""
+    """Run the job ``args`` describe (parsed by :func:`pipeline.args.add_arguments`); its
+    progress is logged to ``err`` in the ``--log-*`` format and mode, and only for the run."""
     err = err if err is not None else sys.stderr
-    _setup_logging(err)
+    try:
+        config = config_of(args)
+    except ValueError as exc:
+        print(f"evq pipeline: {exc}", file=err)
+        return 2
+    # On the job's own logger, not the root: the job may run inside another program (the
+    # `evq` command, a test) whose logging is its own.
+    handler = make_handler(config.format, mode=config.mode, stream=err)
+    log.addHandler(handler)
+    log.setLevel(config.level.upper())
+    try:
+        return _run(args, err)
+    finally:
+        log.removeHandler(handler)
+        handler.close()  # what the job logged is written before it returns
+
+
+def _run(args: argparse.Namespace, err: IO[str]) -> int:
     # Imported here: Spark is slow to load and only jobs need it.
     from pipeline.frames import PipelineError
     from pipeline.session import spark_session

@@ -23,7 +23,7 @@ import msgspec
 from actors.clock import SystemClock
 from actors.errors import QueueError
 from actors.handlers.api import Backoff, Handler, load_handler, resolve
-from actors.logsetup import FORMATS, MODES, LogConfig, setup_logging
+from actors.logsetup import add_log_arguments, config_of, setup_logging
 
 __all__ = ["add_arguments", "main"]
 
@@ -99,13 +99,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="ADDR",
         help="join this Ray cluster (default: start a local one)",
     )
-    p.add_argument("--log-level", metavar="LEVEL", help="default: $EVQ_LOG_LEVEL or INFO")
-    p.add_argument("--log-format", choices=FORMATS, help="default: $EVQ_LOG_FORMAT or text")
-    p.add_argument(
-        "--log-mode",
-        choices=MODES,
-        help="a slow log sink: drop records and count them (default), or block; also $EVQ_LOG_MODE",
-    )
+    add_log_arguments(p)
     p.add_argument(
         "--status-every",
         type=_positive(float),
@@ -204,25 +198,11 @@ class _Reporter:
         print(text, file=self.out, flush=True)
 
 
-def _log_config(args: argparse.Namespace) -> LogConfig:
-    """How this process and the handler's log: the options, else ``EVQ_LOG_*``, else text.
-
-    Raises:
-        ValueError: an unknown format or mode in the environment.
-    """
-    env = os.environ
-    return LogConfig(
-        level=args.log_level or env.get("EVQ_LOG_LEVEL") or "INFO",
-        format=args.log_format or env.get("EVQ_LOG_FORMAT") or "text",
-        mode=args.log_mode or env.get("EVQ_LOG_MODE") or "drop",
-    ).check()
-
-
 def main(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     """Run ``evq handle``; the exit code."""
     try:
         handler = _load(args)
-        log = _log_config(args)
+        log = config_of(args)
     except (ValueError, ImportError) as exc:
         print(f"evq handle: {exc}", file=err)
         return 2

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -167,9 +168,18 @@ def test_evq_pipeline_runs_the_jobs(
     code, err = _evq(
         "pipeline", "audit", "--store", str(root), "--out", str(tmp_path / "a"),
         "--as-of", str(expect["now_ms"] / 1000), "--max-deliveries", "3",
+        "--log-format", "json",
     )  # fmt: skip
     assert code == 3, err
     assert "EXCEPTIONS" in err
+    records = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
+    assert any("partitions done" in r["msg"] for r in records), err
+    assert {r["logger"].split(".")[0] for r in records} == {"pipeline"}
+    assert all(r["level"] in ("info", "warning") for r in records)
+    assert "partitions done" not in "".join(
+        line for line in err.splitlines() if not line.startswith("{")
+    ), "every log record of the run is JSON"
+    assert not logging.getLogger("pipeline").handlers, "a run takes its log handler away"
 
 
 def test_the_jobs_run_under_spark_submit(
