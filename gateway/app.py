@@ -17,6 +17,7 @@ from gateway.directory import Directory
 from gateway.errors import MAX_BODY, error_middleware, error_response, wants_msgpack
 from gateway.fast import FAST, Fast
 from gateway.limits import FAST_CONNECTIONS, IN_FLIGHT, LIMITS, Limits
+from gateway.settings import MAX_BODY_BYTES
 
 __all__ = ["AppOptions", "make_app"]
 
@@ -31,7 +32,7 @@ READY_CHECKS = web.AppKey("ready_checks", list)
 class AppOptions(msgspec.Struct, frozen=True, kw_only=True):
     """Gateway limits and behaviour (from ServerSettings)."""
 
-    max_body_bytes: int = 32 * 1024 * 1024
+    max_body_bytes: int = MAX_BODY_BYTES
     max_requests: int = 10_000
     max_connections: int = 15_000  # HTTP connections (watchers apart); a process has 20k fds
     max_waiting_takes: int = 50_000

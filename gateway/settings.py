@@ -22,6 +22,8 @@ MIB = 1024 * 1024
 # shards may use at most this share of the machine's memory.
 SHARD_MEMORY_SHARE = 0.05
 SHARD_PROCESS_MIB = 52
+# A request body's limit: a queue's largest message (64 MiB) as base64 in JSON is 85.4 MiB.
+MAX_BODY_BYTES = 96 * MIB
 MIN_SECRET_CHARS = 16
 # The shipped Kubernetes manifests' secrets start with this: they work, and are logged as an
 # error until replaced.
@@ -42,7 +44,7 @@ class ServerSettings(msgspec.Struct, kw_only=True):
     shards: Annotated[int, msgspec.Meta(ge=1)] | None = None
     auto_create: bool = False
     # The largest message a queue takes (64 MiB) is 85.4 MiB as base64 in JSON: it must fit.
-    max_body_bytes: int = 96 * MIB
+    max_body_bytes: int = MAX_BODY_BYTES
     max_requests: int = 10_000
     max_connections: int = 15_000  # HTTP connections per gateway process (watchers apart)
     shard_memory_mb: int | None = None  # per shard: puts are refused past it (default: RAM/2/n)

@@ -9,6 +9,7 @@ import pytest
 
 from actors.errors import BadRequest
 from actors.settings import MAX_MESSAGE_BYTES_LIMIT
+from gateway.app import AppOptions
 from gateway.server import log_settings_of
 from gateway.settings import SHARD_MEMORY_SHARE, SHARD_PROCESS_MIB, ServerSettings, load_settings
 
@@ -31,6 +32,7 @@ def test_the_default_body_limit_takes_the_largest_message_as_base64_in_json() ->
     base64_chars = (MAX_MESSAGE_BYTES_LIMIT + 2) // 3 * 4
     envelope = len('{"messages":[{"body_b64":"","idempotency_key":"k-0123456789abcdefghijkl"}]}')
     assert base64_chars + envelope <= ServerSettings().max_body_bytes
+    assert AppOptions().max_body_bytes == ServerSettings().max_body_bytes  # an app made in code
 
 
 @pytest.mark.parametrize("value", ["0", "-2", "many"])
