@@ -99,6 +99,8 @@ class ShardActor:
         if self._address is None:
             host = ray.util.get_node_ip_address()
             self._address = asyncio.ensure_future(self._channel.start(host))
+            address = await asyncio.shield(self._address)
+            log.info("shard %d: data channel on %s:%d", self.index, *address)
         return await asyncio.shield(self._address)
 
     async def channel_access(self) -> tuple[int, str]:
