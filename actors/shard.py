@@ -35,7 +35,15 @@ from actors.core import commands as cmd
 from actors.core import replies as rp
 from actors.core.ids import IdSource
 from actors.core.state import Message, QueueState
-from actors.errors import Fenced, NotReady, Overloaded, QueueError, QueueExists, QueueNotFound
+from actors.errors import (
+    Fenced,
+    NotReady,
+    Overloaded,
+    QueueError,
+    QueueExists,
+    QueueNotFound,
+    Unavailable,
+)
 from actors.ids import RandomIds
 from actors.keyspace import ShardKeys, is_partition, partition_of
 from actors.log import keys
@@ -52,7 +60,7 @@ from actors.log.shard_recovery import (
     placement,
 )
 from actors.log.shardlog import Batch, ShardLog
-from actors.log.store import KeyNotFound, ObjectStore
+from actors.log.store import DiskFailed, KeyNotFound, ObjectStore
 from actors.metrics import QueueMetrics
 from actors.queue_actor import Call, Entry, QueueActor, unavailable
 from actors.settings import LogSettings, QueueSettings, validate_queue_name
@@ -90,6 +98,9 @@ class ShardStatus(msgspec.Struct):
     failed: dict[str, str]
     log: ShardReport | None = None
     writes: LogWrites | None = None
+    # Appended with defaults: a gateway and shards of different versions still agree.
+    log_failed: str | None = None  # why the log is not written any more (a failed fsync)
+    disk_full: str | None = None  # why puts are refused (the log's disk is full)
 
 
 class QueueShard:
@@ -142,6 +153,7 @@ class QueueShard:
         self._failed: dict[str, str] = {}
         self._closed = False
         self._stopped: QueueError | None = None
+        self._log_failed: str | None = None
         self._background: set[asyncio.Task[Any]] = set()
         self._pruning = False
         self._checkpointing: set[str] = set()
@@ -244,6 +256,8 @@ class QueueShard:
                 self._written.bytes,
                 len(self._segments),
             ),
+            self._log_failed,
+            self.device.full(),
         )
 
     async def close(self, *, snapshot: bool = True) -> None:
@@ -292,12 +306,10 @@ class QueueShard:
         read the log again and sort out the rest (see :meth:`_reload`)."""
         if isinstance(exc, Fenced):
             log.error("shard %d: fenced, stopping: %s", self.index, exc)
-            self._stopped = exc
-            for queue in self.queues.values():
-                queue.stop(exc)
-            for entry in [*failed.entries, *(e for b in later for e in b.entries)]:
-                entry.fail(exc)
-            self.log_ready.set()  # waiters see that their queue stopped
+            self._stop(exc, [*failed.entries, *(e for b in later for e in b.entries)])
+            return
+        if isinstance(exc, DiskFailed):
+            self._fail_log(exc, failed.entries, [e for b in later for e in b.entries])
             return
         log.error("shard %d: log write failed, reading the log again: %s", self.index, exc)
         for entry in failed.entries:
@@ -307,11 +319,46 @@ class QueueShard:
         unsure.extend(e for b in later for e in b.entries)
         self._spawn(self._reload(unsure))
 
+    def _stop(self, error: QueueError, entries: list[Entry]) -> None:
+        """Serve nothing more: every queue stops with ``error``, and so do ``entries``."""
+        self._stopped = error
+        for queue in self.queues.values():
+            queue.stop(error)
+        for entry in entries:
+            entry.fail(error)
+        self.log_ready.set()  # waiters see that their queue stopped
+
+    def _fail_log(self, exc: DiskFailed, failed: list[Entry], later: list[Entry]) -> None:
+        """The log's disk failed an fsync (or a write): stop for good. Nothing is retried and
+        the log is not read again here: after a failed fsync the page cache may show data
+        the disk does not hold, so only a new process can tell what is durable (the device
+        logged the errno already). Commands whose events were in the failed write may or may
+        not have happened; the others did not."""
+        errno = exc.fields.get("errno")
+        self._log_failed = (
+            f"shard {self.index}: {exc.message}; restart the shard to recover from its log"
+        )
+        log.error(
+            "shard %d: its log failed (errno %s): every queue of the shard stops; "
+            "restart the shard process or the server to recover from the log",
+            self.index,
+            errno,
+        )
+        error = Unavailable(self._log_failed, shard=self.index, errno=errno)
+        for entry in failed:
+            if entry.last_seq:
+                entry.fail(unavailable(entry.queue.name))
+        self._stop(error, [*failed, *later])
+
     async def _reload(self, unsure: list[Entry]) -> None:
         """Rebuild every queue's state from the log; then release the commands whose events
         the log holds, and decide again those whose events it does not."""
         delay = 0.05
         while self._stopped is None and not self._closed:
+            failed = getattr(self.device, "failed", None)
+            if isinstance(failed, DiskFailed):  # the disk failed meanwhile: no reading again
+                self._fail_log(failed, [], unsure)
+                return
             try:
                 opened = await self._open_log()
                 break
@@ -559,6 +606,7 @@ class QueueShard:
         queues = self.queues
         call = Call(len(items))
         over = self.memory.over()
+        full = self.device.full()
         keys = False
         for index, (name, command) in enumerate(items):
             queue = queues.get(name)
@@ -573,8 +621,8 @@ class QueueShard:
             kind = type(command)
             if queue.stopped is not None:
                 call.settle(index, queue.stopped)
-            elif over and kind is cmd.Put:
-                call.settle(index, self._refused(name))
+            elif (over or full) and kind is cmd.Put:
+                call.settle(index, self._refused(name, full))
             else:
                 queue.decide(Entry(queue, command, call, index))
                 keys = keys or kind is cmd.SetKey
@@ -592,7 +640,11 @@ class QueueShard:
             return exc
         return QueueNotFound("no such queue", queue=name)
 
-    def _refused(self, name: str) -> Overloaded:
+    def _refused(self, name: str, full: str | None = None) -> QueueError:
+        """Why a put is refused: the log's disk is full (503, Retry-After), or the shard is
+        over its memory budget (429)."""
+        if full is not None:
+            return Unavailable(full, queue=name, shard=self.index)
         return Overloaded(
             f"shard {self.index} is over its memory budget; take and ack messages, or retry later",
             queue=name,
@@ -604,12 +656,14 @@ class QueueShard:
                 self.keys.key_set(result)
 
     async def _run(self, queue: QueueActor, commands: list[object]) -> list[Any]:
-        """Commands on one queue (the memory budget refuses puts)."""
-        if self.memory.over() and any(type(c) is cmd.Put for c in commands):
+        """Commands on one queue (the memory budget and a full disk refuse puts)."""
+        full = self.device.full()
+        if (full or self.memory.over()) and any(type(c) is cmd.Put for c in commands):
             others = [c for c in commands if type(c) is not cmd.Put]
             done = iter(await queue.execute_many(others) if others else [])
             results = [
-                self._refused(queue.name) if type(c) is cmd.Put else next(done) for c in commands
+                self._refused(queue.name, full) if type(c) is cmd.Put else next(done)
+                for c in commands
             ]
         else:
             results = await queue.execute_many(commands)

@@ -22,6 +22,7 @@ import fcntl
 import logging
 import os
 import threading
+import time
 from pathlib import Path
 from typing import Protocol
 
@@ -29,6 +30,9 @@ from actors.clock import Clock, SystemClock
 from actors.errors import DataError, Fenced, Unavailable
 from actors.log import keys
 from actors.log.store import (
+    NO_SPACE,
+    DiskFailed,
+    DiskFull,
     KeyNotFound,
     LocalDirStore,
     ObjectStore,
@@ -39,6 +43,7 @@ from actors.log.store import (
 from actors.log.wal import SEGMENT_HEADER_SIZE, decode_wal_header, encode_wal_header
 
 __all__ = [
+    "Disk",
     "LocalLogDevice",
     "LogDevice",
     "ObjectLogDevice",
@@ -50,6 +55,9 @@ log = logging.getLogger(__name__)
 
 MIB = 1024 * 1024
 _JUNK_RETRIES = 4
+# While the disk is full, look for space again at most this often (statvfs, then a new
+# spare segment): a rate limit on a cheap check, not state time.
+SPACE_CHECK_S = 0.25
 
 
 class OwnWriteLanded(Unavailable):
@@ -101,6 +109,11 @@ class LogDevice(Protocol):
 
     def active(self) -> str | None:
         """The segment being written to (never pruned), if any."""
+        ...
+
+    def full(self) -> str | None:
+        """Why new data must not be logged now (its disk is full, a reserve is kept for
+        takes, acks and releases); None when it may. Cheap: called for every batch."""
         ...
 
     async def delete(self, key: str) -> None:
@@ -181,6 +194,10 @@ class ObjectLogDevice:
     def active(self) -> str | None:
         return None
 
+    def full(self) -> str | None:
+        """An object store has no disk of ours to fill."""
+        return None
+
     async def write(self, epoch: int, first_lsn: int, block: bytes) -> str:
         data = encode_wal_header(epoch, first_lsn, self.shard) + block
         key = keys.wal_segment_key(self.shard, first_lsn)
@@ -228,12 +245,32 @@ class ObjectLogDevice:
 # ------------------------------------------------------------------ local files
 
 
+class Disk:
+    """The calls the local log makes to write and sync its files: the seam disk faults are
+    injected through (:class:`actors.log.faults.FaultyDisk`). ``path`` names the file, for
+    faults aimed at one kind of file."""
+
+    def pwrite(self, fd: int, data: bytes | memoryview, offset: int, path: str) -> int:
+        """``os.pwrite``."""
+        return os.pwrite(fd, data, offset)
+
+    def fdatasync(self, fd: int, path: str) -> None:
+        """``os.fdatasync``."""
+        os.fdatasync(fd)
+
+    def free_bytes(self, path: str) -> int:
+        """Bytes an unprivileged writer may still use on ``path``'s file system."""
+        st = os.statvfs(path)
+        return st.f_bavail * st.f_frsize
+
+
 class _Spare:
     """A segment file zero-filled ahead of time by a thread, so a roll never waits for it."""
 
-    def __init__(self, path: str, size: int) -> None:
+    def __init__(self, path: str, size: int, disk: Disk) -> None:
         self.path = path
         self.size = size
+        self.disk = disk
         self.error: OSError | None = None
         self._done = threading.Event()
         self._thread = threading.Thread(target=self._fill, name="evq-wal-spare", daemon=True)
@@ -241,33 +278,61 @@ class _Spare:
 
     def _fill(self) -> None:
         try:
-            _zero_file(self.path, self.size)
+            _zero_file(self.path, self.size, self.disk)
         except OSError as exc:
             self.error = exc
         finally:
             self._done.set()
 
+    def done(self) -> bool:
+        """Whether the thread has finished (made the file, or failed: ``error``)."""
+        return self._done.is_set()
+
     def wait(self) -> None:
         self._thread.join()
 
 
-def _zero_file(path: str, size: int) -> None:
+def _zero_file(path: str, size: int, disk: Disk) -> None:
     """A new file of ``size`` zero bytes, written (not just allocated) and synced: writing
     into written blocks later changes no metadata, so each commit's fdatasync flushes data
-    only (0.11 ms here against 0.19 ms for fallocate'd blocks, loadtest/RESULTS.md)."""
+    only (0.11 ms here against 0.19 ms for fallocate'd blocks, loadtest/RESULTS.md). On a
+    failure the part written is removed: a full disk gets its space back."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
     try:
         chunk = bytes(min(size, MIB))
         written = 0
         while written < size:
-            written += os.pwrite(fd, chunk[: size - written], written)
-        os.fdatasync(fd)
+            written += disk.pwrite(fd, chunk[: size - written], written, path)
+        disk.fdatasync(fd, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+        raise
     finally:
         os.close(fd)
 
 
+def _no_space(exc: OSError) -> bool:
+    return exc.errno in NO_SPACE
+
+
 class LocalLogDevice:
-    """Segments as preallocated files appended to; one fdatasync per block."""
+    """Segments as preallocated files appended to; one fdatasync per block.
+
+    Disk faults (FORMAT.md, "Faults of the disk"):
+
+    - *Full* (ENOSPC, EDQUOT): the spare segment is the reserve. When the next spare cannot
+      be made, :meth:`full` says so and the shard refuses puts, while takes, acks and
+      releases still go to the segment being written. While full, the device looks for
+      space again at most every :data:`SPACE_CHECK_S` (statvfs, then a new spare); once a
+      spare is made, puts are taken again. Running out of the reserve too fails the write
+      without writing (:class:`DiskFull`): the shard reads its log again until space returns.
+    - *Failed* (any error of an fsync, or of a write other than ENOSPC): after a failed
+      fdatasync the page cache may hold data that never reached the disk, so neither a
+      second fsync nor reading the file back proves anything (PostgreSQL's "fsyncgate").
+      The device refuses every later write with the same :class:`DiskFailed`; only a new
+      process, reading the log from the disk, may write it again.
+    """
 
     def __init__(
         self,
@@ -277,6 +342,7 @@ class LocalLogDevice:
         segment_bytes: int = 16 * MIB,
         roll_after_ms: int = 300_000,
         clock: Clock | None = None,
+        disk: Disk | None = None,
     ) -> None:
         self.store = store
         self.shard = shard
@@ -286,7 +352,11 @@ class LocalLogDevice:
         self.segment_bytes = segment_bytes
         self.roll_after_ms = roll_after_ms
         self.clock = clock or SystemClock()
+        self.disk = disk or Disk()
         self.write_slots = 1  # blocks go to one file in order
+        self.failed: DiskFailed | None = None  # set for good by a failed fsync or write
+        self._full: str | None = None  # why puts are refused (None: they are not)
+        self._space_checked = 0.0
         self._lock_fd: int | None = None
         self._fd: int | None = None
         self._key: str | None = None
@@ -366,7 +436,12 @@ class LocalLogDevice:
 
     async def begin(self, epoch: int, next_lsn: int) -> None:
         """Start a segment of its own for incarnation ``epoch`` (the segments before it are
-        closed: recovery has cut them to their valid blocks)."""
+        closed: recovery has cut them to their valid blocks).
+
+        Raises: DiskFailed (this process must not write the log again), DiskFull,
+        StoreError."""
+        if self.failed is not None:
+            raise self.failed
         if self._lock_fd is None:
             await self.open()
         self._epoch = epoch
@@ -377,6 +452,8 @@ class LocalLogDevice:
         return self._key
 
     async def write(self, epoch: int, first_lsn: int, block: bytes) -> str:
+        if self.failed is not None:
+            raise self.failed
         if self._fd is None or epoch != self._epoch:
             raise StoreError("the log is not open for writing", ambiguous=False)
         if self._pos + len(block) > self._size or self._old():
@@ -384,25 +461,58 @@ class LocalLogDevice:
         fd = self._fd
         assert fd is not None
         pos = self._pos
+        path = self._path(self._key or "")
         try:
             view = memoryview(block)
             while view:
-                n = os.pwrite(fd, view, pos)
+                n = self.disk.pwrite(fd, view, pos, path)
                 view, pos = view[n:], pos + n
-            os.fdatasync(fd)
         except OSError as exc:
-            # Some of it may be on disk: recovery reads the segment again and keeps what is
-            # whole (a partial block is a torn tail, never acknowledged).
+            # Some of it may be in the file: recovery reads the segment again and keeps
+            # what is whole (a partial block is a torn tail, never acknowledged). Out of
+            # space inside a written segment (a copy-on-write file system) is a full disk;
+            # anything else, a disk that fails.
             self._pos = pos
-            raise StoreError(
+            if not _no_space(exc):
+                raise self._fail("write", exc) from exc
+            self._set_full(exc)
+            raise DiskFull(
                 f"writing the shard log {self._key} failed: {exc}",
                 op="write",
                 key=self._key or "",
                 ambiguous=True,
                 errno=exc.errno,
             ) from exc
+        try:
+            self.disk.fdatasync(fd, path)
+        except OSError as exc:
+            self._pos = pos
+            raise self._fail("fdatasync", exc) from exc
         self._pos = pos
         return self._key  # type: ignore[return-value]
+
+    def _fail(self, op: str, exc: OSError) -> DiskFailed:
+        """Stop writing for good: a failed fsync (or write) leaves the file's state unknown
+        and unknowable from this process."""
+        self.failed = DiskFailed(
+            f"{op} of the shard log {self._key or self.dir} failed: "
+            f"{errno.errorcode.get(exc.errno or 0, exc.errno)} ({exc.strerror}); "
+            "the log is not written again by this process",
+            op=op,
+            key=self._key or "",
+            ambiguous=True,
+            errno=exc.errno,
+        )
+        log.error(
+            "shard %d: %s of its log failed with errno %s (%s) in %s: writes stop until "
+            "the shard restarts and recovers from its log",
+            self.shard,
+            op,
+            exc.errno,
+            errno.errorcode.get(exc.errno or 0, "?"),
+            self.dir,
+        )
+        return self.failed
 
     def _old(self) -> bool:
         return self.clock.now_ms() - self._opened_ms >= self.roll_after_ms and self._pos > (
@@ -412,7 +522,8 @@ class LocalLogDevice:
     def _roll(self, first_lsn: int, block_bytes: int) -> None:
         """Close the current segment (cut to its blocks) and start the next at ``first_lsn``.
 
-        Raises: StoreError (nothing was written yet: not ambiguous).
+        Raises: DiskFull (no space for a segment), DiskFailed (a sync failed), StoreError
+        (nothing was written yet: not ambiguous).
         """
         self._close_segment()
         key = keys.wal_segment_key(self.shard, first_lsn)
@@ -425,32 +536,102 @@ class LocalLogDevice:
                 ready = self._spare.error is None and self._spare.size >= size
             if not ready:
                 self.store.make_durable_dir(os.path.dirname(self._spare_path))
-                _zero_file(self._spare_path, size)
+                _zero_file(self._spare_path, size, self.disk)
+        except OSError as exc:
+            if _no_space(exc):
+                self._set_full(exc)
+                raise DiskFull(
+                    f"no space for shard log segment {key}: {exc}", op="roll", ambiguous=False
+                ) from exc
+            raise self._fail("zero-filling a segment", exc) from exc
+        fd = self._start_segment(key, path, first_lsn)
+        self._fd, self._key, self._pos, self._size = fd, key, SEGMENT_HEADER_SIZE, size
+        self._opened_ms = self.clock.now_ms()
+        self._spare = _Spare(self._spare_path, self.segment_bytes, self.disk)
+
+    def _start_segment(self, key: str, path: str, first_lsn: int) -> int:
+        """Write the header into the spare and give it the segment's name; its fd."""
+        try:
             fd = os.open(self._spare_path, os.O_RDWR | os.O_CLOEXEC)
-            try:
-                os.pwrite(fd, encode_wal_header(self._epoch, first_lsn, self.shard), 0)
-                os.fdatasync(fd)
-                os.rename(self._spare_path, path)  # nobody else writes here (the lock)
-                fsync_dir(self.dir)
-            except BaseException:
-                os.close(fd)
-                raise
         except OSError as exc:
             raise StoreError(
                 f"starting shard log segment {key} failed: {exc}", op="roll", ambiguous=False
             ) from exc
-        self._fd, self._key, self._pos, self._size = fd, key, SEGMENT_HEADER_SIZE, size
-        self._opened_ms = self.clock.now_ms()
-        self._spare = _Spare(self._spare_path, self.segment_bytes)
+        op = "write"
+        try:
+            self.disk.pwrite(fd, encode_wal_header(self._epoch, first_lsn, self.shard), 0, path)
+            op = "fdatasync"
+            self.disk.fdatasync(fd, path)
+            op = "rename"
+            os.rename(self._spare_path, path)  # nobody else writes here (the lock)
+            op = "fsync of the directory"
+            fsync_dir(self.dir)
+        except OSError as exc:
+            os.close(fd)
+            if op == "rename":
+                raise StoreError(
+                    f"starting shard log segment {key} failed: {exc}", op="roll", ambiguous=False
+                ) from exc
+            raise self._fail(op, exc) from exc
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+    def _set_full(self, exc: OSError) -> None:
+        if self._full is None:
+            log.error(
+                "shard %d: the disk of its log is full (errno %s, %s) in %s: puts are "
+                "refused until space returns; takes, acks and releases go on",
+                self.shard,
+                exc.errno,
+                exc.strerror,
+                self.dir,
+            )
+        self._full = (
+            f"shard {self.shard}: the disk of its log is full ({exc.strerror}); puts are "
+            "refused until space returns, takes, acks and releases still work"
+        )
+        self._space_checked = time.perf_counter()
+
+    def full(self) -> str | None:
+        spare = self._spare
+        if self._full is None and (spare is None or spare.error is None):
+            return None  # the common case: two attribute reads
+        if spare is not None and spare.done():
+            if spare.error is None:
+                log.warning("shard %d: space returned; puts are taken again", self.shard)
+                self._full = None
+                return None
+            if _no_space(spare.error):
+                if self._full is None:
+                    self._set_full(spare.error)
+                self._look_for_space()
+        return self._full
+
+    def _look_for_space(self) -> None:
+        """At most every SPACE_CHECK_S: when statvfs shows room for a segment, make a new
+        spare (it ends the full state once it is made)."""
+        now = time.perf_counter()  # a rate limit, not state time
+        if now - self._space_checked < SPACE_CHECK_S or self.failed is not None:
+            return
+        self._space_checked = now
+        try:
+            free = self.disk.free_bytes(os.path.dirname(self._spare_path))
+        except OSError:
+            return
+        if free >= self.segment_bytes:
+            self._spare = _Spare(self._spare_path, self.segment_bytes, self.disk)
 
     def _close_segment(self) -> None:
         """Close the segment being written, cut to its blocks (a crash before the cut leaves
-        zeros after them, which readers take as the end)."""
+        zeros after them, which readers take as the end). A failed log is left as it is."""
         if self._fd is None:
             return
         fd, self._fd, self._key = self._fd, None, None
-        with contextlib.suppress(OSError):
-            os.ftruncate(fd, self._pos)
+        if self.failed is None:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, self._pos)
         os.close(fd)
 
     async def delete(self, key: str) -> None:

@@ -1,4 +1,5 @@
-"""Fault injection for the event log: a store wrapper that fails on a schedule.
+"""Fault injection for the event log: a store wrapper that fails on a schedule, and the
+same for the local log's disk calls (:class:`FaultyDisk`).
 
 Every fault goes through one seam, :class:`FaultyStore`, which wraps a real store and follows
 a schedule written where the test reads it::
@@ -10,19 +11,39 @@ put-type calls (``put`` and ``put_if_absent``) together: "the 3rd put" is the 3r
 whichever method made it. ``fail(op, n)`` and ``delay(op, s, n)`` count the calls of ``op``
 alone. The wrapper counts every call in :attr:`FaultyStore.calls` and records each fault it
 injected in :attr:`FaultyStore.injected`.
+
+A local log (:class:`~actors.log.device.LocalLogDevice`) writes files, not objects; its
+seam is :class:`~actors.log.device.Disk`, and :class:`FaultyDisk` is the faulty one::
+
+    disk = FaultyDisk().fail("fdatasync", errno.EIO, 3).delay("fdatasync", 0.01)
+    disk.no_space()   # zero-filling new segments fails with ENOSPC, statvfs shows 0 free
+    disk.space_back()
 """
 
 from __future__ import annotations
 
 import asyncio
+import errno as errnos
+import os
+import time
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Literal, Self
 
+from actors.log.device import Disk
 from actors.log.store import ObjectStore, StoreError
 
-__all__ = ["OPS", "PUT_OPS", "FaultSchedule", "FaultyStore", "Injected"]
+__all__ = [
+    "DISK_OPS",
+    "OPS",
+    "PUT_OPS",
+    "DiskInjected",
+    "FaultSchedule",
+    "FaultyDisk",
+    "FaultyStore",
+    "Injected",
+]
 
 Op = Literal["get", "put", "put_if_absent", "list", "delete"]
 OPS: tuple[Op, ...] = ("get", "put", "put_if_absent", "list", "delete")
@@ -196,3 +217,110 @@ class FaultyStore:
                 key=key,
                 ambiguous=True,
             )
+
+
+# ------------------------------------------------------------------ the local disk
+
+DiskOp = Literal["pwrite", "fdatasync"]
+DISK_OPS: tuple[DiskOp, ...] = ("pwrite", "fdatasync")
+SPARE_SUFFIX = ".spare"  # the file the local log zero-fills ahead of time
+
+
+def _check_disk_op(op: str) -> DiskOp:
+    if op not in DISK_OPS:
+        raise ValueError(f"unknown disk call {op!r}; expected one of {DISK_OPS}")
+    return op  # type: ignore[return-value]  # narrowed by the check above
+
+
+@dataclass(frozen=True)
+class DiskInjected:
+    """One disk fault that was injected."""
+
+    op: DiskOp
+    call: int  # the number of this call among the calls of ``op``
+    path: str
+    fault: str  # an errno name (``EIO``), or ``delay``
+
+
+class FaultyDisk(Disk):
+    """The local log's disk calls, failed or slowed on a schedule; real calls otherwise.
+
+    ``fail(op, errno, *nths)`` fails those calls of ``op`` (numbered from 1 as they are
+    made; none given: every later call) with ``OSError(errno)``, before the real call (a
+    failed ``fdatasync`` has then flushed nothing, the worst case). ``no_space()`` makes
+    zero-filling a new segment fail with ENOSPC and statvfs show no free space, as on a
+    full file system where writes into blocks already written still succeed;
+    ``space_back()`` ends that. ``delay(op, seconds)`` holds every call of ``op`` first
+    (the calls run on the shard's event loop or the spare's thread, as real slow calls do).
+    ``only`` restricts faults to paths containing it.
+    """
+
+    def __init__(self, *, sleep: Callable[[float], None] = time.sleep) -> None:
+        self.calls: Counter[str] = Counter()
+        self.injected: list[DiskInjected] = []
+        self.out_of_space = False
+        self._fail: dict[DiskOp, dict[int | None, tuple[int, str]]] = {}
+        self._delay: dict[DiskOp, tuple[float, str]] = {}
+        self._sleep = sleep  # injectable, so a test with a fake clock need not wait
+
+    def fail(self, op: str, code: int, *nths: int, only: str = "") -> Self:
+        """Fail the ``nths`` calls of ``op`` (every later one if none) with errno ``code``."""
+        which = _check_nths(nths) if nths else {None}
+        for n in which:
+            self._fail.setdefault(_check_disk_op(op), {})[n] = (code, only)
+        return self
+
+    def heal(self) -> Self:
+        """Fail nothing more (delays and the space stay as they are)."""
+        self._fail.clear()
+        return self
+
+    def delay(self, op: str, seconds: float, *, only: str = "") -> Self:
+        """Hold every later call of ``op`` for ``seconds`` (0: no more delay)."""
+        if seconds < 0:
+            raise ValueError("a delay cannot be negative")
+        self._delay[_check_disk_op(op)] = (seconds, only)
+        return self
+
+    def no_space(self) -> Self:
+        """The file system is full from now on."""
+        self.out_of_space = True
+        return self
+
+    def space_back(self) -> Self:
+        """Space returned."""
+        self.out_of_space = False
+        return self
+
+    # -- the Disk seam
+
+    def pwrite(self, fd: int, data: bytes | memoryview, offset: int, path: str) -> int:
+        """``os.pwrite``, or a fault. Raises: OSError."""
+        self._before("pwrite", path)
+        if self.out_of_space and path.endswith(SPARE_SUFFIX):
+            self.injected.append(DiskInjected("pwrite", self.calls["pwrite"], path, "ENOSPC"))
+            raise OSError(errnos.ENOSPC, os.strerror(errnos.ENOSPC), path)
+        return super().pwrite(fd, data, offset, path)
+
+    def fdatasync(self, fd: int, path: str) -> None:
+        """``os.fdatasync``, or a fault. Raises: OSError."""
+        self._before("fdatasync", path)
+        super().fdatasync(fd, path)
+
+    def free_bytes(self, path: str) -> int:
+        """None while out of space, else what statvfs says."""
+        return 0 if self.out_of_space else super().free_bytes(path)
+
+    def _before(self, op: DiskOp, path: str) -> None:
+        self.calls[op] += 1
+        call = self.calls[op]
+        seconds, only = self._delay.get(op, (0.0, ""))
+        if seconds and only in path:
+            self.injected.append(DiskInjected(op, call, path, "delay"))
+            self._sleep(seconds)
+        schedule = self._fail.get(op, {})
+        found = schedule.get(call) or schedule.get(None)
+        if found is not None and found[1] in path:
+            code = found[0]
+            self.injected.append(DiskInjected(op, call, path, errnos.errorcode.get(code, "?")))
+            raise OSError(code, os.strerror(code), path)

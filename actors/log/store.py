@@ -39,6 +39,9 @@ if TYPE_CHECKING:
     from actors.log.obstore_store import ObstoreStore
 
 __all__ = [
+    "NO_SPACE",
+    "DiskFailed",
+    "DiskFull",
     "KeyNotFound",
     "LocalDirStore",
     "ObjectStore",
@@ -56,6 +59,21 @@ class StoreError(QueueError):
 
     kind = ErrorKind.UNAVAILABLE
     code = "StoreUnavailable"
+
+
+class DiskFull(StoreError):
+    """A local write found no space (ENOSPC, EDQUOT). Puts are refused until space returns
+    (actors/log/device.py, "Full")."""
+
+
+class DiskFailed(StoreError):
+    """A local fsync (or write) failed: what the file holds on the disk is unknown, and the
+    page cache may show data the disk does not have. The log is not written again by this
+    process; a new one recovers from the disk (actors/log/device.py, "Failed")."""
+
+
+# errnos of a full file system (or a quota): nothing is wrong with the data
+NO_SPACE = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 
 class KeyNotFound(QueueError):
@@ -140,7 +158,8 @@ def check_key(key: str, *, prefix: bool = False) -> str:
 
 def _store_error(op: str, key: str, exc: BaseException, *, ambiguous: bool) -> StoreError:
     # Keep the fields picklable (str/bool/int) so the error survives a Ray round trip.
-    return StoreError(
+    cls = DiskFull if getattr(exc, "errno", None) in NO_SPACE else StoreError
+    return cls(
         f"{op} {key!r} failed: {exc}",
         op=op,
         key=key,
