@@ -158,16 +158,27 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    """200 once every shard has recovered its queues, 503 until then."""
-    if request.app[READY][0]:
-        return web.json_response({"status": "ready"})
-    if not all(check() for check in request.app[READY_CHECKS]):
-        doc = {"status": "starting"}
+    """200 once every shard has recovered its queues, 503 until then; 503 again, with the
+    reason, while a shard's log has failed (a failed fsync: it writes nothing until it is
+    restarted). A shard whose disk is full still serves takes and acks: 200, and says so."""
+    if not request.app[READY][0] and not all(check() for check in request.app[READY_CHECKS]):
+        doc: dict[str, object] = {"status": "starting"}
         return web.json_response(doc, status=503, headers={"Retry-After": "1"})
     statuses = await request.app[native.DIRECTORY].status()
-    if statuses and all(s.ready for s in statuses):
+    failed = [s for s in statuses if s.log_failed]
+    if failed:
+        doc = {
+            "status": "failed",
+            "shards": [{"index": s.index, "log_failed": s.log_failed} for s in failed],
+        }
+        return web.json_response(doc, status=503, headers={"Retry-After": "1"})
+    if request.app[READY][0] or (statuses and all(s.ready for s in statuses)):
         request.app[READY][0] = True
-        return web.json_response({"status": "ready"})
+        doc = {"status": "ready"}
+        full = [{"index": s.index, "disk_full": s.disk_full} for s in statuses if s.disk_full]
+        if full:
+            doc["degraded"] = full
+        return web.json_response(doc)
     doc = {
         "status": "recovering",
         "shards": [

@@ -222,6 +222,23 @@ def _shard_families(shards: list[ShardStatus]) -> Iterator[Metric]:
         if s.log is not None:
             g.add_metric([str(s.index)], s.log.duration_ms / 1000)
     yield g
+    # Bad states of a shard's disk (actors/log/device.py): 1 while they last.
+    for name, field, text in (
+        (
+            "evq_shard_log_failed",
+            "log_failed",
+            "1 when a shard's log failed (a failed fsync): it writes nothing until restarted",
+        ),
+        (
+            "evq_shard_disk_full",
+            "disk_full",
+            "1 while a shard's disk is full: its puts are refused, takes and acks go on",
+        ),
+    ):
+        g = GaugeMetricFamily(name, text, labels=["shard"])
+        for s in shards:
+            g.add_metric([str(s.index)], 1 if getattr(s, field, None) else 0)
+        yield g
 
 
 def _histogram(name: str, text: str, queues: list[QueueMetrics], field: str) -> Metric:
