@@ -1,0 +1,747 @@
+"""The reliability campaign: a mixed workload against a real ``evq serve``, faults injected at
+random, then the whole history checked (``loadtest/chaos_check.py``).
+
+    .venv/bin/python loadtest/chaos.py --faults 20 --seed 7 --out /tmp/chaos
+    .venv/bin/python loadtest/chaos.py --duration 3600 --faults 1000 --seed 1 --out /work/chaos
+
+The server runs on a fresh data directory under ``--dir`` with ``--shards`` shards and
+``--workers`` gateway processes. The workload (threads, each with its own blocking client):
+
+- producers put batches of 1 to 20 into a standard queue, half with idempotency keys (a batch
+  whose answer was an error is sent again with the same keys, half of the time), half
+  without; a fifth of the batches delayed 0.2 to 2 s;
+- consumers take 1, 5, 50 or 1000 at a time and, per message: ack; release with a delay;
+  reschedule; patch the body, then ack; or drop it so that its lease expires;
+- a FIFO queue: one producer puts each of four groups' messages in sequence (keyed), two
+  consumers ack them in order, sometimes dropping the rest of a group's batch;
+- a queue with ``max_receives`` 3 and a dead-letter queue: its consumer only releases or
+  drops, so every message ends in the dead-letter queue, whose consumer acks;
+- a writer of four user keys, and watchers of those keys and of the queues' ``queue:`` keys
+  (long-poll, resubscribing from the last version seen);
+- one probe per shard: put, take and ack on a queue of that shard every 100 ms, no retries,
+  which measures how long each fault keeps the queues from answering.
+
+Faults, one at a time, each after the previous one's queues answered again, at random among
+``--kinds``: ``shard_kill`` (SIGKILL of a shard process; Ray starts it again),
+``worker_kill`` (SIGKILL of a gateway worker process; the server starts it again),
+``server_kill`` (SIGKILL of the whole server, Ray included; started again on the same data),
+``pause`` (SIGSTOP of a shard process for longer than a lease, then SIGCONT),
+``conn_drop`` (the shard's data-channel connections killed with ``ss -K``).
+
+At the end the workload stops, every queue is drained (the dead-letter source by releasing
+until its messages have moved), each key's final version is read, the watchers catch up,
+and the checker runs. Written to ``--out``: ``history.jsonl`` (every record), ``report.json``
+(counts, violations with each message's story, unavailability per fault kind). Progress is
+printed as JSON lines. Exit code 0 when every guarantee held, 1 when one did not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from chaos_check import Delivery, Rec, check, unavailability
+from served import ROOT, EvqServe, free_port, get_json, session_pids
+
+sys.path.insert(0, str(ROOT))
+
+from actors.errors import QueueError
+from actors.log.shard_recovery import placement
+from gateway.client import Client
+from gateway.client_wire import NewMessage, RetryPolicy
+
+KINDS = ("shard_kill", "worker_kill", "server_kill", "pause", "conn_drop")
+VT = 2.0  # the queues' lease, s
+STD, FIFO, SRC, DLQ = "chaos-std", "chaos.fifo", "chaos-dl-src", "chaos-dlq"
+MAX_RECEIVES = 3
+GROUPS = 4
+USER_KEYS = [f"chaos:k{i}" for i in range(4)]
+QUEUE_KEYS = [f"queue:{q}" for q in (STD, FIFO)]
+CHANNEL_LINE = re.compile(rb"shard (\d+): data channel on [^:\s]+:(\d+)")
+RETRIES = RetryPolicy(retries=6, backoff=0.05, max_backoff=1.0)
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def say(doc: dict[str, Any]) -> None:
+    print(json.dumps(doc), flush=True)
+
+
+# ---------------------------------------------------------------- the deployment
+
+
+class Deployment:
+    """One ``evq serve`` on a data directory, with what the faults need: its shard and
+    gateway-worker processes, the shards' channel ports, SIGKILL and start again."""
+
+    def __init__(self, root: Path, shards: int, workers: int) -> None:
+        self.data = root / "data"
+        self.log = root / "serve.log"
+        self.port = free_port()
+        self.shards = shards
+        self.args = ["--shards", str(shards), "--workers", str(workers)]
+        self.server: EvqServe | None = None
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> None:
+        self.server = EvqServe(self.data, self.log, self.args, port=self.port)
+        self.server.wait_ready(180)
+
+    def ready(self) -> bool:
+        return get_json(f"{self.url}/readyz", timeout=2) is not None
+
+    def pids(self) -> list[int]:
+        assert self.server is not None
+        return session_pids(self.server.pid)
+
+    def shard_pids(self) -> dict[int, int]:
+        """Shard index → pid of the live shard processes that have opened their channel."""
+        return {index: pid for index, (pid, _) in self._channels().items()}
+
+    def channel_ports(self) -> dict[int, int]:
+        return {index: port for index, (_, port) in self._channels().items()}
+
+    def _channels(self) -> dict[int, tuple[int, int]]:
+        found: dict[int, tuple[int, int]] = {}
+        for pid in self.pids():
+            if not _cmdline(pid).startswith("ray::ShardActor"):
+                continue
+            with contextlib.suppress(OSError), open(os.readlink(f"/proc/{pid}/fd/2"), "rb") as f:
+                for m in CHANNEL_LINE.finditer(f.read()):
+                    found[int(m.group(1))] = (pid, int(m.group(2)))
+        return found
+
+    def worker_pids(self) -> list[int]:
+        return [p for p in self.pids() if "gateway.workers" in _cmdline(p)]
+
+    def kill(self) -> None:
+        assert self.server is not None
+        for _ in range(50):
+            pids = self.pids()
+            if not pids:
+                break
+            for pid in pids:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.1)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            self.server.proc.wait(10)
+        self.server._log.close()
+
+    def stop(self) -> None:
+        if self.server is not None:
+            self.server.stop(60)
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+# ---------------------------------------------------------------- the workload
+
+
+class History:
+    """Every record of the run, appended by many threads."""
+
+    def __init__(self) -> None:
+        self.recs: list[Rec] = []
+        self._lock = threading.Lock()
+
+    def add(self, rec: Rec) -> None:
+        with self._lock:
+            self.recs.append(rec)
+
+
+def _code(exc: Exception) -> str:
+    return getattr(exc, "code", None) or type(exc).__name__
+
+
+def _delivery(m: Any) -> Delivery:
+    return Delivery(
+        id=m.id,
+        body=m.body.decode(),
+        rc=m.receive_count,
+        lease=m.lease or "",
+        exp=int((m.lease_expires_at or 0) * 1000),
+        group=m.group,
+    )
+
+
+class Workload:
+    """The threads of the mixed workload (see the module's doc)."""
+
+    def __init__(self, url: str, history: History, seed: int, shards: int) -> None:
+        self.url = url
+        self.history = history
+        self.seed = seed
+        self.stop = threading.Event()  # the producers and consumers
+        self.watching = threading.Event()  # the watchers (they stop last)
+        self.probing = threading.Event()
+        self.threads: list[threading.Thread] = []
+        self.probe_queues = _probe_queues(shards)
+        self.errors: list[str] = []
+        self.finals: dict[str, int] = {}  # each key's final version, once the workload stopped
+
+    def client(self, retries: RetryPolicy = RETRIES, timeout: float = 10.0) -> Client:
+        return Client(self.url, retries=retries, timeout=timeout)
+
+    def setup(self) -> None:
+        with self.client() as c:
+            c.create_queue(STD, visibility_timeout=VT)
+            c.create_queue(FIFO, visibility_timeout=VT, fifo=True)
+            c.create_queue(DLQ, visibility_timeout=VT)
+            c.create_queue(
+                SRC, visibility_timeout=VT, max_receives=MAX_RECEIVES, dead_letter_queue=DLQ
+            )
+            for q in self.probe_queues.values():
+                c.create_queue(q, visibility_timeout=VT)
+
+    def start(self) -> None:
+        plan: list[tuple[str, Callable[[str, random.Random], None]]] = [
+            ("p0", self.producer),
+            ("p1", self.producer),
+            ("c0", self.consumer),
+            ("c1", self.consumer),
+            ("f0", self.fifo_producer),
+            ("fc0", self.fifo_consumer),
+            ("fc1", self.fifo_consumer),
+            ("d0", self.dl_producer),
+            ("dc0", self.dl_consumer),
+            ("dq0", self.dlq_consumer),
+            ("k0", self.key_writer),
+        ]
+        for i in range(2):
+            for key in [*USER_KEYS, *QUEUE_KEYS]:
+                plan.append((f"watch{i}:{key}", self._watcher(key)))
+        for shard, q in self.probe_queues.items():
+            plan.append((f"probe{shard}", self._prober(shard, q)))
+        for n, (name, target) in enumerate(plan):
+            rng = random.Random(f"{self.seed}:{n}")
+            t = threading.Thread(target=self._guard, args=(name, target, rng), name=name)
+            t.start()
+            self.threads.append(t)
+
+    def _guard(self, name: str, target: Callable[[str, random.Random], None], rng: Any) -> None:
+        try:
+            target(name, rng)
+        except Exception as exc:  # a bug of the workload: the run is not valid
+            self.errors.append(f"{name}: {exc!r}")
+            raise
+
+    def join(self) -> None:
+        self.stop.set()
+        for t in self.threads:
+            if not t.name.startswith(("watch", "probe")):
+                t.join()
+
+    def end(self) -> None:
+        self.probing.set()
+        self.watching.set()
+        for t in self.threads:
+            t.join()
+
+    # -- producers
+
+    def producer(self, w: str, rng: random.Random) -> None:
+        n = 0
+        with self.client() as c:
+            retry: Rec | None = None
+            while not self.stop.is_set():
+                if retry is not None:
+                    toks, keys, delays = retry.toks, retry.keys, retry.delays
+                else:
+                    size = rng.randint(1, 20)
+                    toks = [f"{w}-{n + i}" for i in range(size)]
+                    n += size
+                    keyed = rng.random() < 0.5
+                    keys = [f"key-{t}" if keyed else None for t in toks]
+                    delay = rng.randint(200, 2000) if rng.random() < 0.2 else 0
+                    delays = [delay] * size
+                rec = self._put(c, w, STD, toks, keys, delays, auto_key=keys[0] is not None)
+                retry = rec if rec.err and keys[0] is not None and rng.random() < 0.5 else None
+                time.sleep(rng.uniform(0.005, 0.03))
+
+    def _put(
+        self,
+        c: Client,
+        w: str,
+        q: str,
+        toks: list[str],
+        keys: list[str | None],
+        delays: list[int],
+        *,
+        auto_key: bool,
+        groups: list[str | None] | None = None,
+        seqs: list[int] | None = None,
+    ) -> Rec:
+        groups = groups or [None] * len(toks)
+        items = [
+            NewMessage(
+                body=t.encode(),
+                idempotency_key=k,
+                delay=d / 1000 if d else None,
+                group=g,
+            )
+            for t, k, d, g in zip(toks, keys, delays, groups, strict=True)
+        ]
+        rec = Rec(op="put", w=w, q=q, toks=toks, keys=keys, delays=delays, groups=groups)
+        rec.seqs = seqs or []
+        rec.t0 = now_ms()
+        try:
+            results = c.put(q, items, auto_key=auto_key)
+            rec.ids = [r.id for r in results]
+        except QueueError as exc:
+            rec.err = _code(exc)
+        rec.t1 = now_ms()
+        self.history.add(rec)
+        return rec
+
+    def fifo_producer(self, w: str, rng: random.Random) -> None:
+        seq = [0] * GROUPS
+        with self.client() as c:
+            while not self.stop.is_set():
+                g = rng.randrange(GROUPS)
+                tok = f"{w}-g{g}-{seq[g]}"
+                while not self.stop.is_set():
+                    rec = self._put(
+                        c, w, FIFO, [tok], [f"key-{tok}"], [0], auto_key=True,
+                        groups=[f"g{g}"], seqs=[seq[g]],
+                    )  # fmt: skip
+                    if rec.err is None:
+                        break
+                    time.sleep(0.1)
+                seq[g] += 1
+                time.sleep(rng.uniform(0.01, 0.05))
+
+    def dl_producer(self, w: str, rng: random.Random) -> None:
+        n = 0
+        with self.client() as c:
+            while not self.stop.is_set():
+                size = rng.randint(1, 5)
+                toks = [f"{w}-{n + i}" for i in range(size)]
+                n += size
+                self._put(c, w, SRC, toks, [f"key-{t}" for t in toks], [0] * size, auto_key=True)
+                time.sleep(rng.uniform(0.1, 0.3))
+
+    # -- consumers
+
+    def _take(self, c: Client, w: str, q: str, most: int, wait: float = 1.0) -> list[Any]:
+        rec = Rec(op="take", w=w, q=q, t0=now_ms())
+        got: list[Any] = []
+        try:
+            got = c.take(q, most, wait=wait)
+            rec.got = [_delivery(m) for m in got]
+        except QueueError as exc:
+            rec.err = _code(exc)
+        rec.t1 = now_ms()
+        self.history.add(rec)
+        return got
+
+    def _end(self, c: Client, w: str, q: str, op: str, m: Any, delay: int = 0) -> str:
+        """ack, release or resched (a reschedule ends the lease) one message: its result."""
+        rec = Rec(op=op, w=w, q=q, id=m.id, lease=m.lease or "", delay=delay, t0=now_ms())
+        try:
+            if op == "ack":
+                rec.res = c.ack(q, m)[0].status
+            elif op == "release":
+                rec.res = c.release(q, m, delay=delay / 1000 if delay else None)[0].status
+            else:
+                c.reschedule(q, m, delay=delay / 1000)
+                rec.res = "ok"
+        except QueueError as exc:
+            rec.err = _code(exc)
+            if rec.err == "StaleLease":
+                rec.err, rec.res = None, "stale_lease"
+        rec.t1 = now_ms()
+        self.history.add(rec)
+        return rec.res
+
+    def _patch(self, c: Client, w: str, q: str, m: Any) -> bool:
+        rec = Rec(op="patch", w=w, q=q, id=m.id, lease=m.lease or "", t0=now_ms())
+        try:
+            c.update_message(q, m, body=(m.body.decode() + "+p").encode())
+            rec.res = "ok"
+        except QueueError as exc:
+            rec.err = _code(exc)
+        rec.t1 = now_ms()
+        self.history.add(rec)
+        return rec.res == "ok"
+
+    def consumer(self, w: str, rng: random.Random) -> None:
+        with self.client() as c:
+            while not self.stop.is_set():
+                for m in self._take(c, w, STD, rng.choice((1, 5, 50, 1000))):
+                    r = rng.random()
+                    if r < 0.6:
+                        self._end(c, w, STD, "ack", m)
+                    elif r < 0.7:
+                        self._end(c, w, STD, "release", m, rng.randint(0, 1000))
+                    elif r < 0.78:
+                        self._end(c, w, STD, "resched", m, rng.randint(100, 800))
+                    elif r < 0.86:
+                        if not m.body.endswith(b"+p") and self._patch(c, w, STD, m):
+                            m = msgspec.structs.replace(m, body=m.body + b"+p")
+                        self._end(c, w, STD, "ack", m)
+                    # else: dropped, its lease expires
+
+    def fifo_consumer(self, w: str, rng: random.Random) -> None:
+        with self.client() as c:
+            while not self.stop.is_set():
+                dropped: set[str | None] = set()
+                for m in self._take(c, w, FIFO, rng.randint(1, 10)):
+                    if m.group in dropped or rng.random() < 0.05:
+                        dropped.add(m.group)  # the rest of the group's batch expires too
+                        continue
+                    self._end(c, w, FIFO, "ack", m)
+
+    def dl_consumer(self, w: str, rng: random.Random) -> None:
+        with self.client() as c:
+            while not self.stop.is_set():
+                for m in self._take(c, w, SRC, 10):
+                    if rng.random() < 0.8:
+                        self._end(c, w, SRC, "release", m)
+
+    def dlq_consumer(self, w: str, rng: random.Random) -> None:
+        with self.client() as c:
+            while not self.stop.is_set():
+                for m in self._take(c, w, DLQ, 100):
+                    self._end(c, w, DLQ, "ack", m)
+
+    # -- keys and watches
+
+    def key_writer(self, w: str, rng: random.Random) -> None:
+        n = 0
+        with self.client() as c:
+            while not self.stop.is_set():
+                key = rng.choice(USER_KEYS)
+                rec = Rec(op="set", w=w, key=key, t0=now_ms())
+                try:
+                    rec.version = c.set_key(key, n)
+                except QueueError as exc:
+                    rec.err = _code(exc)
+                rec.t1 = now_ms()
+                self.history.add(rec)
+                n += 1
+                time.sleep(rng.uniform(0.02, 0.1))
+
+    def final_keys(self) -> dict[str, int]:
+        """Each watched key's version now (after the workload stopped): a ``get`` record."""
+        out = {}
+        with self.client() as c:
+            for key in [*USER_KEYS, *QUEUE_KEYS]:
+                rec = Rec(op="get", key=key, t0=now_ms())
+                rec.version = c.get_key(key).version
+                rec.t1 = now_ms()
+                self.history.add(rec)
+                out[key] = rec.version
+        self.finals.update(out)
+        return out
+
+    def _watcher(self, key: str) -> Callable[[str, random.Random], None]:
+        def watch(w: str, rng: random.Random) -> None:
+            version = 0
+            with self.client() as c:
+                while not self.watching.is_set():
+                    final = self.finals.get(key)
+                    if final is not None and version >= final:
+                        return  # caught up with the key's final version
+                    rec = Rec(op="watch", w=w, key=key, t0=now_ms())
+                    try:
+                        kv = c.watch(key, version, wait=1.0)
+                    except QueueError as exc:
+                        rec.err = _code(exc)
+                        time.sleep(0.1)
+                        continue
+                    if kv is None:
+                        continue  # no change within the wait: subscribe again
+                    rec.version, rec.t1 = kv.version, now_ms()
+                    self.history.add(rec)
+                    version = kv.version
+
+        return watch
+
+    def watchers_caught_up(self, timeout: float) -> bool:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if all(not t.is_alive() for t in self.threads if t.name.startswith("watch")):
+                return True
+            time.sleep(0.2)
+        return False
+
+    # -- probes
+
+    def _prober(self, shard: int, q: str) -> Callable[[str, random.Random], None]:
+        def probe(w: str, rng: random.Random) -> None:
+            with self.client(RetryPolicy(retries=0), timeout=2.0) as c:
+                while not self.probing.is_set():
+                    rec = Rec(op="probe", w=w, q=q, target=str(shard), t0=now_ms())
+                    try:
+                        c.put(q, b"probe")
+                        for m in c.take(q, 10):
+                            c.ack(q, m)
+                    except QueueError as exc:
+                        rec.err = _code(exc)
+                    rec.t1 = now_ms()
+                    self.history.add(rec)
+                    time.sleep(0.1)
+
+        return probe
+
+    # -- the drain
+
+    def drain(self) -> dict[str, int]:
+        """Take what is left of every queue (the dead-letter source by releasing until its
+        messages have moved), as takes and acks in the history."""
+        time.sleep(VT + 2.5)  # leases and delays run out
+        left = {}
+        with self.client() as c:
+            for q in (STD, FIFO, SRC, DLQ):
+                left[q] = self._drain_queue(c, q)
+        return left
+
+    def _drain_queue(self, c: Client, q: str) -> int:
+        taken, empty = 0, 0
+        deadline = time.monotonic() + 120
+        while empty < 3 and time.monotonic() < deadline:
+            got = self._take(c, "drain", q, 1000, wait=0.5)
+            for m in got:
+                self._end(c, "drain", q, "release" if q == SRC else "ack", m)
+            taken += len(got)
+            stats = c.get_queue(q).stats
+            empty = empty + 1 if not got and (stats is None or stats.total == 0) else 0
+        return taken
+
+
+def _probe_queues(shards: int) -> dict[int, str]:
+    """A probe queue on each shard."""
+    found: dict[int, str] = {}
+    n = 0
+    while len(found) < shards:
+        name = f"chaos-probe-{n}"
+        found.setdefault(placement(name, shards), name)
+        n += 1
+    return found
+
+
+# ---------------------------------------------------------------- faults
+
+
+class Faults:
+    """Injects one fault at a time into a :class:`Deployment`; records each."""
+
+    def __init__(self, dep: Deployment, history: History, rng: random.Random) -> None:
+        self.dep = dep
+        self.history = history
+        self.rng = rng
+        self.count: dict[str, int] = {}
+
+    def inject(self, kind: str) -> Rec | None:
+        rec = Rec(op="fault", kind=kind, t0=now_ms())
+        done = getattr(self, f"_{kind}")(rec)
+        if not done:
+            return None
+        rec.t1 = max(rec.t1, rec.t0)
+        self.history.add(rec)
+        self.count[kind] = self.count.get(kind, 0) + 1
+        return rec
+
+    def _shard(self) -> tuple[int, int] | None:
+        shards = self.dep.shard_pids()
+        if not shards:
+            return None
+        index = self.rng.choice(sorted(shards))
+        return index, shards[index]
+
+    def _shard_kill(self, rec: Rec) -> bool:
+        found = self._shard()
+        if found is None:
+            return False
+        rec.target = str(found[0])
+        rec.t0 = rec.t1 = now_ms()
+        os.kill(found[1], signal.SIGKILL)
+        return True
+
+    def _worker_kill(self, rec: Rec) -> bool:
+        workers = self.dep.worker_pids()
+        if not workers:
+            return False
+        rec.target = "all"
+        rec.t0 = rec.t1 = now_ms()
+        os.kill(self.rng.choice(workers), signal.SIGKILL)
+        return True
+
+    def _server_kill(self, rec: Rec) -> bool:
+        rec.target = "all"
+        rec.t0 = rec.t1 = now_ms()
+        self.dep.kill()
+        self.dep.start()
+        return True
+
+    def _pause(self, rec: Rec) -> bool:
+        found = self._shard()
+        if found is None:
+            return False
+        rec.target = str(found[0])
+        rec.t0 = now_ms()
+        os.kill(found[1], signal.SIGSTOP)
+        try:
+            time.sleep(VT + self.rng.uniform(0.5, 1.5))
+        finally:
+            os.kill(found[1], signal.SIGCONT)
+        rec.t1 = now_ms()
+        return True
+
+    def _conn_drop(self, rec: Rec) -> bool:
+        ports = self.dep.channel_ports()
+        if not ports:
+            return False
+        index = self.rng.choice(sorted(ports))
+        rec.target = str(index)
+        rec.t0 = rec.t1 = now_ms()
+        done = subprocess.run(
+            ["ss", "-K", "-t", "state", "established", "sport", "=", f":{ports[index]}"],
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        killed = max(0, len(done.stdout.strip().splitlines()) - 1)
+        rec.res = f"{killed} connection(s)"
+        return True
+
+
+def wait_answering(dep: Deployment, timeout: float = 120.0) -> float:
+    """Seconds until ``/readyz`` answers 200 and every shard has a channel again."""
+    started = time.monotonic()
+    while time.monotonic() - started < timeout:
+        if dep.ready() and len(dep.shard_pids()) == dep.shards:
+            return time.monotonic() - started
+        time.sleep(0.1)
+    raise RuntimeError(f"the server did not answer again within {timeout} s")
+
+
+# ---------------------------------------------------------------- the run
+
+
+def run(args: argparse.Namespace) -> int:
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    kinds = [k for k in args.kinds.split(",") if k]
+    for k in kinds:
+        if k not in KINDS:
+            raise SystemExit(f"unknown fault kind {k!r} (kinds: {', '.join(KINDS)})")
+    rng = random.Random(args.seed)
+    history = History()
+    with tempfile.TemporaryDirectory(dir=args.dir, prefix="evq-chaos-") as tmp:
+        dep = Deployment(Path(tmp), args.shards, args.workers)
+        dep.start()
+        say({"started": dep.url, "shards": args.shards, "workers": args.workers})
+        work = Workload(dep.url, history, args.seed, args.shards)
+        faults = Faults(dep, history, rng)
+        try:
+            work.setup()
+            work.start()
+            time.sleep(args.warmup)
+            started = time.monotonic()
+            injected = 0
+            while injected < args.faults and time.monotonic() - started < args.duration:
+                if work.errors:
+                    break
+                time.sleep(rng.uniform(args.gap / 2, args.gap * 1.5))
+                rec = faults.inject(rng.choice(kinds))
+                if rec is None:
+                    continue
+                injected += 1
+                back = wait_answering(dep)
+                say(
+                    {
+                        "fault": injected,
+                        "kind": rec.kind,
+                        "target": rec.target,
+                        "answering_after_s": round(back, 2),
+                        "records": len(history.recs),
+                    }
+                )
+            work.join()
+            say({"workload": "stopped", "records": len(history.recs)})
+            left = work.drain()
+            say({"drained": left})
+            work.final_keys()
+            caught_up = work.watchers_caught_up(30)
+        finally:
+            work.end()
+            dep.stop()
+            with contextlib.suppress(OSError):
+                (out / "serve.log").write_bytes(dep.log.read_bytes())
+    return _report(args, out, history, work, faults, caught_up)
+
+
+def _report(
+    args: argparse.Namespace,
+    out: Path,
+    history: History,
+    work: Workload,
+    faults: Faults,
+    caught_up: bool,
+) -> int:
+    with (out / "history.jsonl").open("wb") as f:
+        for rec in history.recs:
+            f.write(msgspec.json.encode(rec) + b"\n")
+    report = check(history.recs, dead_letter={SRC: (DLQ, MAX_RECEIVES)}, fifo=[FIFO])
+    doc = {
+        "seed": args.seed,
+        "faults": faults.count,
+        "faults_total": sum(faults.count.values()),
+        "operations": report.operations,
+        "acknowledged_puts": report.acknowledged_puts,
+        "deliveries": report.deliveries,
+        "violations": report.counts,
+        "unavailability": unavailability(history.recs),
+        "workload_errors": work.errors,
+        "watchers_caught_up": caught_up,
+    }
+    (out / "report.json").write_text(
+        json.dumps({**doc, "found": report.violations}, indent=1, default=str)
+    )
+    say({"summary": doc})
+    for found in report.violations[:5]:
+        say({"violation": found})
+    return 0 if report.ok and not work.errors and caught_up else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--faults", type=int, default=20, help="stop after this many faults")
+    p.add_argument("--duration", type=float, default=3600, help="or after this many seconds")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--kinds", default=",".join(KINDS), help="comma-separated fault kinds")
+    p.add_argument("--gap", type=float, default=2.0, help="mean seconds between faults")
+    p.add_argument("--warmup", type=float, default=3.0)
+    p.add_argument("--shards", type=int, default=2)
+    p.add_argument("--workers", type=int, default=2, help="gateway processes")
+    p.add_argument("--dir", default=None, help="where the data directory goes (default: /tmp)")
+    p.add_argument("--out", required=True, help="history.jsonl, report.json and serve.log")
+    return run(p.parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
