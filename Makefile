@@ -35,10 +35,10 @@ fmt: $(STAMP)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-test: $(STAMP) lint chromium java $(LEGACY)
+test: $(STAMP) lint chromium java fuse $(LEGACY)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-test-all: $(STAMP) chromium java $(LEGACY)
+test-all: $(STAMP) chromium java fuse $(LEGACY)
 	$(PY) -m pytest -m '' $(PYTEST_ARGS)
 
 bench: $(STAMP)
@@ -73,3 +73,10 @@ chromium:
 .PHONY: java
 java:
 	@command -v java >/dev/null 2>&1 || (apt-get update && apt-get install -y openjdk-17-jre-headless)
+
+# libfuse 3 and fusermount3 (Debian's fuse3) for the real disk-fault tests: tests/faultfs.py
+# is a FUSE file system that fails fsyncs or slows writes on command. Installed only when
+# missing.
+.PHONY: fuse
+fuse:
+	@command -v fusermount3 >/dev/null 2>&1 || (apt-get update && apt-get install -y fuse3)
