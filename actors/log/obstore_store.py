@@ -6,8 +6,10 @@ URL. The contract is the one in that module's docstring.
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Mapping
+from datetime import timedelta
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -29,6 +31,9 @@ _EXISTS = (obx.AlreadyExistsError, obx.PreconditionError)
 # Refused before the store changed anything: a failed write is then not ambiguous.
 _REFUSED = (obx.PermissionDeniedError, obx.UnauthenticatedError, obx.InvalidPathError)
 _FAILURES = (obx.BaseError, OSError, ValueError)
+# How many times a create-only PUT whose answer was lost is read back and, if it did not
+# land, sent again: a flaky network may reset two uploads in a row.
+_RESENDS = 3
 
 
 def _error(op: str, key: str, exc: BaseException, *, ambiguous: bool) -> StoreError:
@@ -40,9 +45,14 @@ def _error(op: str, key: str, exc: BaseException, *, ambiguous: bool) -> StoreEr
 class ObstoreStore:
     """An :class:`~actors.log.store.ObjectStore` over any obstore store."""
 
-    def __init__(self, store: Any, url: str, *, write_slots: int = 8) -> None:
+    def __init__(
+        self, store: Any, url: str, *, write_slots: int = 8, resend_ms: int | None = None
+    ) -> None:
         self.store = store
         self.url = url
+        # For how long after its first request a create-only PUT whose answer was lost may be
+        # sent again (put_if_absent).
+        self.resend_ms = RETRY_TIMEOUT_MS if resend_ms is None else resend_ms
         # Object stores answer in milliseconds: several segment writes in flight keep a busy
         # queue's throughput from being capped at one batch per round trip.
         self.write_slots = write_slots
@@ -62,19 +72,52 @@ class ObstoreStore:
             raise _error("get", key, e, ambiguous=False) from e
 
     async def put_if_absent(self, key: str, data: bytes) -> bool:
-        """Create the object unless the key exists; True if created.
+        """Create the object unless the key exists; True if created (or if a request of
+        ours whose answer was lost had created it: the key holds exactly ``data``).
 
         Raises: StoreError, BadRequest.
         """
         check_key(key)
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.resend_ms / 1000
+        try:
+            return await self._create(key, data)
+        except StoreError as first:
+            if not first.fields["ambiguous"]:
+                raise
+            error = first
+        # The answer was lost (a reset or a timeout: obstore does not retry those for a
+        # conditional PUT; or 5xx until its retries ran out): learn what happened instead of
+        # passing the doubt on. Our bytes there: it landed. Other bytes: someone else's, as
+        # after a 412. Nothing there: send the same bytes again (while the retry budget
+        # lasts: after a 5xx storm obstore has spent it already); should an earlier request
+        # land late, one of them gets 412 and the key holds our bytes either way.
+        for _ in range(_RESENDS):
+            try:
+                return await self.get(key) == data
+            except KeyNotFound:
+                pass
+            except StoreError:
+                raise error from None
+            if loop.time() >= deadline:
+                break
+            try:
+                return await self._create(key, data)
+            except StoreError as again:
+                if not again.fields["ambiguous"]:
+                    raise
+                error = again
+        raise error
+
+    async def _create(self, key: str, data: bytes) -> bool:
         try:
             # A single request (no multipart) so the If-None-Match condition covers the body.
             await obstore.put_async(self.store, key, data, mode="create", use_multipart=False)
         except _EXISTS:
-            # Usually another writer won. But obstore retries a create-only PUT after a 5xx or
-            # a lost response, and when the first attempt had landed the retry sees 412: then
-            # the key holds *our* bytes. As after any ambiguous write, callers that must know
-            # compare what is stored (the log writer checks the segment's epoch).
+            # Usually another writer won. But obstore retries a create-only PUT after a 5xx,
+            # and when the first attempt had landed the retry sees 412: then the key holds
+            # *our* bytes. Callers that must know compare what is stored (the log writer
+            # does, ObjectLogDevice._taken).
             return False
         except _REFUSED as e:
             raise _error("put_if_absent", key, e, ambiguous=False) from e
@@ -130,6 +173,60 @@ _S3_ENV = {
     "endpoint": ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"),
 }
 
+# How long one request may take, and for how long obstore may retry one call (after a 5xx
+# or a dropped connection; a conditional PUT is not retried after a timeout or a reset, see
+# put_if_absent). obstore's own defaults (30 s per request, retries for 3 minutes) would
+# hold a shard's log write, and every command behind it, for minutes; these bound a call to
+# about 25 s, under the gateway's 60 s per shard call, so a stuck store becomes a 503 that
+# the client retries. A log segment is at most LogSettings.max_batch_bytes (16 MiB): well
+# within 10 s of any S3 endpoint a shard should use.
+REQUEST_TIMEOUT_MS = 10_000
+CONNECT_TIMEOUT_MS = 3_000
+RETRY_TIMEOUT_MS = 15_000
+MAX_RETRIES = 6
+_LIMITS_ENV = {
+    "request_timeout_ms": "EVQ_S3_REQUEST_TIMEOUT_MS",
+    "retry_timeout_ms": "EVQ_S3_RETRY_TIMEOUT_MS",
+}
+
+
+def s3_limits(
+    environ: Mapping[str, str], options: dict[str, Any]
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """evq's default client options (timeouts) and retry config for S3, from the options
+    ``request_timeout_ms`` and ``retry_timeout_ms`` (taken out of ``options``), else
+    ``EVQ_S3_REQUEST_TIMEOUT_MS`` and ``EVQ_S3_RETRY_TIMEOUT_MS``, else the defaults above.
+
+    Raises: BadRequest.
+    """
+    limits = {}
+    for name, default in (
+        ("request_timeout_ms", REQUEST_TIMEOUT_MS),
+        ("retry_timeout_ms", RETRY_TIMEOUT_MS),
+    ):
+        value = options.pop(name, None) or environ.get(_LIMITS_ENV[name]) or default
+        try:
+            limits[name] = int(value)
+        except (TypeError, ValueError):
+            raise BadRequest(f"{name} must be a whole number of ms, not {value!r}") from None
+        if limits[name] <= 0:
+            raise BadRequest(f"{name} must be positive, not {value!r}")
+    request_ms = limits["request_timeout_ms"]
+    client = {
+        "timeout": timedelta(milliseconds=request_ms),
+        "connect_timeout": timedelta(milliseconds=min(CONNECT_TIMEOUT_MS, request_ms)),
+    }
+    retry = {
+        "max_retries": MAX_RETRIES,
+        "retry_timeout": timedelta(milliseconds=limits["retry_timeout_ms"]),
+        "backoff": {
+            "init_backoff": timedelta(milliseconds=100),
+            "max_backoff": timedelta(seconds=2),
+            "base": 2,
+        },
+    }
+    return client, retry
+
 
 def s3_config(
     environ: Mapping[str, str], options: Mapping[str, Any]
@@ -180,8 +277,12 @@ def open_obstore(url: str, **options: Any) -> ObstoreStore:
         if scheme in ("s3", "s3a"):
             if not parts.netloc:
                 raise BadRequest("an s3:// URL needs a bucket: s3://bucket/prefix", url=url)
+            options = dict(options)
+            client_defaults, retry_default = s3_limits(os.environ, options)
+            retry_ms = int(retry_default["retry_timeout"] / timedelta(milliseconds=1))
             config, client_options = s3_config(os.environ, options)
-            retry_config = config.pop("retry_config", None)
+            client_options = {**client_defaults, **client_options}
+            retry_config = config.pop("retry_config", None) or retry_default
             store = S3Store(
                 parts.netloc,
                 prefix=prefix or None,
@@ -189,7 +290,7 @@ def open_obstore(url: str, **options: Any) -> ObstoreStore:
                 client_options=client_options,
                 retry_config=retry_config,
             )
-            return ObstoreStore(store, url)
+            return ObstoreStore(store, url, resend_ms=retry_ms)
         # GCS and Azure: obstore's own URL parsing (its path becomes the prefix) and its
         # environment variables (GOOGLE_*, AZURE_*); options are its config keys.
         return ObstoreStore(from_url(url.rstrip("/"), **options), url)
