@@ -51,9 +51,14 @@ from actors.metrics import QueueCounters, QueueMetrics
 from actors.moves import run_move
 from actors.settings import LogSettings
 
-__all__ = ["DeadLetterRouter", "QueueActor", "QueueHost"]
+__all__ = ["RELOAD_WAIT_S", "DeadLetterRouter", "QueueActor", "QueueHost"]
 
 log = logging.getLogger(__name__)
+
+# How long a command waits for its shard to read its log again after a failed write (a
+# blip takes milliseconds; a store that keeps failing takes as long as it fails) before it
+# is refused with Unavailable, undecided.
+RELOAD_WAIT_S = 5.0
 
 # Hands dead letters of a queue to its dead-letter queue; must be idempotent per message.
 DeadLetterRouter = Callable[[str, str, list[Message]], Awaitable[None]]
@@ -310,7 +315,8 @@ class QueueActor:
         """Until the queue may decide (its shard's log works).
 
         Raises:
-            QueueError: the queue stopped serving.
+            QueueError: the queue stopped serving, or its log was not back within
+                ``RELOAD_WAIT_S`` (Unavailable).
         """
         ready = self.host.log_ready
         while True:
@@ -318,7 +324,17 @@ class QueueActor:
                 raise self.stopped
             if ready.is_set():
                 return
-            await ready.wait()
+            try:
+                # The reload after a failed write lasts as long as the store fails: bounded,
+                # so a client gets an answer it can act on, not a timeout of its own.
+                async with asyncio.timeout(RELOAD_WAIT_S):
+                    await ready.wait()
+            except TimeoutError:
+                raise Unavailable(
+                    f"queue {self.name}: its log is being read again after a failed write; "
+                    "nothing was done, retry",
+                    queue=self.name,
+                ) from None
 
     def decide(self, entry: Entry) -> None:
         """Decide and apply now; release the reply when everything before it is durable."""

@@ -35,7 +35,7 @@ from actors.core import replies as rp
 from actors.errors import BadRequest, Unavailable
 from actors.log import keys
 from actors.log.obstore_store import ObstoreStore, open_obstore
-from actors.queue_actor import QueueActor
+from actors.queue_actor import RELOAD_WAIT_S, QueueActor
 from loadtest.s3_fault_proxy import FaultProxy, Rule
 from tests.conftest import CREDENTIALS, REGION, S3Server
 from tests.fault.actor_support import (
@@ -175,6 +175,29 @@ async def test_a_store_that_keeps_failing_fails_puts_retryably_in_bounded_time_t
         assert done == [rp.PutResult("after", rp.CREATED)]
         ids = await check_log_and_recovery(actor, stores, clock)
         assert ids == ["after", "m0"]  # "lost" never landed: the proxy forwarded none
+    finally:
+        await close(actor, snapshot=False)
+
+
+async def test_commands_that_arrive_during_an_outage_fail_retryably_instead_of_waiting(
+    stores: Stores, proxy: FaultProxy, clock: ManualClock
+) -> None:
+    # After a failed write the shard reads its log again until the store answers; a
+    # command that comes meanwhile waits a little for that, then gets a clean 503.
+    actor = await ready_actor(stores, clock)
+    try:
+        proxy.add(Rule("slow_down", method="PUT", key=SEGMENT, times=None))
+        with pytest.raises(Unavailable):
+            await actor.execute(put("lost"))
+        started = time.perf_counter()
+        with pytest.raises(Unavailable) as info:
+            await asyncio.wait_for(actor.execute(put("later")), RELOAD_WAIT_S + 5)
+        assert time.perf_counter() - started >= RELOAD_WAIT_S - 0.1
+        assert "nothing was done" in info.value.message  # not an ambiguous failure
+        proxy.clear()
+        done = await asyncio.wait_for(actor.execute(put("after")), 20)
+        assert done == [rp.PutResult("after", rp.CREATED)]
+        assert await check_log_and_recovery(actor, stores, clock) == ["after", "m0"]
     finally:
         await close(actor, snapshot=False)
 
