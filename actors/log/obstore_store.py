@@ -177,9 +177,10 @@ _S3_ENV = {
 # or a dropped connection; a conditional PUT is not retried after a timeout or a reset, see
 # put_if_absent). obstore's own defaults (30 s per request, retries for 3 minutes) would
 # hold a shard's log write, and every command behind it, for minutes; these bound a block
-# write (put_if_absent's resends included) to about 25 s, under a client's usual 30 s
-# timeout, so a stuck store becomes a 503 that the client retries. A log segment is at most
-# LogSettings.max_batch_bytes (16 MiB): well within 10 s of any S3 endpoint a shard uses.
+# write, put_if_absent's reading back and resending included, to ~20 s when PUTs hang and
+# ~30 s when the whole store does, so a stuck store becomes a 503 that the client retries.
+# A log segment is at most LogSettings.max_batch_bytes (16 MiB): well within 10 s of any S3
+# endpoint a shard uses.
 REQUEST_TIMEOUT_MS = 10_000
 CONNECT_TIMEOUT_MS = 3_000
 RETRY_TIMEOUT_MS = 15_000
