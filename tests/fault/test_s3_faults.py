@@ -27,6 +27,8 @@ from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
+import aiohttp
+import obstore
 import pytest
 
 from actors.clock import ManualClock
@@ -297,3 +299,50 @@ async def test_after_a_lost_answer_another_writers_bytes_are_not_taken_for_ours(
     assert await stores.direct.put_if_absent("k/seg", b"theirs")
     assert await ours is False
     assert await stores.direct.get("k/seg") == b"theirs"
+
+
+# ================================================================ the proxy itself
+
+
+async def test_the_proxy_passes_requests_through_and_takes_a_seeded_plan_over_http(
+    stores: Stores, proxy: FaultProxy
+) -> None:
+    store = stores.faulty
+    await store.put("p/a", b"a" * 100_000)
+    assert await store.put_if_absent("p/b", b"b") is True
+    assert await store.put_if_absent("p/b", b"other") is False  # If-None-Match reaches moto
+    assert (await obstore.head_async(store.store, "p/a"))["size"] == 100_000
+    assert await store.list("p/") == ["p/a", "p/b"]
+    await store.delete("p/b")
+    assert await stores.direct.list("p/") == ["p/a"]
+    assert await store.get("p/a") == b"a" * 100_000
+
+    path = f"/{stores.direct.url.removeprefix('s3://')}/p/a"
+
+    async def run(session: aiohttp.ClientSession, seed: int) -> list[int]:
+        rule = {"fault": "internal_error", "method": "GET", "probability": 0.5, "times": None}
+        async with session.put("/_faults/rules", json={"seed": seed, "rules": [rule]}) as r:
+            assert r.status == 200
+        statuses = []
+        for _ in range(16):
+            async with session.get(path) as r:  # unsigned: moto answers 403 if it gets it
+                statuses.append(r.status)
+                if r.status == 500:
+                    assert "<Code>InternalError</Code>" in await r.text()
+        async with session.get("/_faults") as r:
+            assert (await r.json())["injected"][-1] == {
+                "fault": "internal_error",
+                "method": "GET",
+                "path": path,
+            }
+        async with session.delete("/_faults/rules") as r:
+            assert (await r.json())["rules"] == []
+        return statuses
+
+    async with aiohttp.ClientSession(proxy.url) as session:
+        first, again, other = await run(session, 1), await run(session, 1), await run(session, 2)
+        async with session.post("/_faults/rules", json={"fault": "flood"}) as r:
+            assert r.status == 400
+    assert set(first) == {403, 500}
+    assert first == again
+    assert first != other
