@@ -172,7 +172,7 @@ class QueueShard:
         self._recovering = 1
         log.info("shard %d/%d: recovering", self.index, self.count)
         try:
-            opened = await self._open_log()
+            opened = await self._open_log_when_there_is_space()
             if self.archive is not None:
                 await self.archive.open()
         finally:
@@ -187,6 +187,30 @@ class QueueShard:
                 self._spawn(queue.checkpoint(queue.next_seq - 1))
         self._ready = True
         return self.status()
+
+    async def _open_log_when_there_is_space(self) -> OpenedShard:
+        """Open the log; while its disk has no room for a new segment, wait (recovering, so
+        ``/readyz`` says 503) and try again: a shard started on a full disk serves once
+        space returns, with no restart.
+
+        Raises:
+            QueueError: the log cannot be opened for another reason.
+        """
+        delay = 0.25
+        while True:
+            try:
+                return await self._open_log()
+            except QueueError as exc:
+                if self.device.full() is None or self._closed:
+                    raise
+                log.error(
+                    "shard %d: no space on its disk to start its log (%s); trying again in %.1fs",
+                    self.index,
+                    exc,
+                    delay,
+                )
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
 
     async def _open_log(self) -> OpenedShard:
         return await open_shard_log(

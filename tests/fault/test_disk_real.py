@@ -33,7 +33,7 @@ from actors.log.store import LocalDirStore
 from actors.settings import LogSettings
 from actors.shard import QueueShard
 from tests.diskfaults import FaultFs, faultfs, fill, require, tmpfs, why_not_fuse, why_not_tmpfs
-from tests.fault.actor_support import CLIENT_IDS
+from tests.fault.actor_support import CLIENT_IDS, wait_until
 
 pytestmark = [pytest.mark.fault, pytest.mark.timeout(120)]
 
@@ -61,6 +61,18 @@ async def put_one(shard: QueueShard, mid: str) -> Any:
     """The ids a put of ``mid`` reports as put, or its error."""
     [result] = await shard.execute_many(Q, [cmd.Put([cmd.NewMessage(body=BODY, id=mid)])])
     return result if isinstance(result, QueueError) else [r.id for r in result]
+
+
+async def put_once_space_returns(shard: QueueShard, mid: str) -> None:
+    """Put ``mid`` as soon as puts are taken again (the spare segment made anew)."""
+    await asyncio.sleep(SPACE_CHECK_S)
+    for _ in range(200):
+        result = await put_one(shard, mid)
+        if result == [mid]:
+            return
+        assert isinstance(result, Unavailable), result
+        await asyncio.sleep(0.02)
+    raise AssertionError("puts did not resume once space returned")
 
 
 async def ids_after_restart(root: Path) -> set[str]:
@@ -106,17 +118,57 @@ async def test_a_full_tmpfs_refuses_puts_takes_and_acks_go_on_and_puts_resume(
     assert not isinstance(acks, QueueError), acks
 
     filler.unlink()
-    await asyncio.sleep(SPACE_CHECK_S)
-    for _ in range(200):
-        if await put_one(shard, "after") == ["after"]:
-            break
-        await asyncio.sleep(0.02)
-    else:
-        raise AssertionError("puts did not resume after the filler was deleted")
+    await put_once_space_returns(shard, "after")
     acked.append("after")
     assert shard.status().disk_full is None
     await close(shard)
     assert await ids_after_restart(data) == set(acked) - {"a", "b"}
+
+
+async def test_a_shard_started_on_a_full_tmpfs_serves_takes_or_waits_for_space(
+    small_tmpfs: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    data = small_tmpfs / "data"
+    shard = await open_shard(data)
+    assert await put_one(shard, "a") == ["a"]
+    await close(shard)
+    filler = small_tmpfs / "filler"
+    assert fill(filler) > 0
+    # The spare segment the last process left is the room the next one starts in: it serves
+    # takes and refuses puts.
+    shard = await open_shard(data)
+    try:
+        assert shard.status().disk_full is not None
+        assert isinstance(await put_one(shard, "refused"), Unavailable)
+        [taken] = await shard.execute_many(Q, [cmd.Take(1)])
+        assert [d.id for d in taken] == ["a"]
+    finally:
+        await close(shard)
+    # No room for a segment at all: the shard waits, recovering, until there is (past the
+    # attempts to claim the log that opening makes on its own).
+    fill(filler)
+    shard = QueueShard(
+        0, 1, LocalDirStore(data), clock=ManualClock(), ids=SequentialIds(), log_settings=SETTINGS
+    )
+    starting = asyncio.ensure_future(shard.start())
+    try:
+        await wait_until(
+            lambda: any(
+                "no space on its disk to start its log" in r.message for r in caplog.records
+            ),
+            "the shard gave up one opening for want of space",
+            within=30,
+        )
+        assert not starting.done(), "started a log with no room for a segment"
+        assert not shard.status().ready
+        filler.unlink()
+        status = await asyncio.wait_for(starting, 30)
+        assert status.ready
+        await put_once_space_returns(shard, "b")
+    finally:
+        starting.cancel()
+        await close(shard)
+    assert await ids_after_restart(data) == {"a", "b"}
 
 
 # ---------------------------------------------------------------- EIO and latency via FUSE
