@@ -15,6 +15,8 @@ Faults (``Rule.fault``):
   the connection at once (``then="reset"``), after holding it ``hold_s``
   (``then="hang"``), or answer 500 or 503 instead (``then="internal_error"`` or
   ``"slow_down"``, as a load balancer whose backend timed out after writing).
+- ``reset_download``: forward the request, pass on the answer's head and ``reset_after`` of
+  its body, then reset the connection: a GET cut short.
 
 A rule matches on the method (``"*"``: any), a regular expression searched in the request
 path (``/bucket/key``), and optionally on being conditional (``If-None-Match`` or
@@ -61,7 +63,7 @@ from urllib.parse import unquote, urlsplit
 
 __all__ = ["FAULTS", "FaultProxy", "Injected", "Rule"]
 
-FAULTS = ("internal_error", "slow_down", "hang", "reset_upload", "lost_answer")
+FAULTS = ("internal_error", "slow_down", "hang", "reset_upload", "lost_answer", "reset_download")
 _THEN = ("reset", "hang", "internal_error", "slow_down")  # what lost_answer does instead
 CONTROL = "/_faults"
 _CHUNK = 64 * 1024
@@ -87,7 +89,7 @@ class Rule:
     times: int | None = 1  # None: every match
     probability: float = 1.0
     hold_s: float = 30.0  # hang, and lost_answer with then="hang"
-    reset_after: float = 0.5  # reset_upload: body bytes read first (a fraction if < 1)
+    reset_after: float = 0.5  # reset_upload/_download: body bytes first (a fraction if < 1)
     then: str = "reset"  # lost_answer: "reset", "hang", "internal_error" or "slow_down"
     retry_after_s: int | None = None  # slow_down: a Retry-After header
     fired: int = 0
@@ -236,6 +238,12 @@ async def _send(
     except (ConnectionError, _Closed):
         return False
     return True
+
+
+def _part(rule: Rule, length: int) -> int:
+    """How many of ``length`` body bytes pass before a reset."""
+    part = int(length * rule.reset_after) if rule.reset_after < 1 else int(rule.reset_after)
+    return min(part, length)
 
 
 def _reset(writer: asyncio.StreamWriter) -> None:
@@ -440,11 +448,9 @@ class FaultProxy:
         up_writer: asyncio.StreamWriter,
     ) -> None:
         """Pass on the head and part of the body, then reset both connections."""
-        length = request.body_length() or 0
-        part = int(length * rule.reset_after) if rule.reset_after < 1 else int(rule.reset_after)
         up_writer.write(request.head)
         with contextlib.suppress(_Closed):
-            await _copy(reader, up_writer, min(part, length))
+            await _copy(reader, up_writer, _part(rule, request.body_length() or 0))
         await up_writer.drain()
         await asyncio.sleep(0.05)  # let the server start on the body before the reset
         _reset(up_writer)
@@ -484,6 +490,11 @@ class FaultProxy:
             framed = "content-length" in headers or "chunked" in headers.get(
                 "transfer-encoding", ""
             )
+            if drop is not None and drop.fault == "reset_download":
+                writer.write(head)
+                await _copy(up_reader, writer, _part(drop, int(headers.get("content-length", 0))))
+                _reset(writer)
+                return False
             target = None if drop is not None else writer
             if target is not None:
                 target.write(head)

@@ -301,6 +301,43 @@ async def test_after_a_lost_answer_another_writers_bytes_are_not_taken_for_ours(
     assert await stores.direct.get("k/seg") == b"theirs"
 
 
+# ================================================================ faults of reads
+
+
+@pytest.mark.parametrize(
+    ("fault", "key", "times"),
+    [
+        ("reset_download", SEGMENT, 2),  # obstore resumes the body where it broke
+        ("internal_error", r"^/[^/]+/?$", 2),  # a LIST of the bucket
+        ("hang", SEGMENT, 1),  # a second one would outlast the retry budget (2 s)
+    ],
+    ids=["reset-download", "list-500", "hang"],
+)
+async def test_a_shard_recovers_through_faults_of_its_reads_and_cuts_nothing(
+    stores: Stores, proxy: FaultProxy, clock: ManualClock, fault: str, key: str, times: int
+) -> None:
+    # A read cut short must never pass for a torn segment: recovery would cut acknowledged
+    # blocks off an object that is whole.
+    actor = await ready_actor(stores, clock)
+    try:
+        body = random.Random(SEED).randbytes(64 * 1024)
+        await actor.execute(cmd.Put([cmd.NewMessage(body=body, id="big")]))
+        await actor.execute(put("a", "b"))
+    finally:
+        await close(actor, snapshot=False)
+    before = {k: await stores.direct.get(k) for k in await stores.direct.list(keys.WAL_ROOT)}
+    rule = proxy.add(Rule(fault, method="GET", key=key, times=times, hold_s=30))
+    fresh = await open_actor(stores.faulty, clock, settings=None)
+    try:
+        assert rule.fired == times
+        assert fresh.host.report.clean  # type: ignore[attr-defined]
+        assert await check_log_and_recovery(fresh, stores, clock) == ["a", "b", "big", "m0"]
+    finally:
+        await close(fresh, snapshot=False)
+    after = {k: await stores.direct.get(k) for k in before}
+    assert after == before  # every object as it was: nothing cut, nothing set aside
+
+
 # ================================================================ the proxy itself
 
 
