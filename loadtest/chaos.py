@@ -55,7 +55,7 @@ from typing import Any
 
 import msgspec
 from chaos_check import Delivery, Rec, check, unavailability
-from served import ROOT, EvqServe, free_port, get_json, session_pids
+from served import RAY_ENV, ROOT, EvqServe, free_port, get_json, session_pids
 
 sys.path.insert(0, str(ROOT))
 
@@ -65,6 +65,7 @@ from gateway.client import Client
 from gateway.client_wire import NewMessage, RetryPolicy
 
 KINDS = ("shard_kill", "worker_kill", "server_kill", "pause", "conn_drop")
+CLUSTER_KINDS = ("shard_kill", "gateway_kill", "node_kill", "pause", "conn_drop")
 VT = 2.0  # the queues' lease, s
 STD, FIFO, SRC, DLQ = "chaos-std", "chaos.fifo", "chaos-dl-src", "chaos-dlq"
 MAX_RECEIVES = 3
@@ -132,14 +133,7 @@ class Deployment:
 
     def kill(self) -> None:
         assert self.server is not None
-        for _ in range(50):
-            pids = self.pids()
-            if not pids:
-                break
-            for pid in pids:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(pid, signal.SIGKILL)
-            time.sleep(0.1)
+        _kill_session(self.server.pid)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.server.proc.wait(10)
         self.server._log.close()
@@ -147,6 +141,134 @@ class Deployment:
     def stop(self) -> None:
         if self.server is not None:
             self.server.stop(60)
+
+
+class ClusterDeployment:
+    """The two-node set-up: a Ray head (127.0.0.2) and a second node (127.0.0.3), both
+    offering ``evq_shard``, with Ray's health checks tightened (a node is dead after 3
+    failed checks 0.5 s apart), and two gateways (``evq serve --ray-address``) that spread
+    the shards over both nodes. The store is one local directory both nodes see."""
+
+    HEAD_IP, SECOND_IP = "127.0.0.2", "127.0.0.3"
+    ENV = {
+        "EVQ_CLUSTER_SECRET": "chaos-campaign-cluster-secret",
+        "RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER": "1",
+        "RAY_health_check_initial_delay_ms": "0",
+        "RAY_health_check_period_ms": "500",
+        "RAY_health_check_timeout_ms": "500",
+        "RAY_health_check_failure_threshold": "3",
+    }
+
+    def __init__(self, root: Path, shards: int, workers: int) -> None:
+        self.root = root
+        self.data = root / "data"
+        self.log = root / "serve.log"
+        self.shards = shards
+        self.gcs = free_port()
+        self.address = f"{self.HEAD_IP}:{self.gcs}"
+        self.ray = str(Path(sys.executable).with_name("ray"))
+        self.nodes: dict[str, subprocess.Popen[bytes]] = {}
+        self.ports = [free_port(), free_port()]
+        self.urls = [f"http://127.0.0.1:{p}" for p in self.ports]
+        self.url = ",".join(self.urls)
+        self.gateways: list[EvqServe | None] = [None, None]
+        self.args = ["--ray-address", self.address, "--shards", str(shards)]
+        self.args += ["--shard-spread", "--shard-resource", "evq_shard"]
+        self.args += ["--workers", str(workers)]
+
+    def _node(self, name: str) -> None:
+        slots = json.dumps({"evq_shard": 2 * self.shards})
+        if name == "head":
+            args = ["--head", "--port", str(self.gcs), "--node-ip-address", self.HEAD_IP]
+            args += ["--include-dashboard", "false", "--temp-dir", str(self.root / "ray")]
+        else:
+            args = ["--address", self.address, "--node-ip-address", self.SECOND_IP]
+        ports: list[str] = []
+        for flag in ("--node-manager-port", "--object-manager-port",
+                     "--dashboard-agent-listen-port", "--dashboard-agent-grpc-port",
+                     "--runtime-env-agent-port", "--metrics-export-port"):  # fmt: skip
+            ports += [flag, str(free_port())]
+        cmd = [self.ray, "start", "--block", "--disable-usage-stats", *args, *ports]
+        cmd += ["--num-cpus", "1", "--resources", slots, "--min-worker-port", "0"]
+        cmd += ["--max-worker-port", "0"]
+        with open(self.root / f"{name}.log", "ab") as log:
+            self.nodes[name] = subprocess.Popen(
+                cmd, env=self._env(), stdout=log, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )  # fmt: skip
+
+    def _env(self) -> dict[str, str]:
+        return {**os.environ, **RAY_ENV, **self.ENV, "PYTHONUNBUFFERED": "1"}
+
+    def start(self) -> None:
+        self._node("head")
+        time.sleep(3)
+        self._node("second")
+        time.sleep(3)
+        for i in range(2):
+            self.start_gateway(i)
+
+    def start_gateway(self, i: int) -> None:
+        gw = EvqServe(self.data, self.root / f"gateway{i}.log", self.args, self.ports[i],
+                      self.ENV)  # fmt: skip
+        self.gateways[i] = gw
+        gw.wait_ready(180)
+
+    def ready(self) -> bool:
+        return all(get_json(f"{u}/readyz", timeout=2) is not None for u in self.urls)
+
+    def pids(self) -> list[int]:
+        pids = []
+        for proc in self.nodes.values():
+            pids += session_pids(proc.pid)
+        for gw in self.gateways:
+            if gw is not None:
+                pids += session_pids(gw.pid)
+        return pids
+
+    shard_pids = Deployment.shard_pids
+    channel_ports = Deployment.channel_ports
+    _channels = Deployment._channels
+
+    def worker_pids(self) -> list[int]:
+        return [p for p in self.pids() if "gateway.workers" in _cmdline(p)]
+
+    def kill_gateway(self, i: int) -> None:
+        gw = self.gateways[i]
+        assert gw is not None
+        _kill_session(gw.pid)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            gw.proc.wait(10)
+        gw._log.close()
+
+    def kill_node(self, name: str) -> None:
+        proc = self.nodes.pop(name)
+        _kill_session(proc.pid)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(10)
+
+    def stop(self) -> None:
+        for gw in self.gateways:
+            if gw is not None and gw.proc.poll() is None:
+                gw.stop(60)
+        subprocess.run(
+            [sys.executable, "-m", "gateway.cli", "shards", "stop", "--ray-address", self.address],
+            cwd=ROOT, env=self._env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            check=False, timeout=120,
+        )  # fmt: skip
+        for name in list(self.nodes):
+            self.kill_node(name)
+
+
+def _kill_session(sid: int) -> None:
+    for _ in range(50):
+        pids = session_pids(sid)
+        if not pids:
+            return
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.1)
 
 
 def _cmdline(pid: int) -> str:
@@ -279,7 +401,7 @@ class Workload:
                     delays = [delay] * size
                 rec = self._put(c, w, STD, toks, keys, delays, auto_key=keys[0] is not None)
                 retry = rec if rec.err and keys[0] is not None and rng.random() < 0.5 else None
-                time.sleep(rng.uniform(0.005, 0.03))
+                time.sleep(rng.uniform(0.02, 0.1))
 
     def _put(
         self,
@@ -549,7 +671,9 @@ def _probe_queues(shards: int) -> dict[int, str]:
 class Faults:
     """Injects one fault at a time into a :class:`Deployment`; records each."""
 
-    def __init__(self, dep: Deployment, history: History, rng: random.Random) -> None:
+    def __init__(
+        self, dep: Deployment | ClusterDeployment, history: History, rng: random.Random
+    ) -> None:
         self.dep = dep
         self.history = history
         self.rng = rng
@@ -611,6 +735,39 @@ class Faults:
         rec.t1 = now_ms()
         return True
 
+    def _gateway_kill(self, rec: Rec) -> bool:
+        """SIGKILL one gateway of the two; start it again once the other has answered."""
+        dep = self.dep
+        if not isinstance(dep, ClusterDeployment):
+            return False
+        i = self.rng.randrange(2)
+        rec.target = "all"
+        rec.res = f"gateway {i}"
+        rec.t0 = rec.t1 = now_ms()
+        dep.kill_gateway(i)
+        time.sleep(self.rng.uniform(0.5, 2.0))  # its clients move to the other one
+        dep.start_gateway(i)
+        return True
+
+    def _node_kill(self, rec: Rec) -> bool:
+        """SIGKILL every process of the second Ray node (raylet, workers, the shards on
+        it), as if the machine lost power; Ray restarts its shards on the head; then a new
+        second node joins."""
+        dep = self.dep
+        if not isinstance(dep, ClusterDeployment):
+            return False
+        on_second = {
+            i for i, pid in dep.shard_pids().items()
+            if pid in session_pids(dep.nodes["second"].pid)
+        }  # fmt: skip
+        rec.target = "all"
+        rec.res = f"shards {sorted(on_second)}"
+        rec.t0 = rec.t1 = now_ms()
+        dep.kill_node("second")
+        wait_answering(dep)
+        dep._node("second")
+        return True
+
     def _conn_drop(self, rec: Rec) -> bool:
         ports = self.dep.channel_ports()
         if not ports:
@@ -629,7 +786,7 @@ class Faults:
         return True
 
 
-def wait_answering(dep: Deployment, timeout: float = 120.0) -> float:
+def wait_answering(dep: Deployment | ClusterDeployment, timeout: float = 120.0) -> float:
     """Seconds until ``/readyz`` answers 200 and every shard has a channel again."""
     started = time.monotonic()
     while time.monotonic() - started < timeout:
@@ -645,14 +802,16 @@ def wait_answering(dep: Deployment, timeout: float = 120.0) -> float:
 def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    kinds = [k for k in args.kinds.split(",") if k]
+    known = CLUSTER_KINDS if args.cluster else KINDS
+    kinds = [k for k in (args.kinds or ",".join(known)).split(",") if k]
     for k in kinds:
-        if k not in KINDS:
-            raise SystemExit(f"unknown fault kind {k!r} (kinds: {', '.join(KINDS)})")
+        if k not in known:
+            raise SystemExit(f"unknown fault kind {k!r} (kinds: {', '.join(known)})")
     rng = random.Random(args.seed)
     history = History()
     with tempfile.TemporaryDirectory(dir=args.dir, prefix="evq-chaos-") as tmp:
-        dep = Deployment(Path(tmp), args.shards, args.workers)
+        kind = ClusterDeployment if args.cluster else Deployment
+        dep = kind(Path(tmp), args.shards, args.workers)
         dep.start()
         say({"started": dep.url, "shards": args.shards, "workers": args.workers})
         work = Workload(dep.url, history, args.seed, args.shards)
@@ -690,8 +849,9 @@ def run(args: argparse.Namespace) -> int:
         finally:
             work.end()
             dep.stop()
-            with contextlib.suppress(OSError):
-                (out / "serve.log").write_bytes(dep.log.read_bytes())
+            for log in Path(tmp).glob("*.log"):  # the server's, or the gateways' and nodes'
+                with contextlib.suppress(OSError):
+                    (out / log.name).write_bytes(log.read_bytes())
     return _report(args, out, history, work, faults, caught_up)
 
 
@@ -733,7 +893,17 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--faults", type=int, default=20, help="stop after this many faults")
     p.add_argument("--duration", type=float, default=3600, help="or after this many seconds")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--kinds", default=",".join(KINDS), help="comma-separated fault kinds")
+    p.add_argument(
+        "--kinds",
+        default=None,
+        help=f"comma-separated fault kinds (default: all: {','.join(KINDS)}; with --cluster "
+        f"{','.join(CLUSTER_KINDS)})",
+    )
+    p.add_argument(
+        "--cluster",
+        action="store_true",
+        help="the two-node set-up: two Ray nodes, two gateways (see ClusterDeployment)",
+    )
     p.add_argument("--gap", type=float, default=2.0, help="mean seconds between faults")
     p.add_argument("--warmup", type=float, default=3.0)
     p.add_argument("--shards", type=int, default=2)
