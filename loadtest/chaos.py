@@ -3,6 +3,8 @@ random, then the whole history checked (``loadtest/chaos_check.py``).
 
     .venv/bin/python loadtest/chaos.py --faults 20 --seed 7 --out /tmp/chaos
     .venv/bin/python loadtest/chaos.py --duration 3600 --faults 1000 --seed 1 --out /work/chaos
+    .venv/bin/python loadtest/chaos.py --cluster --faults 20 --seed 3 --out /tmp/chaos-2n
+    .venv/bin/python loadtest/chaos.py --recheck /tmp/chaos     # the checker again, on a saved run
 
 The server runs on a fresh data directory under ``--dir`` with ``--shards`` shards and
 ``--workers`` gateway processes. The workload (threads, each with its own blocking client):
@@ -888,6 +890,28 @@ def _report(
     return 0 if report.ok and not work.errors and caught_up else 1
 
 
+def recheck(out: Path) -> int:
+    """Check a run's saved history again (with this version of the checker)."""
+    decoder = msgspec.json.Decoder(Rec)
+    with (out / "history.jsonl").open("rb") as f:
+        recs = [decoder.decode(line) for line in f]
+    report = check(recs, dead_letter={SRC: (DLQ, MAX_RECEIVES)}, fifo=[FIFO])
+    doc = {
+        "records": len(recs),
+        "faults": sum(1 for r in recs if r.op == "fault"),
+        "operations": report.operations,
+        "acknowledged_puts": report.acknowledged_puts,
+        "deliveries": report.deliveries,
+        "violations": report.counts,
+        "unavailability": unavailability(recs),
+    }
+    (out / "recheck.json").write_text(
+        json.dumps({**doc, "found": report.violations}, indent=1, default=str)
+    )
+    say({"recheck": str(out), **doc})
+    return 0 if report.ok else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--faults", type=int, default=20, help="stop after this many faults")
@@ -909,8 +933,14 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--shards", type=int, default=2)
     p.add_argument("--workers", type=int, default=2, help="gateway processes")
     p.add_argument("--dir", default=None, help="where the data directory goes (default: /tmp)")
-    p.add_argument("--out", required=True, help="history.jsonl, report.json and serve.log")
-    return run(p.parse_args(argv))
+    p.add_argument("--out", help="history.jsonl, report.json and the processes' logs")
+    p.add_argument("--recheck", metavar="OUT", help="check the history a run left in OUT again")
+    args = p.parse_args(argv)
+    if args.recheck:
+        return recheck(Path(args.recheck))
+    if not args.out:
+        p.error("--out is required")
+    return run(args)
 
 
 if __name__ == "__main__":

@@ -365,25 +365,28 @@ def _fifo_exclusive(
 
 def _check_dead_letter(v: _Violations, dead_letter: dict[str, tuple[str, int]], ix: _Index) -> None:
     for src, (dlq, max_receives) in dead_letter.items():
-        rcs: dict[str, list[int]] = defaultdict(list)
-        copies: dict[str, set[str]] = defaultdict(set)
-        for take, _, d in ix.takes:
-            tok = token_of(d.body)
-            if take.q == src:
-                rcs[tok].append(d.rc)
-            elif take.q == dlq:
-                copies[tok].add(d.id)
-        for tok, counts in rcs.items():
-            if max(counts) > max_receives:
-                v.add("dead_letter", tok, f"delivered from {src} with receive count {max(counts)}")
-            if len(counts) != len(set(counts)):
-                v.add("dead_letter", tok, f"receive counts repeat: {sorted(counts)}")
-        for tok, ids in copies.items():
-            if len(ids) > 1:
-                v.add("dead_letter", tok, f"dead-lettered {len(ids)} times: {ids}")
-        for tok, put in ix.puts_ok.items():
-            if put.q == src and tok not in copies:
-                v.add("dead_letter", tok, f"never acked in {src}, but never reached {dlq}")
+        _dead_letters_of(v, src, dlq, max_receives, ix)
+
+
+def _dead_letters_of(v: _Violations, src: str, dlq: str, max_receives: int, ix: _Index) -> None:
+    """At most ``max_receives`` deliveries from ``src``, then one copy in ``dlq``."""
+    rcs: dict[str, list[int]] = defaultdict(list)
+    copies: dict[str, int] = defaultdict(int)  # first receives in dlq: a copy keeps the id
+    for take, _, d in ix.takes:
+        tok = token_of(d.body)
+        if take.q == src:
+            rcs[tok].append(d.rc)
+        elif take.q == dlq:
+            copies[tok] += d.rc == 1
+    for tok, counts in rcs.items():
+        if max(counts) > max_receives or len(counts) != len(set(counts)):
+            v.add("dead_letter", tok, f"delivered from {src} with receive counts {sorted(counts)}")
+    for tok, n in copies.items():
+        if n > 1:
+            v.add("dead_letter", tok, f"dead-lettered {n} times")
+    for tok, put in ix.puts_ok.items():
+        if put.q == src and tok not in copies:
+            v.add("dead_letter", tok, f"never acked in {src}, but never reached {dlq}")
 
 
 def _check_watches(v: _Violations, recs: list[Rec]) -> None:
