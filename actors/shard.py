@@ -48,7 +48,7 @@ from actors.ids import RandomIds
 from actors.keyspace import ShardKeys, is_partition, partition_of
 from actors.log import keys
 from actors.log.archive import Archive
-from actors.log.device import LogDevice, open_device
+from actors.log.device import LogDevice, ObjectLogDevice, open_device
 from actors.log.replay import RecoveryReport
 from actors.log.shard_recovery import (
     SHARD_STREAM,
@@ -60,7 +60,7 @@ from actors.log.shard_recovery import (
     placement,
 )
 from actors.log.shardlog import Batch, ShardLog
-from actors.log.store import DiskFailed, KeyNotFound, ObjectStore
+from actors.log.store import DiskFailed, KeyNotFound, ObjectStore, StoreError
 from actors.metrics import QueueMetrics
 from actors.queue_actor import Call, Entry, QueueActor, unavailable
 from actors.settings import LogSettings, QueueSettings, validate_queue_name
@@ -189,9 +189,9 @@ class QueueShard:
         return self.status()
 
     async def _open_log_when_there_is_space(self) -> OpenedShard:
-        """Open the log; while its disk has no room for a new segment, wait (recovering, so
-        ``/readyz`` says 503) and try again: a shard started on a full disk serves once
-        space returns, with no restart.
+        """Open the log; while its disk has no room for a new segment, or its object store
+        fails, wait (recovering, so ``/readyz`` says 503) and try again: a shard started on
+        a full disk or a failing store serves once space or the store returns, no restart.
 
         Raises:
             QueueError: the log cannot be opened for another reason.
@@ -201,14 +201,15 @@ class QueueShard:
             try:
                 return await self._open_log()
             except QueueError as exc:
-                if self.device.full() is None or self._closed:
+                if self._closed:
                     raise
-                log.error(
-                    "shard %d: no space on its disk to start its log (%s); trying again in %.1fs",
-                    self.index,
-                    exc,
-                    delay,
-                )
+                if self.device.full() is not None:
+                    why = "no space on its disk to start its log"
+                elif isinstance(exc, StoreError) and isinstance(self.device, ObjectLogDevice):
+                    why = "its object store failed while it started"  # S3 down for a while
+                else:
+                    raise
+                log.error("shard %d: %s (%s); trying again in %.1fs", self.index, why, exc, delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
 

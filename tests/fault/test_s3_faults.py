@@ -34,13 +34,16 @@ import pytest
 from actors.clock import ManualClock
 from actors.core import commands as cmd
 from actors.core import replies as rp
+from actors.core.ids import SequentialIds
 from actors.errors import BadRequest, Unavailable
 from actors.log import keys
 from actors.log.obstore_store import ObstoreStore, open_obstore
 from actors.queue_actor import RELOAD_WAIT_S, QueueActor
+from actors.shard import QueueShard
 from loadtest.s3_fault_proxy import FaultProxy, Rule
 from tests.conftest import CREDENTIALS, REGION, S3Server
 from tests.fault.actor_support import (
+    NAME,
     assert_state_is_durable,
     close,
     open_actor,
@@ -336,6 +339,30 @@ async def test_a_shard_recovers_through_faults_of_its_reads_and_cuts_nothing(
         await close(fresh, snapshot=False)
     after = {k: await stores.direct.get(k) for k in before}
     assert after == before  # every object as it was: nothing cut, nothing set aside
+
+
+async def test_a_shard_that_starts_while_the_store_fails_waits_and_starts_when_it_is_back(
+    stores: Stores, proxy: FaultProxy, clock: ManualClock
+) -> None:
+    # Ray starts a shard again after its process died: the store may be failing just then.
+    actor = await ready_actor(stores, clock)
+    await close(actor, snapshot=False)
+    outage = proxy.add(Rule("slow_down", method="GET", times=None))  # reads and LISTs
+    shard = QueueShard(0, 1, stores.faulty, clock=clock, ids=SequentialIds())
+    starting = asyncio.ensure_future(shard.start())
+    try:
+        await wait_until(lambda: outage.fired > 0, "the store refused the shard's reads", 20)
+        await asyncio.sleep(RETRY_MS / 1000 + 0.5)  # past one call's retries
+        assert not starting.done(), "a shard gave up starting on a store that failed a while"
+        assert not shard.status().ready
+        proxy.clear()
+        assert (await asyncio.wait_for(starting, 20)).ready
+        queue = await shard.get(NAME)
+        assert await queue.execute(put("after")) == [rp.PutResult("after", rp.CREATED)]
+        assert await check_log_and_recovery(queue, stores, clock) == ["after", "m0"]
+    finally:
+        starting.cancel()
+        await shard.close(snapshot=False)
 
 
 # ================================================================ the proxy itself
