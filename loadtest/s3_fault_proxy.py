@@ -41,7 +41,12 @@ From another process, over HTTP on the proxy's own port (no bucket starts with `
 
     .venv/bin/python loadtest/s3_fault_proxy.py --upstream http://127.0.0.1:5000 --port 9000
 
-Standard library only, so a tool can import it as a sibling module.
+evq behind it: ``evq serve --store s3://bucket/prefix --endpoint <proxy url>``; segment PUTs
+match ``key=r"/wal/\\d{4}/\\d{20}\\.seg$"``. ``EVQ_S3_REQUEST_TIMEOUT_MS`` and
+``EVQ_S3_RETRY_TIMEOUT_MS`` shorten what a hang costs (10 s and 15 s by default).
+
+Plain HTTP/1.1 only (no TLS, no ``Expect: 100-continue``), one upstream connection per
+client connection. Standard library only, so a tool can import it as a sibling module.
 """
 
 from __future__ import annotations
