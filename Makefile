@@ -74,7 +74,7 @@ chromium:
 java:
 	@command -v java >/dev/null 2>&1 || (apt-get update && apt-get install -y openjdk-17-jre-headless)
 
-# libfuse 3 and fusermount3 (Debian's fuse3) for the real disk-fault tests: tests/faultfs.py
+# libfuse 3 and fusermount3 (Debian's fuse3) for the real disk-fault tests: loadtest/faultfs.py
 # is a FUSE file system that fails fsyncs or slows writes on command. Installed only when
 # missing.
 .PHONY: fuse

@@ -3,7 +3,7 @@
 - a tmpfs that fills up: a real ENOSPC when the next segment is zero-filled (and when a
   snapshot is written); puts are refused, takes and acks go on, puts resume once the file
   that filled it is deleted, and a new shard recovers every acknowledged put;
-- ``faultfs`` (tests/faultfs.py), a passthrough FUSE file system: a real EIO from
+- ``faultfs`` (loadtest/faultfs.py), a passthrough FUSE file system: a real EIO from
   ``fdatasync`` stops the shard for good, and a new shard recovers from the log once the
   disk answers again; real latency on every write of the log makes commits slower (p99
   grows) but not more numerous.

@@ -5,7 +5,7 @@
   names the shard, ``evq_shard_disk_full`` is 1 and the shard logs an ERROR; once the file
   that filled the disk is deleted, puts are taken again with no restart; after a restart
   every acknowledged put is there;
-- ``--data`` on ``faultfs`` (tests/faultfs.py, FUSE): 50 ms on every fsync of the log makes
+- ``--data`` on ``faultfs`` (loadtest/faultfs.py, FUSE): 50 ms on every fsync of the log makes
   p99 grow and memory stays bounded while the clients past ``--max-requests`` get 429 with
   Retry-After, none a timeout; then a real EIO from fdatasync: every command answers 503,
   ``/readyz`` answers 503 with the reason, ``evq_shard_log_failed`` is 1, the shard logs an

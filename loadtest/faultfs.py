@@ -1,6 +1,6 @@
 """``faultfs``: a passthrough FUSE file system whose writes and fsyncs answer an errno or sleep
-on command. Run as ``python -m tests.faultfs BACKING MOUNT CONTROL`` (by
-:func:`tests.diskfaults.faultfs`, which also unmounts it).
+on command. Run as ``python -m loadtest.faultfs BACKING MOUNT CONTROL`` (by
+:func:`loadtest.diskfaults.faultfs`, which also unmounts it).
 
 ``CONTROL`` is a JSON file: ``{"fsync_errno": 5, "write_errno": null, "write_delay_s": 0.0,
 "fsync_delay_s": 0.0, "only": "wal/"}``; it is read again whenever it changes. Each fault
