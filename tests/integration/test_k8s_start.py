@@ -155,7 +155,15 @@ def test_the_gateway_container_starts_as_shipped_and_serves_with_its_tokens(
             return False
 
     try:
-        eventually(ready, timeout=180, interval=0.5, what="the gateway's /readyz")
+        eventually(
+            ready,
+            timeout=180,
+            interval=0.5,
+            what=lambda: (
+                "the gateway's /readyz; its output:\n"
+                + log_path.read_text(errors="replace")[-6000:]
+            ),
+        )
         [token] = json.loads(env["EVQ_TOKENS"])["token"]
         text = log_path.read_text(errors="replace")
         assert "shipped placeholder" in text  # said loudly, for the token and the secret
