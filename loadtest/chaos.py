@@ -4,6 +4,8 @@ random, then the whole history checked (``loadtest/chaos_check.py``).
     .venv/bin/python loadtest/chaos.py --faults 20 --seed 7 --out /tmp/chaos
     .venv/bin/python loadtest/chaos.py --duration 3600 --faults 1000 --seed 1 --out /work/chaos
     .venv/bin/python loadtest/chaos.py --cluster --faults 20 --seed 3 --out /tmp/chaos-2n
+    .venv/bin/python loadtest/chaos.py --disk tmpfs,faultfs --faults 20 --out /tmp/chaos-disk
+    .venv/bin/python loadtest/chaos.py --s3 --faults 20 --seed 5 --out /tmp/chaos-s3
     .venv/bin/python loadtest/chaos.py --recheck /tmp/chaos     # the checker again, on a saved run
 
 The server runs on a fresh data directory under ``--dir`` with ``--shards`` shards and
@@ -30,6 +32,35 @@ Faults, one at a time, each after the previous one's queues answered again, at r
 ``pause`` (SIGSTOP of a shard process for longer than a lease, then SIGCONT),
 ``conn_drop`` (the shard's data-channel connections killed with ``ss -K``).
 
+Faults of the disk, with ``--disk`` (needs root; faultfs also /dev/fuse and libfuse 3, ``make
+fuse``; the helpers are ``loadtest/diskfaults.py`` and ``loadtest/faultfs.py``):
+
+- ``--disk tmpfs``: the data directory on a tmpfs of ``--disk-size`` MiB (256). Kind
+  ``disk_full``: a filler file fills it for 1 to 3 s, then is deleted. A shard that needs a
+  new segment meanwhile refuses puts (503; /readyz 200 ``degraded``) and takes them again
+  by itself once space returns; one that does not, notices nothing (the fault's ``res``
+  says which shards /readyz showed degraded).
+- ``--disk faultfs``: the data directory through faultfs, a FUSE file system whose fsyncs
+  and writes fail or sleep on command. Kinds ``fsync_eio`` (every fsync of one shard's log
+  fails with EIO until /readyz shows the shard failed; then, as an operator would, the
+  fault is cleared and the shard's process SIGKILLed: Ray starts it again and it recovers
+  from its log) and ``disk_slow`` (20 to 200 ms on every write and fsync of the logs, for
+  2 to 5 s).
+- ``--disk tmpfs,faultfs``: faultfs over a directory on the tmpfs: the three kinds at once.
+
+Faults of the object store, with ``--s3``: the log in moto's S3 server (``moto_server``, a
+subprocess) behind ``loadtest/s3_fault_proxy.py`` (a subprocess, its plan set over HTTP);
+each request gives up after 1.5 s, retries after 2 s. Each fault is a proxy rule, active
+until its N requests are spent or its random window (0.5 to 3 s) ends, then cleared:
+``s3_500`` and ``s3_503`` (InternalError, SlowDown: every request, for the window or its
+first N), ``s3_timeout`` (N requests hang past the client's timeout), ``s3_reset`` (N
+segment uploads reset midway), ``s3_lost_answer`` (N conditional segment PUTs land but
+their answer is lost: a reset, a hang, a 500 or a 503 instead).
+
+Without ``--kinds``, a set-up's faults are all of its kinds (the process faults and its
+disk's or object store's). Each fault is a ``fault`` record: its kind, its ``target`` (a
+shard, or ``all``), ``t0`` and ``t1`` (when it was cleared), what it did (``res``).
+
 At the end the workload stops, every queue is drained (the dead-letter source by releasing
 until its messages have moved), each key's final version is read, the watchers catch up,
 and the checker runs. Written to ``--out``: ``history.jsonl`` (every record), ``report.json``
@@ -41,6 +72,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import os
 import random
@@ -51,13 +83,25 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import msgspec
 from chaos_check import Delivery, Rec, check, unavailability
-from served import RAY_ENV, ROOT, EvqServe, free_port, get_json, session_pids
+from chaos_env import (
+    S3_ENV,
+    Disk,
+    ObjectStore,
+    answering,
+    failed_shards,
+    known_kinds,
+    parse_disks,
+    s3_fault,
+)
+from served import RAY_ENV, ROOT, EvqServe, free_port, session_pids
 
 sys.path.insert(0, str(ROOT))
 
@@ -93,21 +137,33 @@ class Deployment:
     """One ``evq serve`` on a data directory, with what the faults need: its shard and
     gateway-worker processes, the shards' channel ports, SIGKILL and start again."""
 
-    def __init__(self, root: Path, shards: int, workers: int) -> None:
-        self.data = root / "data"
+    def __init__(
+        self,
+        root: Path,
+        shards: int,
+        workers: int,
+        *,
+        data: Path | None = None,
+        store: ObjectStore | None = None,
+    ) -> None:
+        self.data = data or root / "data"
         self.log = root / "serve.log"
         self.port = free_port()
         self.shards = shards
         self.args = ["--shards", str(shards), "--workers", str(workers)]
+        self.env: dict[str, str] = {}
+        if store is not None:  # the log in the object store; --data holds nothing then
+            self.args += store.server_args()
+            self.env = dict(S3_ENV)
         self.server: EvqServe | None = None
         self.url = f"http://127.0.0.1:{self.port}"
 
     def start(self) -> None:
-        self.server = EvqServe(self.data, self.log, self.args, port=self.port)
+        self.server = EvqServe(self.data, self.log, self.args, port=self.port, env=self.env)
         self.server.wait_ready(180)
 
     def ready(self) -> bool:
-        return get_json(f"{self.url}/readyz", timeout=2) is not None
+        return answering(*readyz(self.url))
 
     def pids(self) -> list[int]:
         assert self.server is not None
@@ -217,7 +273,7 @@ class ClusterDeployment:
         gw.wait_ready(180)
 
     def ready(self) -> bool:
-        return all(get_json(f"{u}/readyz", timeout=2) is not None for u in self.urls)
+        return all(answering(*readyz(u)) for u in self.urls)
 
     def pids(self) -> list[int]:
         pids = []
@@ -260,6 +316,19 @@ class ClusterDeployment:
         )  # fmt: skip
         for name in list(self.nodes):
             self.kill_node(name)
+
+
+def readyz(url: str) -> tuple[int | None, Any]:
+    """``/readyz``'s status and document (None, None: no answer)."""
+    try:
+        with urllib.request.urlopen(f"{url}/readyz", timeout=2) as r:
+            return r.status, json.loads(r.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        with contextlib.suppress(ValueError, OSError):
+            return exc.code, json.loads(exc.read() or b"null")
+        return exc.code, None
+    except (OSError, ValueError):
+        return None, None
 
 
 def _kill_session(sid: int) -> None:
@@ -674,11 +743,19 @@ class Faults:
     """Injects one fault at a time into a :class:`Deployment`; records each."""
 
     def __init__(
-        self, dep: Deployment | ClusterDeployment, history: History, rng: random.Random
+        self,
+        dep: Deployment | ClusterDeployment,
+        history: History,
+        rng: random.Random,
+        *,
+        disk: Disk | None = None,
+        store: ObjectStore | None = None,
     ) -> None:
         self.dep = dep
         self.history = history
         self.rng = rng
+        self.disk = disk
+        self.store = store
         self.count: dict[str, int] = {}
 
     def inject(self, kind: str) -> Rec | None:
@@ -787,9 +864,98 @@ class Faults:
         rec.res = f"{killed} connection(s)"
         return True
 
+    # -- the disk (--disk) and the object store (--s3)
+
+    def _disk_full(self, rec: Rec) -> bool:
+        """Fill the tmpfs for 1 to 3 s, then delete the filler. A shard notices when it needs
+        a new segment meanwhile: it refuses puts (``res`` says whether /readyz showed it)."""
+        disk = self.disk
+        assert disk is not None
+        assert disk.tmpfs is not None
+        rec.target = "all"
+        rec.t0 = now_ms()
+        written = disk.fill()
+        degraded: set[int] = set()
+        try:
+            until = time.monotonic() + self.rng.uniform(1.0, 3.0)
+            while time.monotonic() < until:
+                status, doc = readyz(self.dep.url)
+                if status == 200 and isinstance(doc, dict):
+                    degraded |= {int(d["index"]) for d in doc.get("degraded", [])}
+                time.sleep(0.1)
+        finally:
+            disk.unfill()
+        rec.t1 = now_ms()
+        rec.res = f"filled {written >> 20} MiB; degraded shards {sorted(degraded)}"
+        return True
+
+    def _fsync_eio(self, rec: Rec) -> bool:
+        """Every fsync of one shard's log fails with EIO until the shard's log has failed
+        (/readyz 503); then, as an operator would: clear the fault, SIGKILL the shard's
+        process; Ray starts it again and it recovers from its log."""
+        fs = self.disk.fs if self.disk is not None else None
+        assert fs is not None
+        found = self._shard()
+        if found is None:
+            return False
+        index, pid = found
+        rec.target = str(index)
+        rec.t0 = now_ms()
+        fs.set(fsync_errno=errno.EIO, only=f"/wal/{index:04d}/")
+        deadline = time.monotonic() + 10
+        seen = False
+        while time.monotonic() < deadline and not seen:
+            seen = index in failed_shards(*readyz(self.dep.url))
+            time.sleep(0.05)
+        time.sleep(self.rng.uniform(0.0, 1.0))  # the operator takes a moment
+        fs.set()
+        pid = self.dep.shard_pids().get(index, pid)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        rec.t1 = now_ms()
+        rec.res = f"{len(fs.injected())} fsyncs failed so far; /readyz failed: {seen}"
+        return True
+
+    def _disk_slow(self, rec: Rec) -> bool:
+        """Every write and fsync of the logs sleeps 20 to 200 ms, for 2 to 5 s."""
+        fs = self.disk.fs if self.disk is not None else None
+        assert fs is not None
+        delay = round(self.rng.uniform(0.02, 0.2), 3)
+        rec.target = "all"
+        rec.res = f"{delay * 1000:.0f} ms per write and fsync"
+        rec.t0 = now_ms()
+        fs.set(write_delay_s=delay, fsync_delay_s=delay, only="/wal/")
+        try:
+            time.sleep(self.rng.uniform(2.0, 5.0))
+        finally:
+            fs.set()
+        rec.t1 = now_ms()
+        return True
+
+    def _s3(self, rec: Rec) -> bool:
+        """One object-store fault (:func:`chaos_env.s3_fault`) through the proxy, until its
+        requests are spent or its window ends; then cleared."""
+        assert self.store is not None
+        rule, window = s3_fault(rec.kind, self.rng)
+        rec.target = "all"
+        rec.t0 = now_ms()
+        self.store.plan([rule])
+        until = time.monotonic() + window
+        while time.monotonic() < until and not self.store.spent():
+            time.sleep(0.05)
+        state = self.store.clear()
+        rec.t1 = now_ms()
+        fired = sum(r["fired"] for r in state["rules"])
+        rec.res = f"{rule['fault']} x{fired} (times {rule['times']}, window {window} s)"
+        return True
+
+    _s3_500 = _s3_503 = _s3_timeout = _s3_reset = _s3_lost_answer = _s3
+
 
 def wait_answering(dep: Deployment | ClusterDeployment, timeout: float = 120.0) -> float:
-    """Seconds until ``/readyz`` answers 200 and every shard has a channel again."""
+    """Seconds until ``/readyz`` answers 200 with no shard degraded (a full disk: 200, but
+    puts refused; a failed log: 503 until the shard's new process recovered) and every shard
+    has a channel again."""
     started = time.monotonic()
     while time.monotonic() - started < timeout:
         if dep.ready() and len(dep.shard_pids()) == dep.shards:
@@ -804,57 +970,109 @@ def wait_answering(dep: Deployment | ClusterDeployment, timeout: float = 120.0) 
 def run(args: argparse.Namespace) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    known = CLUSTER_KINDS if args.cluster else KINDS
+    kinds = _kinds(args)
+    rng = random.Random(args.seed)
+    history = History()
+    with tempfile.TemporaryDirectory(dir=args.dir, prefix="evq-chaos-") as tmp:
+        root = Path(tmp)
+        try:
+            with _environment(args, root) as (dep, disk, store):
+                work = Workload(dep.url, history, args.seed, args.shards)
+                faults = Faults(dep, history, rng, disk=disk, store=store)
+                caught_up = _campaign(args, dep, work, faults, kinds, rng)
+        finally:
+            for log in [*root.glob("*.log"), *root.glob("*.faults.json.log")]:
+                with contextlib.suppress(OSError):  # the server's, gateways', nodes', stores'
+                    (out / log.name).write_bytes(log.read_bytes())
+    return _report(args, out, history, work, faults, caught_up)
+
+
+def _kinds(args: argparse.Namespace) -> list[str]:
+    """The fault kinds asked for, checked against those the set-up offers."""
+    try:
+        disks = parse_disks(args.disk)
+    except ValueError as exc:
+        raise SystemExit(str(exc)) from None
+    if args.cluster and (disks or args.s3):
+        raise SystemExit("--cluster runs on a local directory: no --disk, no --s3")
+    if disks and args.s3:
+        raise SystemExit("--s3 keeps the log in the object store: no --disk")
+    args.disks = disks
+    known = known_kinds(CLUSTER_KINDS if args.cluster else KINDS, disks, args.s3)
     kinds = [k for k in (args.kinds or ",".join(known)).split(",") if k]
     for k in kinds:
         if k not in known:
             raise SystemExit(f"unknown fault kind {k!r} (kinds: {', '.join(known)})")
-    rng = random.Random(args.seed)
-    history = History()
-    with tempfile.TemporaryDirectory(dir=args.dir, prefix="evq-chaos-") as tmp:
-        kind = ClusterDeployment if args.cluster else Deployment
-        dep = kind(Path(tmp), args.shards, args.workers)
+    return kinds
+
+
+@contextlib.contextmanager
+def _environment(
+    args: argparse.Namespace, root: Path
+) -> Iterator[tuple[Deployment | ClusterDeployment, Disk | None, ObjectStore | None]]:
+    """The disk or the object store (if asked for), the deployment on it, started; stopped
+    and undone in the reverse order."""
+    with contextlib.ExitStack() as stack:
+        disk = store = None
+        if args.disks:
+            disk = stack.enter_context(Disk(root, args.disks, args.disk_size).mounted())
+        if args.s3:
+            store = stack.enter_context(ObjectStore(root, args.seed).running())
+        dep: Deployment | ClusterDeployment
+        if args.cluster:
+            dep = ClusterDeployment(root, args.shards, args.workers)
+        else:
+            data = disk.data if disk is not None else None
+            dep = Deployment(root, args.shards, args.workers, data=data, store=store)
+        stack.callback(dep.stop)
         dep.start()
-        say({"started": dep.url, "shards": args.shards, "workers": args.workers})
-        work = Workload(dep.url, history, args.seed, args.shards)
-        faults = Faults(dep, history, rng)
-        try:
-            work.setup()
-            work.start()
-            time.sleep(args.warmup)
-            started = time.monotonic()
-            injected = 0
-            while injected < args.faults and time.monotonic() - started < args.duration:
-                if work.errors:
-                    break
-                time.sleep(rng.uniform(args.gap / 2, args.gap * 1.5))
-                rec = faults.inject(rng.choice(kinds))
-                if rec is None:
-                    continue
-                injected += 1
-                back = wait_answering(dep)
-                say(
-                    {
-                        "fault": injected,
-                        "kind": rec.kind,
-                        "target": rec.target,
-                        "answering_after_s": round(back, 2),
-                        "records": len(history.recs),
-                    }
-                )
-            work.join()
-            say({"workload": "stopped", "records": len(history.recs)})
-            left = work.drain()
-            say({"drained": left})
-            work.final_keys()
-            caught_up = work.watchers_caught_up(30)
-        finally:
-            work.end()
-            dep.stop()
-            for log in Path(tmp).glob("*.log"):  # the server's, or the gateways' and nodes'
-                with contextlib.suppress(OSError):
-                    (out / log.name).write_bytes(log.read_bytes())
-    return _report(args, out, history, work, faults, caught_up)
+        say({"started": dep.url, "shards": args.shards, "workers": args.workers,
+             "disk": list(args.disks), "s3": args.s3})  # fmt: skip
+        yield dep, disk, store
+
+
+def _campaign(
+    args: argparse.Namespace,
+    dep: Deployment | ClusterDeployment,
+    work: Workload,
+    faults: Faults,
+    kinds: list[str],
+    rng: random.Random,
+) -> bool:
+    """The workload, the faults, the drain: whether the watchers caught up at the end."""
+    try:
+        work.setup()
+        work.start()
+        time.sleep(args.warmup)
+        started = time.monotonic()
+        injected = 0
+        while injected < args.faults and time.monotonic() - started < args.duration:
+            if work.errors:
+                break
+            time.sleep(rng.uniform(args.gap / 2, args.gap * 1.5))
+            rec = faults.inject(rng.choice(kinds))
+            if rec is None:
+                continue
+            injected += 1
+            back = wait_answering(dep)
+            say(
+                {
+                    "fault": injected,
+                    "kind": rec.kind,
+                    "target": rec.target,
+                    "res": rec.res,
+                    "answering_after_s": round(back, 2),
+                    "records": len(work.history.recs),
+                }
+            )
+        work.join()
+        say({"workload": "stopped", "records": len(work.history.recs)})
+        left = work.drain()
+        say({"drained": left})
+        work.final_keys()
+        return work.watchers_caught_up(30)
+    finally:
+        work.end()
 
 
 def _report(
@@ -927,6 +1145,19 @@ def main(argv: list[str] | None = None) -> int:
         "--cluster",
         action="store_true",
         help="the two-node set-up: two Ray nodes, two gateways (see ClusterDeployment)",
+    )
+    p.add_argument(
+        "--disk",
+        default=None,
+        help="the data directory on a tmpfs (kind disk_full), through faultfs (kinds "
+        "fsync_eio, disk_slow), or both: tmpfs,faultfs",
+    )
+    p.add_argument("--disk-size", type=int, default=256, help="the tmpfs's size, MiB")
+    p.add_argument(
+        "--s3",
+        action="store_true",
+        help="the log in moto's S3 server behind the fault proxy (kinds s3_500, s3_503, "
+        "s3_timeout, s3_reset, s3_lost_answer)",
     )
     p.add_argument("--gap", type=float, default=2.0, help="mean seconds between faults")
     p.add_argument("--warmup", type=float, default=3.0)
