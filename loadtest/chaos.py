@@ -35,11 +35,12 @@ Faults, one at a time, each after the previous one's queues answered again, at r
 Faults of the disk, with ``--disk`` (needs root; faultfs also /dev/fuse and libfuse 3, ``make
 fuse``; the helpers are ``loadtest/diskfaults.py`` and ``loadtest/faultfs.py``):
 
-- ``--disk tmpfs``: the data directory on a tmpfs of ``--disk-size`` MiB (256). Kind
-  ``disk_full``: a filler file fills it for 1 to 3 s, then is deleted. A shard that needs a
-  new segment meanwhile refuses puts (503; /readyz 200 ``degraded``) and takes them again
-  by itself once space returns; one that does not, notices nothing (the fault's ``res``
-  says which shards /readyz showed degraded).
+- ``--disk tmpfs``: the data directory on a tmpfs of ``--disk-size`` MiB (512). Kind
+  ``disk_full``: a filler file fills it; ballast (1 MiB messages, acked at once) goes into
+  one shard until it needs a new segment and refuses puts (503; /readyz 200 ``degraded``);
+  after 1 to 3 s more the filler is deleted, and the shard takes puts again by itself.
+  (Without the ballast a short fill would rarely meet the end of a 16 MiB segment, and no
+  shard would notice it.)
 - ``--disk faultfs``: the data directory through faultfs, a FUSE file system whose fsyncs
   and writes fail or sleep on command. Kinds ``fsync_eio`` (every fsync of one shard's log
   fails with EIO until /readyz shows the shard failed; then, as an operator would, the
@@ -71,6 +72,7 @@ printed as JSON lines. Exit code 0 when every guarantee held, 1 when one did not
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import errno
 import json
@@ -725,12 +727,12 @@ class Workload:
         return taken
 
 
-def _probe_queues(shards: int) -> dict[int, str]:
-    """A probe queue on each shard."""
+def _probe_queues(shards: int, prefix: str = "chaos-probe") -> dict[int, str]:
+    """A probe queue on each shard (or another queue per shard, named ``prefix-<n>``)."""
     found: dict[int, str] = {}
     n = 0
     while len(found) < shards:
-        name = f"chaos-probe-{n}"
+        name = f"{prefix}-{n}"
         found.setdefault(placement(name, shards), name)
         n += 1
     return found
@@ -867,27 +869,54 @@ class Faults:
     # -- the disk (--disk) and the object store (--s3)
 
     def _disk_full(self, rec: Rec) -> bool:
-        """Fill the tmpfs for 1 to 3 s, then delete the filler. A shard notices when it needs
-        a new segment meanwhile: it refuses puts (``res`` says whether /readyz showed it)."""
+        """Fill the tmpfs; put ballast (big messages, acked at once) into a queue of one shard
+        until it needs a new segment and refuses puts; hold 1 to 3 s; delete the filler.
+        (A shard that needs no new segment while the disk is full notices nothing: without
+        the ballast, a short fill would rarely meet a 16 MiB segment's end.)"""
         disk = self.disk
         assert disk is not None
         assert disk.tmpfs is not None
-        rec.target = "all"
+        index = self.rng.randrange(self.dep.shards)
+        hold = self.rng.uniform(1.0, 3.0)
+        rec.target = str(index)
         rec.t0 = now_ms()
         written = disk.fill()
-        degraded: set[int] = set()
         try:
-            until = time.monotonic() + self.rng.uniform(1.0, 3.0)
-            while time.monotonic() < until:
-                status, doc = readyz(self.dep.url)
-                if status == 200 and isinstance(doc, dict):
-                    degraded |= {int(d["index"]) for d in doc.get("degraded", [])}
-                time.sleep(0.1)
+            ballast, refused = self._ballast(index, time.monotonic() + 30)
+            time.sleep(hold)
+            status, doc = readyz(self.dep.url)
         finally:
             disk.unfill()
         rec.t1 = now_ms()
-        rec.res = f"filled {written >> 20} MiB; degraded shards {sorted(degraded)}"
+        degraded = [d["index"] for d in doc.get("degraded", [])] if status == 200 else status
+        rec.res = (
+            f"filled {written >> 20} MiB; ballast {ballast >> 20} MiB; puts refused: "
+            f"{refused}; degraded after {hold:.1f} s: {degraded}"
+        )
         return True
+
+    def _ballast(self, index: int, deadline: float) -> tuple[int, bool]:
+        """Put 1 MiB messages (random, so they do not compress) into shard ``index``'s
+        ballast queue, taking and acking them, until a put is refused with 503, 64 MiB went
+        in, or ``deadline``: the bytes put, whether a put was refused."""
+        q = _probe_queues(self.dep.shards, "chaos-ballast")[index]
+        put = 0
+        with Client(self.dep.url, retries=RetryPolicy(retries=0), timeout=10.0) as c:
+            c.create_queue(q, visibility_timeout=60)
+            while put < 64 << 20 and time.monotonic() < deadline:
+                body = base64.b64encode(self.rng.randbytes(768 << 10))
+                try:
+                    c.put(q, body)
+                except QueueError as exc:
+                    if exc.fields.get("status") == 503:
+                        return put, True
+                    continue
+                put += len(body)
+                with contextlib.suppress(QueueError):
+                    got = c.take(q, 10)
+                    if got:
+                        c.ack(q, *got)
+        return put, False
 
     def _fsync_eio(self, rec: Rec) -> bool:
         """Every fsync of one shard's log fails with EIO until the shard's log has failed
@@ -1152,7 +1181,7 @@ def main(argv: list[str] | None = None) -> int:
         help="the data directory on a tmpfs (kind disk_full), through faultfs (kinds "
         "fsync_eio, disk_slow), or both: tmpfs,faultfs",
     )
-    p.add_argument("--disk-size", type=int, default=256, help="the tmpfs's size, MiB")
+    p.add_argument("--disk-size", type=int, default=512, help="the tmpfs's size, MiB")
     p.add_argument(
         "--s3",
         action="store_true",
