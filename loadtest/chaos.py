@@ -58,7 +58,9 @@ first N), ``s3_timeout`` (N requests hang past the client's timeout), ``s3_reset
 segment uploads reset midway), ``s3_lost_answer`` (N conditional segment PUTs land but
 their answer is lost: a reset, a hang, a 500 or a 503 instead).
 
-Without ``--kinds``, a set-up's faults are all of its kinds (the process faults and its
+With ``--in-turn`` the kinds come in turn (each once, in a seeded shuffled order, then again)
+instead of at random, so that a few faults cover every kind. Without ``--kinds``, a
+set-up's faults are all of its kinds (the process faults and its
 disk's or object store's). Each fault is a ``fault`` record: its kind, its ``target`` (a
 shard, or ``all``), ``t0`` and ``t1`` (when it was cleared), what it did (``res``).
 
@@ -99,6 +101,7 @@ from chaos_env import (
     ObjectStore,
     answering,
     failed_shards,
+    kind_sequence,
     known_kinds,
     parse_disks,
     s3_fault,
@@ -1075,11 +1078,12 @@ def _campaign(
         time.sleep(args.warmup)
         started = time.monotonic()
         injected = 0
+        sequence = kind_sequence(kinds, rng, args.in_turn)
         while injected < args.faults and time.monotonic() - started < args.duration:
             if work.errors:
                 break
             time.sleep(rng.uniform(args.gap / 2, args.gap * 1.5))
-            rec = faults.inject(rng.choice(kinds))
+            rec = faults.inject(next(sequence))
             if rec is None:
                 continue
             injected += 1
@@ -1169,6 +1173,11 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help=f"comma-separated fault kinds (default: all: {','.join(KINDS)}; with --cluster "
         f"{','.join(CLUSTER_KINDS)})",
+    )
+    p.add_argument(
+        "--in-turn",
+        action="store_true",
+        help="each kind once (in a seeded shuffled order), then again, instead of at random",
     )
     p.add_argument(
         "--cluster",

@@ -38,6 +38,7 @@ __all__ = [
     "ObjectStore",
     "answering",
     "failed_shards",
+    "kind_sequence",
     "known_kinds",
     "parse_disks",
     "s3_fault",
@@ -81,6 +82,18 @@ def known_kinds(base: tuple[str, ...], disks: tuple[str, ...], s3: bool) -> tupl
     for d in disks:
         extra += DISK_KINDS[d]
     return base + extra
+
+
+def kind_sequence(kinds: list[str], rng: random.Random, in_turn: bool) -> Iterator[str]:
+    """The kind of each fault, without end: drawn at random among ``kinds``, or (``in_turn``)
+    each kind once in a shuffled order, then each once again in another, and so on."""
+    while True:
+        if in_turn:
+            order = list(kinds)
+            rng.shuffle(order)
+            yield from order
+        else:
+            yield rng.choice(kinds)
 
 
 def answering(status: int | None, doc: Any) -> bool:
