@@ -1,16 +1,26 @@
 """The short reliability campaign (loadtest/chaos.py): 20 faults of every kind at random
 against a real ``evq serve`` (two shards, two gateway processes) under the mixed workload,
 then the whole history checked. The long campaign is the same command with more faults
-(loadtest/RESULTS.md, "Reliability campaign")."""
+(loadtest/RESULTS.md, "Reliability campaign").
+
+Then the faults of the disk and of the object store, each kind once, by two campaigns that
+run side by side: the data directory on a tmpfs through faultfs (``--disk tmpfs,faultfs``:
+a full disk, a failed fsync and the operator's restart of the shard, a slow disk), and the
+log in moto's S3 server behind the fault proxy (``--s3``: 500s, 503s, hung requests, uploads
+reset midway, lost answers of conditional puts)."""
 
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
+
+from tests.diskfaults import require, why_not_fuse, why_not_tmpfs
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
@@ -43,3 +53,59 @@ def test_twenty_faults_of_every_kind_break_no_guarantee(tmp_path: Path) -> None:
     report = json.loads((out / "report.json").read_text())
     assert report["found"] == []
     assert (out / "history.jsonl").read_bytes().count(b"\n") >= summary["operations"]
+
+
+DISK_KINDS = ["disk_full", "fsync_eio", "disk_slow"]
+S3_KINDS = ["s3_500", "s3_503", "s3_timeout", "s3_reset", "s3_lost_answer"]
+
+
+def _start(out: Path, tmp: Path, seed: int, kinds: list[str], *mode: str) -> subprocess.Popen[str]:
+    cmd = [sys.executable, str(ROOT / "loadtest" / "chaos.py"), *mode, "--kinds", ",".join(kinds)]
+    cmd += ["--in-turn", "--faults", str(len(kinds)), "--seed", str(seed), "--gap", "0.5"]
+    cmd += ["--warmup", "1", "--out", str(out), "--dir", str(tmp)]
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _finished(proc: subprocess.Popen[str], out: Path, kinds: list[str]) -> dict[str, str]:
+    """Check a campaign's summary: every kind once, every guarantee held; each fault's
+    ``res`` by kind."""
+    stdout, stderr = proc.communicate(timeout=300)
+    lines = [json.loads(x) for x in stdout.splitlines() if x.startswith("{")]
+    summaries = [x["summary"] for x in lines if "summary" in x]
+    assert summaries, stdout[-3000:] + stderr[-3000:]
+    summary = summaries[0]
+    assert proc.returncode == 0, json.dumps(summary, indent=1) + stdout[-3000:]
+    assert summary["faults"] == dict.fromkeys(kinds, 1)
+    assert set(summary["violations"].values()) == {0}
+    assert summary["acknowledged_puts"] > 200
+    assert summary["watchers_caught_up"]
+    assert set(summary["unavailability"]) == set(kinds)
+    with (out / "history.jsonl").open() as f:
+        faults: list[dict[str, Any]] = [doc for doc in map(json.loads, f) if doc["op"] == "fault"]
+    assert all(f["t0"] <= f["t1"] for f in faults)
+    return {f["kind"]: f.get("res", "") for f in faults}
+
+
+def test_each_fault_of_the_disk_and_of_the_object_store_breaks_no_guarantee(
+    tmp_path: Path,
+) -> None:
+    require(why_not_tmpfs())
+    require(why_not_fuse())
+    disk = _start(tmp_path / "disk", tmp_path, 12, DISK_KINDS, "--disk", "tmpfs,faultfs")
+    s3 = _start(tmp_path / "s3", tmp_path, 13, S3_KINDS, "--s3")
+    try:
+        on_disk = _finished(disk, tmp_path / "disk", DISK_KINDS)
+        on_s3 = _finished(s3, tmp_path / "s3", S3_KINDS)
+    finally:
+        for proc in (disk, s3):
+            if proc.poll() is None:
+                proc.terminate()  # it stops its server and undoes its mounts
+                proc.wait(120)
+    # each fault did happen: a shard refused puts on the full disk, a shard's log failed
+    assert "puts refused: True" in on_disk["disk_full"], on_disk
+    assert "/readyz failed: True" in on_disk["fsync_eio"], on_disk
+    assert (tmp_path / "disk" / "mnt.faults.json.log").read_text().startswith("fsync 5 ")
+    for kind, res in on_s3.items():
+        fired = re.search(r" x(\d+) ", res)
+        assert fired, (kind, res)
+        assert int(fired.group(1)) >= 1, (kind, res)
