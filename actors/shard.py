@@ -631,7 +631,6 @@ class QueueShard:
             return None
         queues = self.queues
         call = Call(len(items))
-        over = self.memory.over()
         full = self.device.full()
         keys = False
         for index, (name, command) in enumerate(items):
@@ -647,7 +646,7 @@ class QueueShard:
             kind = type(command)
             if queue.stopped is not None:
                 call.settle(index, queue.stopped)
-            elif (over or full) and kind is cmd.Put:
+            elif kind is cmd.Put and not self._let_in(command, full):  # type: ignore[arg-type]
                 call.settle(index, self._refused(name, full))
             else:
                 queue.decide(Entry(queue, command, call, index))
@@ -655,6 +654,13 @@ class QueueShard:
         if keys:
             call.future.add_done_callback(lambda f: self._publish_keys(items, f.result()))
         return call
+
+    def _let_in(self, put: cmd.Put, full: str | None) -> bool:
+        """Whether a put may go in now (then it counts against the memory budget)."""
+        if full is not None or self.memory.over():
+            return False
+        self.memory.admit(put)
+        return True
 
     def _missing(self, name: str, queue: QueueActor | None) -> QueueError | None:
         """Why ``name`` cannot take commands (None: it is being created; they wait)."""
@@ -773,7 +779,9 @@ class _ProgressLog:
 
 
 class MemoryBudget:
-    """This process's resident memory against a budget, read at most every 200 ms.
+    """This process's resident memory against a budget, read at most every 200 ms; the
+    puts let in since the last reading count too (their bodies and ``MESSAGE_OVERHEAD``
+    each), so one batch of up to 1000 puts decided between two readings stops at the budget.
 
     Over the budget, it first hands the allocator's free memory back to the system
     (``malloc_trim``: microseconds when nothing was freed, ~75 ms once after 400 MB were)
@@ -785,7 +793,8 @@ class MemoryBudget:
     def __init__(self, budget_bytes: int | None) -> None:
         self.budget = budget_bytes
         self._checked = 0.0
-        self._over = False
+        self._resident = 0  # at the last reading
+        self._admitted = 0  # bytes of the puts let in since
 
     def over(self) -> bool:
         if self.budget is None:
@@ -793,11 +802,22 @@ class MemoryBudget:
         now = time.perf_counter()  # a rate limit on /proc reads, not state time
         if now - self._checked >= 0.2:
             self._checked = now
-            self._over = resident_bytes() > self.budget
-            if self._over:
+            self._admitted = 0
+            self._resident = resident_bytes()
+            if self._resident > self.budget:
                 _malloc_trim()
-                self._over = resident_bytes() > self.budget
-        return self._over
+                self._resident = resident_bytes()
+        return self._resident + self._admitted > self.budget
+
+    def admit(self, put: cmd.Put) -> None:
+        """Count a put let in, until the next reading sees what it holds."""
+        if self.budget is not None:
+            self._admitted += sum(len(m.body) + MESSAGE_OVERHEAD for m in put.messages)
+
+
+# What a queued message holds beyond its body (its state and index entries; the engine's
+# target, loadtest/RESULTS.md "Engine micro-benchmark"), for MemoryBudget.admit.
+MESSAGE_OVERHEAD = 400
 
 
 def _malloc_trim() -> None:
