@@ -399,6 +399,7 @@ class Workload:
         self.probe_queues = _probe_queues(shards)
         self.errors: list[str] = []
         self.finals: dict[str, int] = {}  # each key's final version, once the workload stopped
+        self.probed_ok: dict[int, int] = {}  # shard → when its last good probe was sent, ms
 
     def client(self, retries: RetryPolicy = RETRIES, timeout: float = 10.0) -> Client:
         return Client(self.url, retries=retries, timeout=timeout)
@@ -701,6 +702,8 @@ class Workload:
                         rec.err = _code(exc)
                     rec.t1 = now_ms()
                     self.history.add(rec)
+                    if rec.err is None:
+                        self.probed_ok[shard] = rec.t0
                     time.sleep(0.1)
 
         return probe
@@ -984,13 +987,22 @@ class Faults:
     _s3_500 = _s3_503 = _s3_timeout = _s3_reset = _s3_lost_answer = _s3
 
 
-def wait_answering(dep: Deployment | ClusterDeployment, timeout: float = 120.0) -> float:
+def wait_answering(
+    dep: Deployment | ClusterDeployment,
+    timeout: float = 120.0,
+    work: Workload | None = None,
+    since_ms: int = 0,
+) -> float:
     """Seconds until ``/readyz`` answers 200 with no shard degraded (a full disk: 200, but
-    puts refused; a failed log: 503 until the shard's new process recovered) and every shard
-    has a channel again."""
+    puts refused; a failed log: 503 until the shard's new process recovered), every shard
+    has a channel again, and (given ``work``) every shard's probe sent after ``since_ms``
+    went through: /readyz stays 200 while a restarted shard recovers (on S3, seconds)."""
     started = time.monotonic()
     while time.monotonic() - started < timeout:
-        if dep.ready() and len(dep.shard_pids()) == dep.shards:
+        probed = work is None or all(
+            work.probed_ok.get(i, 0) >= since_ms for i in range(dep.shards)
+        )
+        if probed and dep.ready() and len(dep.shard_pids()) == dep.shards:
             return time.monotonic() - started
         time.sleep(0.1)
     raise RuntimeError(f"the server did not answer again within {timeout} s")
@@ -1087,7 +1099,7 @@ def _campaign(
             if rec is None:
                 continue
             injected += 1
-            back = wait_answering(dep)
+            back = wait_answering(dep, work=work, since_ms=rec.t1)
             say(
                 {
                     "fault": injected,
