@@ -421,29 +421,37 @@ def unavailability(recs: Iterable[Rec]) -> dict[str, dict[str, float]]:
     (``target``: the shard); a fault's ``target`` is a shard, or ``all``. A fault's gap is
     the time from its start (``t0``) to the first answer of a probe sent after its end
     (``t1``: a pause ends with SIGCONT) on the shard it hit — on every shard for ``all``,
-    the slowest of them."""
+    the slowest of them. A fault followed by the next one before its queues answered again
+    is counted as ``overlapped`` and left out of the figures (its gap is the two faults')."""
     recs = sorted(recs, key=lambda r: r.t0)
     probes: dict[str, list[Rec]] = defaultdict(list)
     for r in recs:
         if r.op == "probe" and r.err is None:
             probes[r.target].append(r)
+    faults = [r for r in recs if r.op == "fault"]
     gaps: dict[str, list[int]] = defaultdict(list)
-    for fault in (r for r in recs if r.op == "fault"):
+    overlapped: dict[str, int] = defaultdict(int)
+    for i, fault in enumerate(faults):
         shards = list(probes) if fault.target == "all" else [fault.target]
         firsts = []
         for shard in shards:
             after = [p.t1 for p in probes.get(shard, []) if p.t0 >= fault.t1]
             if after:
                 firsts.append(min(after))
-        if firsts and len(firsts) == len(shards):
+        if not firsts or len(firsts) < len(shards):
+            continue
+        if i + 1 < len(faults) and faults[i + 1].t0 < max(firsts):
+            overlapped[fault.kind] += 1
+        else:
             gaps[fault.kind].append(max(firsts) - fault.t0)
-    out = {}
-    for kind, values in sorted(gaps.items()):
-        values.sort()
-        out[kind] = {
-            "faults": len(values),
-            "p50_ms": statistics.median(values),
-            "p99_ms": values[min(len(values) - 1, int(len(values) * 0.99))],
-            "max_ms": values[-1],
-        }
+    out: dict[str, dict[str, float]] = {}
+    for kind in sorted(set(gaps) | set(overlapped)):
+        values = sorted(gaps.get(kind, []))
+        out[kind] = {"faults": len(values) + overlapped[kind], "overlapped": overlapped[kind]}
+        if values:
+            out[kind].update(
+                p50_ms=statistics.median(values),
+                p99_ms=values[min(len(values) - 1, int(len(values) * 0.99))],
+                max_ms=values[-1],
+            )
     return out
