@@ -801,10 +801,14 @@ class MemoryBudget:
             return False
         now = time.perf_counter()  # a rate limit on /proc reads, not state time
         if now - self._checked >= 0.2:
+            refusing = self._resident + self._admitted > self.budget
             self._checked = now
             self._admitted = 0
             self._resident = resident_bytes()
-            if self._resident > self.budget:
+            # Refusing since the last reading, or over now: what the allocator keeps free
+            # must not count (a shard just under its budget with drained messages' memory
+            # kept would otherwise let in only the headroom's worth every 200 ms).
+            if refusing or self._resident > self.budget:
                 _malloc_trim()
                 self._resident = resident_bytes()
         return self._resident + self._admitted > self.budget

@@ -80,3 +80,33 @@ async def test_puts_let_in_between_two_readings_count_against_the_budget(tmp_pat
     finally:
         await shard.close()
         await store.close()
+
+
+def test_a_shard_just_under_its_budget_with_freed_memory_kept_lets_puts_in() -> None:
+    # Found by loadtest/overload.py: after an overload a shard sat just under its budget
+    # (199 of 200 MiB, its drained messages' memory kept by the allocator) and let in only
+    # the headroom's worth of puts every 200 ms, refusing a third of them for good.
+    budget = MemoryBudget(None)
+    big = cmd.Put([cmd.NewMessage(body=b"x" * (2 * MIB))])
+    seen: list[bool] = []
+
+    def work() -> None:
+        held = [b"%06d" % i + b"x" * 994 for i in range(160_000)]
+        survivors = held[::100]
+        held.clear()  # drained: freed, but kept resident by the allocator
+        budget.budget = resident_bytes() + MIB  # just under it
+        budget._checked = 0.0
+        seen.append(budget.over())
+        budget.admit(big)
+        seen.append(budget.over())  # the put goes past the budget: refusing
+        budget._checked = 0.0  # the next reading
+        seen.append(budget.over())
+        budget.admit(big)
+        seen.append(budget.over())
+        del survivors
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    assert seen[:2] == [False, True]
+    assert seen[2:] == [False, False]  # the kept memory went back: room for puts again
