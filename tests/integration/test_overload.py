@@ -1,0 +1,114 @@
+"""Overload and soak, short (loadtest/overload.py): a real ``evq serve`` (two shards, two
+gateway processes) with a small shard memory budget is offered 10x its sustainable put load
+open-loop for 12 s, then the sustainable rate with consumers draining until puts are answered
+2xx again, then a 10-s mixed soak on the same server (one server start for both: the suite's
+budget, ~60 s in all). The long runs are the same command with ``--minutes`` (loadtest/overload.py's
+docstring)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+ROOT = Path(__file__).resolve().parents[2]
+BUDGET_MB = 200  # an idle shard is ~130 MiB: the budget is reached in a few seconds
+
+
+Run = tuple[subprocess.CompletedProcess[str], list[dict[str, Any]]]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
+    """One run of the tool for the module's tests (a second would cost the suite ~60 s)."""
+    tmp_path = tmp_path_factory.mktemp("overload")
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "loadtest" / "overload.py"), "overload",
+         "--minutes", "0.2", "--shard-memory-mb", str(BUDGET_MB), "--shards", "2",
+         "--workers", "2", "--calibrate", "2", "--recovery-limit", "30", "--progress", "4",
+         "--then-soak", "10", "--warmup", "2", "--max-rss-slope", "1000000",
+         "--dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=220,
+        check=False,
+    )  # fmt: skip
+    lines = [json.loads(x) for x in done.stdout.splitlines() if x.startswith("{")]
+    return done, lines
+
+
+def test_ten_times_the_sustainable_load_gets_429s_within_the_budget_and_recovers(
+    run: Run,
+) -> None:
+    done, lines = run
+    summaries = [x["summary"] for x in lines if "summary" in x]
+    assert summaries, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = summaries[0]
+    assert done.returncode == 0, json.dumps(summary["failures"]) + done.stderr[-2000:]
+    assert summary["ok"]
+    assert summary["failures"] == []
+
+    # overloaded: 10x the messages were offered, the excess got 429 with Retry-After
+    assert summary["offered"]["factor"] == 10
+    over = summary["overload"]["put"]
+    assert over["r429"] > 100, over
+    assert over["r429_no_retry_after"] == 0
+    for phase in ("overload", "recovery"):
+        for op in ("put", "take", "ack"):
+            counts = summary[phase].get(op, {})
+            assert counts.get("timeout", 0) == 0, (phase, op, counts)
+            assert counts.get("conn_error", 0) == 0, (phase, op, counts)
+
+    # memory: each shard stayed within its budget plus the stated allowance
+    memory = summary["memory"]
+    shards = {k: v for k, v in memory.items() if k.startswith("shard:")}
+    assert len(shards) == 2, memory
+    for name, doc in memory.items():
+        assert doc["peak_mib"] <= doc["limit_mib"], (name, doc)
+    for doc in shards.values():
+        assert doc["limit_mib"] == BUDGET_MB + summary["allowances"]["shard_mib"]
+        assert doc["peak_mib"] > 0.9 * BUDGET_MB  # the budget was reached, not idled under
+    assert {k.split(":")[0] for k in memory} == {"gateway", "worker", "shard"}
+
+    # recovered: puts answered 2xx again at the sustainable rate, consumers draining
+    recovery = summary["recovery"]
+    assert recovery["recovered"], recovery
+    assert recovery["seconds_to_recover"] <= 30
+    assert recovery["take"]["messages"] > 0
+    assert recovery["ack"]["messages"] > 0
+
+    # progress lines came out while it ran
+    assert {x["progress"] for x in lines if "progress" in x} >= {"overload", "recovery", "soak"}
+
+
+def test_the_soak_samples_every_process_of_the_server(run: Run) -> None:
+    done, lines = run
+    summaries = [x["summary"] for x in lines if "summary" in x]
+    assert summaries, done.stdout[-3000:] + done.stderr[-3000:]
+    summary = summaries[0]
+    soak = summary["soak"]
+    baseline = next(x["baseline"] for x in lines if "baseline" in x)
+    assert set(baseline) <= set(soak["processes"]), (baseline, soak["processes"])
+    assert soak["roles"]["shard"] == 2
+    assert soak["roles"]["gateway"] == 1
+    assert soak["roles"]["worker"] == 1
+    for name, proc in soak["processes"].items():
+        assert proc["samples"] >= 7, (name, proc)
+        assert proc["fds_start"] is not None, name
+        assert proc["fds_end"] is not None, name
+        assert proc["rss_slope_mib_per_hour"] is not None, name
+        assert proc["rss_end_mib"] > 0
+    for op in ("put", "take", "ack"):
+        assert soak["p99_ms_per_minute"][op], op
+        assert soak["p99_ms_per_minute"][op][0] is not None
+        assert set(soak["p99_ms_first_vs_last_10_min"][op]) == {"first", "last"}
+        assert soak["totals"][op]["ok"] > 0
+        assert soak["totals"][op]["timeout"] == 0
+    assert soak["thresholds"]["judged"] == ["gateway", "worker", "shard"]
+    assert soak["ok"], soak["failures"]
