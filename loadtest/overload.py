@@ -69,13 +69,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import math
 import multiprocessing as mp
 import os
 import queue as queue_mod
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -425,7 +425,10 @@ class Phase:
 
     def __init__(self, ctx: Any, specs: list[dict[str, Any]]) -> None:
         self.out = ctx.Queue()
-        self.procs = [ctx.Process(target=_load_main, args=(s, self.out)) for s in specs]
+        # daemonic: ended by multiprocessing at exit (also on SIGTERM, through SystemExit)
+        self.procs = [
+            ctx.Process(target=_load_main, args=(s, self.out), daemon=True) for s in specs
+        ]
         for proc in self.procs:
             proc.start()
 
@@ -493,7 +496,11 @@ class Run:
             Path(args.out).mkdir(parents=True, exist_ok=True)
             self.out_file = open(Path(args.out) / f"{args.command}.jsonl", "w")  # noqa: SIM115
         self.server = EvqServe(self.tmp / "data", self.tmp / "serve.log", server_args)
-        self.server.wait_ready(180)
+        try:
+            self.server.wait_ready(180)
+        except BaseException:
+            self.emit({"server_stop": self.server.stop(30), "log": str(self.tmp / "serve.log")})
+            raise
         self.sampler = Sampler(self.server.pid)
         self.ctx = mp.get_context("fork")
         self.t0 = time.monotonic()
@@ -1038,8 +1045,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    with contextlib.suppress(OSError):
-        os.nice(0)
+    # SIGTERM (a test's timeout) unwinds, so the server's session is stopped on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     return overload(args) if args.command == "overload" else soak(args)
 
 

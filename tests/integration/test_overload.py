@@ -28,17 +28,19 @@ Run = tuple[subprocess.CompletedProcess[str], list[dict[str, Any]]]
 def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     """One run of the tool for the module's tests (a second would cost the suite ~60 s)."""
     tmp_path = tmp_path_factory.mktemp("overload")
-    done = subprocess.run(
-        [sys.executable, str(ROOT / "loadtest" / "overload.py"), "overload",
-         "--minutes", "0.2", "--shard-memory-mb", str(BUDGET_MB), "--shards", "2",
-         "--workers", "2", "--calibrate", "2", "--recovery-limit", "30", "--progress", "4",
-         "--then-soak", "10", "--warmup", "2",
-         "--dir", str(tmp_path)],
-        capture_output=True,
-        text=True,
-        timeout=220,
-        check=False,
-    )  # fmt: skip
+    command = [
+        sys.executable, str(ROOT / "loadtest" / "overload.py"), "overload",
+        "--minutes", "0.2", "--shard-memory-mb", str(BUDGET_MB), "--shards", "2",
+        "--workers", "2", "--calibrate", "2", "--recovery-limit", "30", "--progress", "4",
+        "--then-soak", "10", "--warmup", "2", "--dir", str(tmp_path),
+    ]  # fmt: skip
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=200)
+    except subprocess.TimeoutExpired:
+        proc.terminate()  # the tool stops its server on SIGTERM (a kill would leave it)
+        out, err = proc.communicate(timeout=60)
+    done = subprocess.CompletedProcess(command, proc.returncode, out, err)
     lines = [json.loads(x) for x in done.stdout.splitlines() if x.startswith("{")]
     return done, lines
 
