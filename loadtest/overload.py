@@ -31,8 +31,9 @@ It prints JSON lines (``baseline``, ``calibration``, ``offered``, ``progress`` e
   before it can refuse them (``--shard-allowance-mb`` overrides);
 - a gateway process's peak passed its idle RSS (the ``baseline``, measured after start)
   plus the gateway allowance: 64 MiB + one overload request's bytes x (the client's
-  connections + 2 x ``--max-requests``) — a gateway has no memory budget, only its bounds
-  on requests and connections (``--gateway-allowance-mb`` overrides);
+  connections + 3 x ``--max-requests``: read, decoded, framed toward a shard) — a gateway
+  has no memory budget, only its bounds on requests and connections
+  (``--gateway-allowance-mb`` overrides);
 - a request timed out (``--timeout``) instead of being answered, or a connection failed;
 - a 429 lacked Retry-After; overload brought no 429 at all; or it did not recover.
 
@@ -839,7 +840,7 @@ def allowances_mib(args: argparse.Namespace) -> dict[str, Any]:
         shard = 16 + in_flight
     gateway = args.gateway_allowance_mb
     if gateway is None:
-        gateway = 64 + (args.procs * args.max_conns + 2 * args.max_requests) * request / MIB
+        gateway = 64 + (args.procs * args.max_conns + 3 * args.max_requests) * request / MIB
     return {
         "shard_mib": round(shard, 1),
         "gateway_mib": round(gateway, 1),
@@ -850,8 +851,8 @@ def allowances_mib(args: argparse.Namespace) -> dict[str, Any]:
         "at once (--max-requests x --workers x request bytes): their bodies reach a shard "
         "before it can refuse them",
         "gateway_default": "64 MiB (allocator, buffers) + request bytes x (the client's "
-        "connections, each with a request in the socket buffers, + 2 x --max-requests in "
-        "flight, raw and decoded)",
+        "connections, each with a request read, + 3 x --max-requests: those in flight "
+        "decoded, and twice in a frame toward a shard)",
     }
 
 
