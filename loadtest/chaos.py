@@ -885,10 +885,13 @@ class Faults:
         index = self.rng.randrange(self.dep.shards)
         hold = self.rng.uniform(1.0, 3.0)
         rec.target = str(index)
+        q = _probe_queues(self.dep.shards, "chaos-ballast")[index]
+        with Client(self.dep.url, retries=RETRIES) as c:
+            c.create_queue(q, visibility_timeout=60)  # before the disk is full
         rec.t0 = now_ms()
         written = disk.fill()
         try:
-            ballast, refused = self._ballast(index, time.monotonic() + 30)
+            ballast, refused = self._ballast(q, time.monotonic() + 30)
             time.sleep(hold)
             status, doc = readyz(self.dep.url)
         finally:
@@ -901,14 +904,12 @@ class Faults:
         )
         return True
 
-    def _ballast(self, index: int, deadline: float) -> tuple[int, bool]:
-        """Put 1 MiB messages (random, so they do not compress) into shard ``index``'s
-        ballast queue, taking and acking them, until a put is refused with 503, 64 MiB went
-        in, or ``deadline``: the bytes put, whether a put was refused."""
-        q = _probe_queues(self.dep.shards, "chaos-ballast")[index]
+    def _ballast(self, q: str, deadline: float) -> tuple[int, bool]:
+        """Put 1 MiB messages (random, so they do not compress) into the queue ``q``, taking
+        and acking them, until a put is refused with 503, 64 MiB went in, or ``deadline``:
+        the bytes put, whether a put was refused."""
         put = 0
         with Client(self.dep.url, retries=RetryPolicy(retries=0), timeout=10.0) as c:
-            c.create_queue(q, visibility_timeout=60)
             while put < 64 << 20 and time.monotonic() < deadline:
                 body = base64.b64encode(self.rng.randbytes(768 << 10))
                 try:
