@@ -38,7 +38,9 @@ fuse``; the helpers are ``loadtest/diskfaults.py`` and ``loadtest/faultfs.py``):
 - ``--disk tmpfs``: the data directory on a tmpfs of ``--disk-size`` MiB (512). Kind
   ``disk_full``: a filler file fills it; ballast (1 MiB messages, acked at once) goes into
   one shard until it needs a new segment and refuses puts (503; /readyz 200 ``degraded``);
-  after 1 to 3 s more the filler is deleted, and the shard takes puts again by itself.
+  half of the time that shard's process is then SIGKILLed, and Ray starts it again on the
+  full disk (it waits, recovering, for room for a segment); after 1 to 3 s more the filler
+  is deleted, and the shard takes puts again by itself.
   (Without the ballast a short fill would rarely meet the end of a 16 MiB segment, and no
   shard would notice it.)
 - ``--disk faultfs``: the data directory through faultfs, a FUSE file system whose fsyncs
@@ -876,7 +878,8 @@ class Faults:
 
     def _disk_full(self, rec: Rec) -> bool:
         """Fill the tmpfs; put ballast (big messages, acked at once) into a queue of one shard
-        until it needs a new segment and refuses puts; hold 1 to 3 s; delete the filler.
+        until it needs a new segment and refuses puts; half of the time SIGKILL the shard's
+        process (it starts again on the full disk); hold 1 to 3 s; delete the filler.
         (A shard that needs no new segment while the disk is full notices nothing: without
         the ballast, a short fill would rarely meet a 16 MiB segment's end.)"""
         disk = self.disk
@@ -890,8 +893,14 @@ class Faults:
             c.create_queue(q, visibility_timeout=60)  # before the disk is full
         rec.t0 = now_ms()
         written = disk.fill()
+        killed = self.rng.random() < 0.5
         try:
             ballast, refused = self._ballast(q, time.monotonic() + 30)
+            if killed:  # and it starts again on the full disk
+                pid = self.dep.shard_pids().get(index)
+                killed = pid is not None
+                if pid is not None:
+                    os.kill(pid, signal.SIGKILL)
             time.sleep(hold)
             status, doc = readyz(self.dep.url)
         finally:
@@ -900,7 +909,8 @@ class Faults:
         degraded = [d["index"] for d in doc.get("degraded", [])] if status == 200 else status
         rec.res = (
             f"filled {written >> 20} MiB; ballast {ballast >> 20} MiB; puts refused: "
-            f"{refused}; degraded after {hold:.1f} s: {degraded}"
+            f"{refused}; shard killed while full: {killed}; degraded after {hold:.1f} s: "
+            f"{degraded}"
         )
         return True
 
