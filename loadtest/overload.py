@@ -586,11 +586,15 @@ class Run:
 
     def stop(self) -> dict[str, Any]:
         stopped = self.server.stop(60)
-        if self.out_file is not None:
-            self.out_file.close()
         if not self.args.keep:
             shutil.rmtree(self.tmp, ignore_errors=True)
         return stopped
+
+    def close(self) -> None:
+        """Close ``--out``'s file (after the last line: the server's stop)."""
+        if self.out_file is not None:
+            self.out_file.close()
+            self.out_file = None
 
 
 def baseline(run: Run) -> dict[str, dict[str, float]]:
@@ -642,6 +646,7 @@ def overload(args: argparse.Namespace) -> int:
         return _overload(run, args)
     finally:
         run.emit({"server_stop": run.stop()})
+        run.close()
 
 
 def _overload(run: Run, args: argparse.Namespace) -> int:
@@ -869,6 +874,7 @@ def soak(args: argparse.Namespace) -> int:
         return _soak(run, args)
     finally:
         run.emit({"server_stop": run.stop()})
+        run.close()
 
 
 def _soak(run: Run, args: argparse.Namespace) -> int:
