@@ -15,7 +15,7 @@ from actors.core import commands as cmd
 from actors.errors import Overloaded
 from actors.log.store import LocalDirStore
 from actors.settings import QueueSettings
-from actors.shard import MemoryBudget, QueueShard, resident_bytes
+from actors.shard import MemoryBudget, QueueShard, _malloc_trim, resident_bytes
 
 MIB = 1024 * 1024
 
@@ -28,6 +28,9 @@ def _fill_and_drain(budget: MemoryBudget) -> tuple[bool, bool]:
     seen: list[bool] = []
 
     def work() -> None:
+        # What earlier code of this process freed would go back to the system at the
+        # budget's first trim and take RSS under a budget set from it: give it back first.
+        _malloc_trim()
         held: list[object] = []
         survivors: list[object] = []
         for i in range(160_000):
