@@ -108,7 +108,7 @@ from chaos_env import (
     parse_disks,
     s3_fault,
 )
-from served import RAY_ENV, ROOT, EvqServe, free_port, session_pids
+from served import RAY_ENV, ROOT, EvqServe, cmdline, free_port, kill_session, session_pids
 
 sys.path.insert(0, str(ROOT))
 
@@ -186,7 +186,7 @@ class Deployment:
     def _channels(self) -> dict[int, tuple[int, int]]:
         found: dict[int, tuple[int, int]] = {}
         for pid in self.pids():
-            if not _cmdline(pid).startswith("ray::ShardActor"):
+            if not cmdline(pid).startswith("ray::ShardActor"):
                 continue
             with contextlib.suppress(OSError), open(os.readlink(f"/proc/{pid}/fd/2"), "rb") as f:
                 for m in CHANNEL_LINE.finditer(f.read()):
@@ -194,11 +194,11 @@ class Deployment:
         return found
 
     def worker_pids(self) -> list[int]:
-        return [p for p in self.pids() if "gateway.workers" in _cmdline(p)]
+        return [p for p in self.pids() if "gateway.workers" in cmdline(p)]
 
     def kill(self) -> None:
         assert self.server is not None
-        _kill_session(self.server.pid)
+        kill_session(self.server.pid)
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.server.proc.wait(10)
         self.server._log.close()
@@ -295,20 +295,19 @@ class ClusterDeployment:
     channel_ports = Deployment.channel_ports
     _channels = Deployment._channels
 
-    def worker_pids(self) -> list[int]:
-        return [p for p in self.pids() if "gateway.workers" in _cmdline(p)]
+    worker_pids = Deployment.worker_pids
 
     def kill_gateway(self, i: int) -> None:
         gw = self.gateways[i]
         assert gw is not None
-        _kill_session(gw.pid)
+        kill_session(gw.pid)
         with contextlib.suppress(subprocess.TimeoutExpired):
             gw.proc.wait(10)
         gw._log.close()
 
     def kill_node(self, name: str) -> None:
         proc = self.nodes.pop(name)
-        _kill_session(proc.pid)
+        kill_session(proc.pid)
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(10)
 
@@ -336,25 +335,6 @@ def readyz(url: str) -> tuple[int | None, Any]:
         return exc.code, None
     except (OSError, ValueError):
         return None, None
-
-
-def _kill_session(sid: int) -> None:
-    for _ in range(50):
-        pids = session_pids(sid)
-        if not pids:
-            return
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.kill(pid, signal.SIGKILL)
-        time.sleep(0.1)
-
-
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
 
 
 # ---------------------------------------------------------------- the workload

@@ -39,7 +39,7 @@ import time
 from typing import Any
 
 from bench_server import BENCH, Target
-from served import session_pids
+from served import cmdline, session_pids
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 CORES = os.cpu_count() or 1
@@ -56,14 +56,6 @@ def _cpu_seconds(pid: int) -> float | None:
     return (int(fields[11]) + int(fields[12])) / CLK_TCK
 
 
-def _cmdline(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
-
-
 def _machine_busy_seconds() -> float:
     with open("/proc/stat") as f:
         fields = [int(x) for x in f.readline().split()[1:]]
@@ -75,7 +67,7 @@ def _machine_busy_seconds() -> float:
 def _group(kind: str, pid: int, main_pid: int) -> str:
     if pid == main_pid:
         return "gateway" if kind == "evq" else "server"
-    return "workers" if _cmdline(pid).startswith("ray::") else "ray"
+    return "workers" if cmdline(pid).startswith("ray::") else "ray"
 
 
 def _snapshot(kind: str, main_pid: int, loadgen_pid: int) -> dict[int, tuple[str, float]]:

@@ -86,6 +86,27 @@ def session_pids(sid: int) -> list[int]:
     return pids
 
 
+def cmdline(pid: int) -> str:
+    """A process's command line ("" when it is gone)."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def kill_session(sid: int) -> None:
+    """SIGKILL every process of session ``sid`` until none is left (5 s at most)."""
+    for _ in range(50):
+        pids = session_pids(sid)
+        if not pids:
+            return
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.1)
+
+
 class EvqServe:
     """``evq serve --data DATA`` on 127.0.0.1 with ``extra`` arguments, in its own session."""
 
