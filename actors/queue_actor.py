@@ -194,6 +194,7 @@ class QueueActor:
         "log_commits",
         "name",
         "next_seq",
+        "snapshot_bytes",
         "snapshots",
         "state",
         "stopped",
@@ -215,6 +216,7 @@ class QueueActor:
         self.next_seq = next_seq  # the sequence number of this queue's next event
         self.durable_seq = next_seq - 1
         self.snapshots = sorted(snapshots or [])  # its snapshots' sequence numbers
+        self.snapshot_bytes = 0  # the size of the last snapshot object this process wrote
         self.legacy = legacy  # version-1 segments of its own remain (pruned behind snapshots)
         # Told of durable changes, when it cares: a durable write of a busy queue nobody
         # waits on or watches skips the telling (it happens for every queue of every write).
@@ -616,6 +618,7 @@ class QueueActor:
             if key is None:
                 return None
             self._snapshot_at_ms = self.host.clock.now_ms()
+            self.snapshot_bytes = len(data)
             self.snapshots = await prune_snapshots(store, self.name, sorted({*self.snapshots, seq}))
             self._snapshot_due()
             if self.legacy:

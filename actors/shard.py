@@ -405,7 +405,9 @@ class QueueShard:
                 entry.queue.decide(entry)
 
     def snapshot_taken(self, queue: QueueActor) -> None:
-        """A queue has a new snapshot: drop the segments that snapshots now cover."""
+        """A queue has a new snapshot: drop the segments that snapshots now cover; keep room
+        in the memory budget for its next one."""
+        self.memory.reserve(queue.name, queue.snapshot_bytes)
         if not self._pruning:
             # Marked now, not when the task starts: two snapshots in one turn of the loop
             # would otherwise start two prunes, and the second would drop from the list a
@@ -538,6 +540,7 @@ class QueueShard:
         await queue.execute(cmd.Drop())
         del self.queues[name]
         await queue.close(snapshot=False)
+        self.memory.reserve(name, 0)
         self._deleted[name] = queue.next_seq - 1
         self._forget_report(name)
         await self._erase(name, queue.next_seq - 1)
@@ -782,6 +785,9 @@ class MemoryBudget:
     """This process's resident memory against a budget, read at most every 200 ms; the
     puts let in since the last reading count too (their bodies and ``MESSAGE_OVERHEAD``
     each), so one batch of up to 1000 puts decided between two readings stops at the budget.
+    So does room for each queue's next snapshot (twice its last snapshot object: the object
+    while its compressed parts are joined, then again as it is read back), which a queue
+    writes whatever the load.
 
     Over the budget, it first hands the allocator's free memory back to the system
     (``malloc_trim``: microseconds when nothing was freed, ~75 ms once after 400 MB were)
@@ -795,23 +801,32 @@ class MemoryBudget:
         self._checked = 0.0
         self._resident = 0  # at the last reading
         self._admitted = 0  # bytes of the puts let in since
+        self._snapshots: dict[str, int] = {}  # queue: its last snapshot object's size
+        self._reserved = 0  # room for the next snapshots: twice their sum
 
     def over(self) -> bool:
         if self.budget is None:
             return False
         now = time.perf_counter()  # a rate limit on /proc reads, not state time
         if now - self._checked >= 0.2:
-            refusing = self._resident + self._admitted > self.budget
+            refusing = self._resident + self._admitted + self._reserved > self.budget
             self._checked = now
             self._admitted = 0
             self._resident = resident_bytes()
             # Refusing since the last reading, or over now: what the allocator keeps free
             # must not count (a shard just under its budget with drained messages' memory
             # kept would otherwise let in only the headroom's worth every 200 ms).
-            if refusing or self._resident > self.budget:
+            if refusing or self._resident + self._reserved > self.budget:
                 _malloc_trim()
                 self._resident = resident_bytes()
-        return self._resident + self._admitted > self.budget
+        return self._resident + self._admitted + self._reserved > self.budget
+
+    def reserve(self, queue: str, snapshot_bytes: int) -> None:
+        """``queue``'s last snapshot object was ``snapshot_bytes`` (0: it is gone)."""
+        before = self._snapshots.pop(queue, 0)
+        if snapshot_bytes:
+            self._snapshots[queue] = snapshot_bytes
+        self._reserved += 2 * (snapshot_bytes - before)
 
     def admit(self, put: cmd.Put) -> None:
         """Count a put let in, until the next reading sees what it holds."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import heapq
 from collections import deque
+from collections.abc import Iterator
 from typing import Any
 
 import msgspec
@@ -24,6 +25,7 @@ __all__ = [
     "Snapshot",
     "decode_snapshot",
     "encode_snapshot",
+    "encode_snapshot_parts",
     "restore",
     "snapshot",
 ]
@@ -79,6 +81,42 @@ def snapshot(state: QueueState) -> Snapshot:
 def encode_snapshot(snap: Snapshot) -> bytes:
     """msgpack bytes of a snapshot."""
     return _encoder.encode(snap)
+
+
+def encode_snapshot_parts(
+    snap: Snapshot, part_bytes: int = 1 << 20
+) -> Iterator[bytes | memoryview]:
+    """:func:`encode_snapshot`'s bytes in parts, its messages and outbox about ``part_bytes``
+    of bodies at a time: a big queue's snapshot is compressed as it is encoded, never whole
+    in memory."""
+    fields = snap.__struct_fields__
+    yield _array_header(len(fields))
+    for name in fields:
+        value = getattr(snap, name)
+        if name not in _STREAMED:
+            yield _encoder.encode(value)
+            continue
+        yield _array_header(len(value))
+        start = size = 0
+        for i, message in enumerate(value):
+            size += len(message.body) + 64
+            if size >= part_bytes or i == len(value) - 1:
+                part = value[start : i + 1]
+                # the part's own array header goes: its elements continue the whole list's
+                yield memoryview(_encoder.encode(part))[len(_array_header(len(part))) :]
+                start, size = i + 1, 0
+
+
+_STREAMED = frozenset({"messages", "outbox"})
+
+
+def _array_header(length: int) -> bytes:
+    """A msgpack array header (fixarray, array 16, array 32)."""
+    if length < 16:
+        return bytes([0x90 | length])
+    if length < 1 << 16:
+        return b"\xdc" + length.to_bytes(2, "big")
+    return b"\xdd" + length.to_bytes(4, "big")
 
 
 def decode_snapshot(data: bytes) -> Snapshot:

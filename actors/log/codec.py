@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import struct
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 
 import msgspec
 import zstandard
@@ -23,12 +23,14 @@ __all__ = [
     "Damage",
     "SegmentHeader",
     "SegmentRead",
+    "check_snapshot_object",
     "decode_segment",
     "decode_segment_header",
     "decode_snapshot_object",
     "encode_payloads",
     "encode_segment",
     "encode_snapshot_object",
+    "encode_snapshot_object_parts",
     "snapshot_object_header",
 ]
 
@@ -197,24 +199,52 @@ def encode_snapshot_object(epoch: int, seq: int, body: bytes) -> bytes:
 
 def snapshot_object_header(epoch: int, seq: int, flags: int, body: bytes) -> bytes:
     """The 40-byte header of a snapshot object whose stored body is ``body``."""
+    return _snapshot_header(epoch, seq, flags, len(body), zlib.crc32(body))
+
+
+def _snapshot_header(epoch: int, seq: int, flags: int, size: int, body_crc: int) -> bytes:
     head = struct.pack(
-        "<4sHHQQQI",
-        SNAPSHOT_MAGIC,
-        SNAPSHOT_OBJECT_VERSION,
-        flags,
-        epoch,
-        seq,
-        len(body),
-        zlib.crc32(body),
+        "<4sHHQQQI", SNAPSHOT_MAGIC, SNAPSHOT_OBJECT_VERSION, flags, epoch, seq, size, body_crc
     )
     return head + struct.pack("<I", zlib.crc32(head))
 
 
-def decode_snapshot_object(data: bytes) -> tuple[int, int, bytes]:
-    """``(epoch, seq, body)`` of a snapshot object, checked and decompressed.
+def encode_snapshot_object_parts(
+    epoch: int, seq: int, parts: Callable[[], Iterable[bytes | memoryview]]
+) -> bytes:
+    """:func:`encode_snapshot_object` of the concatenation of ``parts()``, compressed part by
+    part: memory holds the compressed body and one part, not the whole plain body as well.
+    ``parts`` is called a second time only when the body stays plain (compressed, it would
+    not be at most ``COMPRESS_GAIN`` of it)."""
+    deflater = zstandard.ZstdCompressor(level=_ZSTD_LEVEL, threads=0).compressobj()
+    packed: list[bytes] = []
+    size = 0
+    for part in parts():
+        size += len(part)
+        packed.append(deflater.compress(part))
+    packed.append(deflater.flush())
+    packed_size = sum(map(len, packed))
+    if size >= COMPRESS_MIN and packed_size <= COMPRESS_GAIN * size:
+        return _snapshot_object(epoch, seq, _ZSTD, packed, packed_size)
+    del packed
+    return _snapshot_object(epoch, seq, 0, list(parts()), size)
+
+
+def _snapshot_object(
+    epoch: int, seq: int, flags: int, body: list[bytes | memoryview] | list[bytes], size: int
+) -> bytes:
+    """Header and ``body`` (in parts, ``size`` bytes in all) joined once."""
+    crc = 0
+    for part in body:
+        crc = zlib.crc32(part, crc)
+    return b"".join([_snapshot_header(epoch, seq, flags, size, crc), *body])
+
+
+def _snapshot_object_parts(data: bytes) -> tuple[int, int, int, memoryview]:
+    """``(epoch, seq, flags, stored body)`` of a snapshot object whose header and body check.
 
     Raises:
-        DataError: any check fails (header, length, CRC, decompression).
+        DataError: too short, bad magic, version, flags, length or CRC.
     """
     if len(data) < SNAPSHOT_HEADER_SIZE:
         raise DataError("snapshot shorter than its header")
@@ -232,6 +262,28 @@ def decode_snapshot_object(data: bytes) -> tuple[int, int, bytes]:
         raise DataError(f"snapshot body is {len(body)} bytes, header says {length}")
     if zlib.crc32(body) != body_crc:
         raise DataError("snapshot body checksum mismatch")
+    return epoch, seq, flags, body
+
+
+def check_snapshot_object(data: bytes) -> tuple[int, int]:
+    """``(epoch, seq)`` of a snapshot object whose header and stored body check (lengths,
+    CRCs), without decompressing it: a written snapshot's read-back check, which must not
+    hold the whole plain state in memory a second time.
+
+    Raises:
+        DataError: a check fails.
+    """
+    epoch, seq, _, _ = _snapshot_object_parts(data)
+    return epoch, seq
+
+
+def decode_snapshot_object(data: bytes) -> tuple[int, int, bytes]:
+    """``(epoch, seq, body)`` of a snapshot object, checked and decompressed.
+
+    Raises:
+        DataError: any check fails (header, length, CRC, decompression).
+    """
+    epoch, seq, flags, body = _snapshot_object_parts(data)
     if not flags:
         return epoch, seq, bytes(body)
     try:

@@ -10,14 +10,14 @@ from __future__ import annotations
 
 import logging
 
-from actors.core.snapshot import encode_snapshot, snapshot
+from actors.core.snapshot import encode_snapshot_parts, snapshot
 from actors.core.state import QueueState
 from actors.errors import DataError
 from actors.log import keys
 from actors.log.codec import (
+    check_snapshot_object,
     decode_segment_header,
-    decode_snapshot_object,
-    encode_snapshot_object,
+    encode_snapshot_object_parts,
 )
 from actors.log.store import KeyNotFound, ObjectStore
 
@@ -35,13 +35,18 @@ KEEP_SNAPSHOTS = 2
 
 
 def encode_state(state: QueueState, epoch: int, seq: int) -> bytes:
-    """A snapshot object of ``state`` as of record ``seq``. CPU-bound; call it in one go."""
-    return encode_snapshot_object(epoch, seq, encode_snapshot(snapshot(state)))
+    """A snapshot object of ``state`` as of record ``seq``. CPU-bound; call it in one go.
+    Encoded and compressed a part at a time: besides the state, memory holds about the
+    compressed object (twice, while the parts are joined), not the plain encoding."""
+    snap = snapshot(state)
+    return encode_snapshot_object_parts(epoch, seq, lambda: encode_snapshot_parts(snap))
 
 
 async def write_snapshot(store: ObjectStore, queue: str, seq: int, data: bytes) -> str | None:
     """Store an encoded snapshot and read it back; return its key, or None if it was not
-    verified (an existing object under that key is verified the same way).
+    verified (an existing object under that key is verified the same way). The read-back
+    checks the header and the stored body's CRC, without decompressing it (which would hold
+    the whole plain state again).
 
     Raises:
         StoreError: the store failed.
@@ -49,7 +54,7 @@ async def write_snapshot(store: ObjectStore, queue: str, seq: int, data: bytes) 
     key = keys.snapshot_key(queue, seq)
     await store.put_if_absent(key, data)
     try:
-        _, got_seq, _ = decode_snapshot_object(await store.get(key))
+        _, got_seq = check_snapshot_object(await store.get(key))
     except DataError as exc:
         log.error("queue %s: snapshot %s does not verify: %s", queue, key, exc.message)
         return None

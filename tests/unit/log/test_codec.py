@@ -13,6 +13,7 @@ from __future__ import annotations
 import contextlib
 import random
 import struct
+import tracemalloc
 import typing
 
 import msgspec
@@ -24,7 +25,13 @@ from hypothesis import strategies as st
 from actors.core import commands as c
 from actors.core import events as ev
 from actors.core.decide import execute
-from actors.core.snapshot import decode_snapshot, encode_snapshot, restore, snapshot
+from actors.core.snapshot import (
+    decode_snapshot,
+    encode_snapshot,
+    encode_snapshot_parts,
+    restore,
+    snapshot,
+)
 from actors.core.state import QueueState
 from actors.errors import DataError, ErrorKind
 from actors.ids import SequentialIds
@@ -32,12 +39,14 @@ from actors.log import codec, keys
 from actors.log.codec import (
     Damage,
     SegmentHeader,
+    check_snapshot_object,
     decode_segment,
     decode_segment_header,
     decode_snapshot_object,
     encode_payloads,
     encode_segment,
     encode_snapshot_object,
+    encode_snapshot_object_parts,
 )
 from actors.settings import QueueSettings
 from tests.unit.log import layout
@@ -530,6 +539,57 @@ def test_snapshot_objects_round_trip(
     assert type(got) is bytes
     # and the body is the state again
     assert _body(restore(decode_snapshot(got))) == body
+
+
+@pytest.mark.parametrize(
+    ("messages", "make_body"),
+    [
+        (0, compressible),
+        (2000, lambda i: compressible(50 + i % 7)),
+        (300, lambda i: incompressible(600, seed=i)),
+        (70_000, lambda i: b"x"),  # more messages than an array 16 holds
+    ],
+    ids=["small", "large-compressible", "large-incompressible", "array-32"],
+)
+@pytest.mark.parametrize("part_bytes", [1, 1000, 70_000, 1 << 20])
+def test_a_snapshot_object_written_in_parts_is_the_same_snapshot(
+    messages: int, make_body: typing.Callable[[int], bytes], part_bytes: int
+) -> None:
+    snap = snapshot(_state_with(messages, make_body))
+    body = encode_snapshot(snap)
+    assert b"".join(encode_snapshot_parts(snap, part_bytes)) == body
+    data = encode_snapshot_object_parts(3, 99, lambda: encode_snapshot_parts(snap, part_bytes))
+    whole = encode_snapshot_object(3, 99, body)
+    assert decode_snapshot_object(data) == (3, 99, body)
+    assert check_snapshot_object(data) == (3, 99)
+    # the same flags (compressed exactly when one-shot is), and a plain one byte for byte
+    assert layout.snap_header(data).flags == layout.snap_header(whole).flags
+    if not layout.snap_header(whole).flags:
+        assert data == whole
+
+
+def test_a_big_snapshot_is_never_whole_in_memory_in_plain() -> None:
+    """Written in parts, a compressible snapshot of 40 MB takes a few MB of memory beyond the
+    state, not the plain 40 MB (the shard's memory budget: loadtest/RESULTS.md "Overload")."""
+    snap = snapshot(_state_with(40_000, lambda i: compressible(1000)))
+    plain = len(encode_snapshot(snap))
+    tracemalloc.start()
+    try:
+        data = encode_snapshot_object_parts(1, 2, lambda: encode_snapshot_parts(snap))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert plain > 40_000_000
+    assert len(data) < plain // 20
+    assert peak < plain // 10
+
+
+def test_the_read_back_check_catches_what_decoding_would_without_decompressing() -> None:
+    good = encode_snapshot_object(4, 77, _body(_state_with(400, lambda i: compressible(40))))
+    assert check_snapshot_object(good) == (4, 77)
+    for bad in (good[:-1], layout.flip_bit(good, 8 * 60), layout.flip_bit(good, 8)):
+        with pytest.raises(DataError):
+            check_snapshot_object(bad)
 
 
 SNAP_BODY = _body(_state_with(400, lambda i: compressible(40)))
