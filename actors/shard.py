@@ -683,6 +683,7 @@ class QueueShard:
         return Overloaded(
             f"shard {self.index} is over its memory budget; take and ack messages, or retry later",
             queue=name,
+            memory_budget=True,
         )
 
     def _publish_keys(self, items: list[tuple[str, object]], results: list[Any]) -> None:

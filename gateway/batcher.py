@@ -7,6 +7,10 @@ nothing is in flight — a lone client never waits on a timer; while a call is i
 gather; open a second parallel call once the gathered commands pass a threshold; never more
 than a few calls in flight; refuse (429) past a bound of waiting commands instead of growing
 without limit. Each caller gets exactly its own command's result, success or error.
+
+A shard over its memory budget refuses puts; for ``SHED_S`` after such a refusal the gateway
+refuses that shard's puts itself (the same 429), instead of sending each one's bodies to a
+shard that would decode them only to refuse them (under 10x overload, ~500 MB/s of them).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from actors.core import commands as cmd
 from actors.errors import Overloaded, QueueError, Unavailable
 
 __all__ = ["BatchStats", "Batcher", "Batchers"]
@@ -24,6 +29,10 @@ __all__ = ["BatchStats", "Batcher", "Batchers"]
 log = logging.getLogger(__name__)
 
 Send = Callable[[list[object]], Awaitable[list[Any]]]
+
+# How long a shard's memory-budget refusal of a put stands for its other puts in this gateway
+# (the shard reads its memory at most every 200 ms).
+SHED_S = 0.1
 
 
 class BatchStats:
@@ -153,6 +162,7 @@ class Batchers:
         self._shard_of = shard_of
         self._options = options
         self._batchers: dict[int, Batcher] = {}
+        self._shedding: dict[int, tuple[float, Overloaded]] = {}  # shard: until, its refusal
         self.stats = BatchStats()  # over every shard
 
     def __len__(self) -> int:
@@ -165,6 +175,12 @@ class Batchers:
             QueueError: the command's error.
         """
         shard = self._shard_of(queue)
+        put = type(command) is cmd.Put
+        if put and shard in self._shedding:
+            until, refusal = self._shedding[shard]
+            if time.perf_counter() < until:  # a rate limit, not state time
+                raise Overloaded(refusal.message, **{**refusal.fields, "queue": queue})
+            del self._shedding[shard]
         batcher = self._batchers.get(shard)
         if batcher is None:
             batcher = self._batchers[shard] = Batcher(
@@ -173,7 +189,12 @@ class Batchers:
                 stats=self.stats,
                 **self._options,
             )
-        return await batcher.submit((queue, command))
+        try:
+            return await batcher.submit((queue, command))
+        except Overloaded as exc:
+            if put and exc.fields.get("memory_budget"):
+                self._shedding[shard] = (time.perf_counter() + SHED_S, exc)
+            raise
 
     def _drop(self, shard: int) -> None:
         batcher = self._batchers.get(shard)
