@@ -12,6 +12,7 @@ import aiohttp
 from actors.log.store import LocalDirStore
 from actors.shard import resident_bytes
 from gateway.app import AppOptions, make_app
+from gateway.batcher import SHED_S
 from gateway.directory import LocalDirectory
 from tests.unit.gateway.conftest import Api, Serve
 
@@ -87,6 +88,7 @@ async def test_a_shard_over_its_memory_budget_refuses_puts_but_serves_takes(
     assert await api.ack("mem", *taken) == ["ok"] * 5
     assert (await api.stats("mem"))["total"] == 0  # the refused put left nothing behind
     budget(resident_bytes() + 512 * 1024 * 1024)
+    await asyncio.sleep(SHED_S)  # the gateway stands by the shard's refusal that long
     assert len(await api.put("mem", "after")) == 1
     api.raw.close()
 
