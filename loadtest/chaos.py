@@ -7,6 +7,7 @@ random, then the whole history checked (``loadtest/chaos_check.py``).
     .venv/bin/python loadtest/chaos.py --disk tmpfs,faultfs --faults 20 --out /tmp/chaos-disk
     .venv/bin/python loadtest/chaos.py --s3 --faults 20 --seed 5 --out /tmp/chaos-s3
     .venv/bin/python loadtest/chaos.py --recheck /tmp/chaos     # the checker again, on a saved run
+    .venv/bin/python loadtest/chaos.py --table /tmp/chaos /tmp/chaos-s3  # per fault kind, rechecked
 
 The server runs on a fresh data directory under ``--dir`` with ``--shards`` shards and
 ``--workers`` gateway processes. The workload (threads, each with its own blocking client):
@@ -96,7 +97,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from chaos_check import Delivery, Rec, check, unavailability
+from chaos_check import GUARANTEES, Delivery, Rec, by_fault, check, unavailability
 from chaos_env import (
     S3_ENV,
     Disk,
@@ -1158,12 +1159,41 @@ def recheck(out: Path) -> int:
         "deliveries": report.deliveries,
         "violations": report.counts,
         "unavailability": unavailability(recs),
+        "by_fault": by_fault(recs, report.violations),
     }
     (out / "recheck.json").write_text(
         json.dumps({**doc, "found": report.violations}, indent=1, default=str)
     )
     say({"recheck": str(out), **doc})
     return 0 if report.ok else 1
+
+
+def table(outs: list[Path]) -> str:
+    """Per fault kind, over the runs' ``recheck.json``: faults, the operations and
+    acknowledged puts in their windows (:func:`chaos_check.by_fault`), the violations there,
+    and the runs."""
+    rows: dict[str, dict[str, int]] = {}
+    runs: dict[str, list[str]] = {}
+    for out in outs:
+        doc = json.loads((out / "recheck.json").read_text())
+        for kind, counts in doc["by_fault"].items():
+            row = rows.setdefault(kind, dict.fromkeys(counts, 0))
+            for name, n in counts.items():
+                row[name] = row.get(name, 0) + n
+            runs.setdefault(kind, []).append(out.name)
+    lines = [
+        "| fault | runs | faults | operations | acknowledged puts | lost | delivered again "
+        "after an ok ack | duplicated idempotent puts | other guarantees broken |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    main_three = ("lost", "delivered_after_ack", "duplicated")
+    for kind in sorted(rows, key=lambda k: (k == "none", k)):
+        row = rows[kind]
+        other = sum(n for name, n in row.items() if name in GUARANTEES and name not in main_three)
+        cells = [kind, ", ".join(runs[kind]), row["faults"], f"{row['operations']:,}"]
+        cells += [f"{row['acknowledged_puts']:,}", *(row[name] for name in main_three), other]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1207,9 +1237,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dir", default=None, help="where the data directory goes (default: /tmp)")
     p.add_argument("--out", help="history.jsonl, report.json and the processes' logs")
     p.add_argument("--recheck", metavar="OUT", help="check the history a run left in OUT again")
+    p.add_argument(
+        "--table",
+        nargs="+",
+        metavar="OUT",
+        help="a Markdown table per fault kind over runs already rechecked (--recheck)",
+    )
     args = p.parse_args(argv)
     if args.recheck:
         return recheck(Path(args.recheck))
+    if args.table:
+        print(table([Path(out) for out in args.table]))
+        return 0
     if not args.out:
         p.error("--out is required")
     return run(args)

@@ -34,6 +34,7 @@ Guarantees (the names are the report's keys):
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import statistics
 from collections import defaultdict
@@ -42,7 +43,16 @@ from typing import Any
 
 import msgspec
 
-__all__ = ["Delivery", "Rec", "Report", "check", "token_of", "unavailability"]
+__all__ = [
+    "GUARANTEES",
+    "Delivery",
+    "Rec",
+    "Report",
+    "by_fault",
+    "check",
+    "token_of",
+    "unavailability",
+]
 
 PATCH_MARK = "+p"
 
@@ -455,3 +465,47 @@ def unavailability(recs: Iterable[Rec]) -> dict[str, dict[str, float]]:
                 max_ms=values[-1],
             )
     return out
+
+
+def by_fault(
+    recs: Iterable[Rec], violations: Iterable[dict[str, Any]] = ()
+) -> dict[str, dict[str, int]]:
+    """Per fault kind: its faults, and what happened in their windows. A fault's window runs
+    from it to the next fault (the last one's to the end of the history, the drain included;
+    what came before the first fault is under ``none``). In it: the workload's operations
+    (as :func:`check` counts them), the messages whose put was answered there
+    (``acknowledged_puts``), and per guarantee the violations (from :func:`check`) whose
+    story begins there."""
+    recs = sorted(recs, key=lambda r: r.t0)
+    faults = [r for r in recs if r.op == "fault"]
+    starts = [f.t0 for f in faults]
+
+    def row(t: int) -> dict[str, int]:
+        i = bisect.bisect_right(starts, t) - 1
+        return out[faults[i].kind if i >= 0 else "none"]
+
+    out: dict[str, dict[str, int]] = defaultdict(
+        lambda: {
+            "faults": 0,
+            "operations": 0,
+            "acknowledged_puts": 0,
+            **dict.fromkeys(GUARANTEES, 0),
+        }
+    )
+    for fault in faults:
+        out[fault.kind]["faults"] += 1
+    seen: set[str] = set()
+    for r in recs:
+        if r.op in ("fault", "get", "probe"):
+            continue
+        counts = row(r.t0)
+        counts["operations"] += 1
+        if r.op == "put" and r.err is None:
+            fresh = [t for t in r.toks if t not in seen]
+            seen.update(fresh)
+            counts["acknowledged_puts"] += len(fresh)
+    for found in violations:
+        times = [step["t0"] for step in found["story"] if "t0" in step]
+        out_row = row(min(times)) if times else out["none"]
+        out_row[found["guarantee"]] += 1
+    return dict(out)

@@ -5,6 +5,7 @@ operation's answer was lost."""
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "loadtest"))
 
-from chaos_check import Delivery, Rec, check, unavailability
+from chaos_check import GUARANTEES, Delivery, Rec, by_fault, check, unavailability
 
 Q, FIFO, SRC, DLQ = "q", "f.fifo", "src", "dlq"
 
@@ -242,6 +243,33 @@ def test_unavailability_is_per_kind_from_the_fault_to_the_first_probe_after_it()
     assert gaps["conn_drop"]["p50_ms"] == 500
 
 
+def test_the_workload_and_violations_are_counted_in_the_window_of_the_fault_before_them() -> None:
+    recs = [
+        put(0, "a", "m1"),
+        Rec(op="fault", kind="shard_kill", target="0", t0=1000, t1=1000),
+        put(1100, "b", "m2"),
+        put(1200, "c", "m3", err="Unavailable"),  # not acknowledged
+        put(1300, "b", "m2"),  # sent again: still one acknowledged message
+        Rec(op="probe", target="0", t0=1400, t1=1410),  # not the workload's
+        Rec(op="fault", kind="pause", target="1", t0=2000, t1=2500),
+        take(2600, d("m1", "a", "L1"), d("m2", "b", "L2")),
+        put(2700, "e", "m5"),  # never delivered: lost, in the pause's window
+        Rec(op="fault", kind="shard_kill", target="1", t0=3000, t1=3000),
+        end("ack", 3100, "m1", "L1"),
+    ]
+    report = check(recs)
+    rows = by_fault(recs, report.violations)
+    assert rows["none"]["operations"] == 1
+    assert rows["none"]["acknowledged_puts"] == 1
+    assert rows["shard_kill"]["faults"] == 2
+    assert rows["shard_kill"]["operations"] == 4  # three puts, one ack
+    assert rows["shard_kill"]["acknowledged_puts"] == 1
+    assert rows["pause"] == {**rows["pause"], "faults": 1, "operations": 2, "lost": 1}
+    assert rows["shard_kill"]["lost"] == rows["none"]["lost"] == 0
+    assert sum(r["operations"] for r in rows.values()) == report.operations
+    assert sum(r["acknowledged_puts"] for r in rows.values()) == report.acknowledged_puts
+
+
 # ------------------------------------------------------------------ a model of a correct queue
 
 
@@ -340,3 +368,22 @@ def test_dropping_the_deliveries_of_an_acknowledged_put_is_caught(
     report = check(cut)
     assert report.counts["lost"] == 1, report.violations
     assert report.violations[0]["subject"] == victim
+
+
+def test_the_table_per_fault_kind_adds_up_the_runs(tmp_path: Path) -> None:
+    import chaos
+
+    for name, kill_ops, lost in (("r1", 10, 0), ("r2", 5, 1)):
+        (tmp_path / name).mkdir()
+        rows = {
+            "shard_kill": {"faults": 2, "operations": kill_ops, "acknowledged_puts": 4}
+            | dict.fromkeys(GUARANTEES, 0)
+            | {"lost": lost},
+            "none": {"faults": 0, "operations": 1, "acknowledged_puts": 1}
+            | dict.fromkeys(GUARANTEES, 0)
+            | {"early": 1},
+        }
+        (tmp_path / name / "recheck.json").write_text(json.dumps({"by_fault": rows}))
+    lines = chaos.table([tmp_path / "r1", tmp_path / "r2"]).splitlines()
+    assert lines[2] == "| shard_kill | r1, r2 | 4 | 15 | 8 | 1 | 0 | 0 | 0 |"
+    assert lines[3] == "| none | r1, r2 | 0 | 2 | 2 | 0 | 0 | 0 | 2 |"
