@@ -5,8 +5,11 @@ never makes one per request. Per shard (all its queues together: they share one 
 commit there, so commands for many queues ride in one frame and one write): send at once when
 nothing is in flight — a lone client never waits on a timer; while a call is in flight,
 gather; open a second parallel call once the gathered commands pass a threshold; never more
-than a few calls in flight; refuse (429) past a bound of waiting commands instead of growing
-without limit. Each caller gets exactly its own command's result, success or error.
+than a few calls in flight, each with at most ``max_batch`` commands and about
+``max_batch_bytes`` of put bodies (a shard decodes a whole frame before it can refuse its
+puts: 1000 puts of 50 KB were 50 MB in one frame, twice in the shard's memory); refuse
+(429) past a bound of waiting commands instead of growing without limit. Each caller gets
+exactly its own command's result, success or error.
 
 A shard over its memory budget refuses puts; for ``SHED_S`` after such a refusal the gateway
 refuses that shard's puts itself (the same 429), instead of sending each one's bodies to a
@@ -78,6 +81,8 @@ class Batcher:
         max_in_flight: int = 2,
         split_at: int = 128,
         max_batch: int = 1000,
+        max_batch_bytes: int = 4 << 20,
+        size: Callable[[object], int] | None = None,
         max_waiting: int = 20_000,
         on_idle: Callable[[], None] | None = None,
         stats: BatchStats | None = None,
@@ -86,6 +91,10 @@ class Batcher:
         self.max_in_flight = max_in_flight
         self.split_at = split_at
         self.max_batch = max_batch
+        self.max_batch_bytes = (
+            max_batch_bytes  # with ``size``: of a batch (one command may pass it)
+        )
+        self._size = size
         self.max_waiting = max_waiting
         self._on_idle = on_idle
         self._waiting: list[tuple[object, asyncio.Future[Any]]] = []
@@ -117,8 +126,16 @@ class Batcher:
         return result
 
     def _launch(self) -> None:
-        batch = self._waiting[: self.max_batch]
-        del self._waiting[: self.max_batch]
+        count = min(self.max_batch, len(self._waiting))
+        if self._size is not None:
+            total = 0
+            for i in range(count):
+                total += self._size(self._waiting[i][0])
+                if total > self.max_batch_bytes and i:
+                    count = i
+                    break
+        batch = self._waiting[:count]
+        del self._waiting[:count]
         self._in_flight += 1
         asyncio.get_running_loop().create_task(self._call(batch))
 
@@ -185,6 +202,7 @@ class Batchers:
         if batcher is None:
             batcher = self._batchers[shard] = Batcher(
                 lambda items: self._send(shard, items),  # type: ignore[arg-type]
+                size=_body_bytes,
                 on_idle=lambda: self._drop(shard),
                 stats=self.stats,
                 **self._options,
@@ -200,3 +218,12 @@ class Batchers:
         batcher = self._batchers.get(shard)
         if batcher is not None and batcher.idle:
             del self._batchers[shard]
+
+
+def _body_bytes(item: object) -> int:
+    """The bytes of message bodies a ``(queue, command)`` item carries: a put's (a shard
+    holds a whole frame and its decoded bodies before it can refuse them), else 0."""
+    command = item[1]  # type: ignore[index]
+    if type(command) is cmd.Put:
+        return sum(len(m.body) for m in command.messages)
+    return 0

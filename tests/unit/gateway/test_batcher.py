@@ -93,6 +93,28 @@ async def test_a_second_parallel_call_opens_past_the_threshold_and_no_more() -> 
     assert shard.max_concurrent == 2
 
 
+async def test_a_batch_carries_about_max_batch_bytes_and_a_bigger_command_alone() -> None:
+    shard = Shard(delay=0.01)
+    batcher = Batcher(shard.send, max_batch_bytes=10, size=lambda c: c)  # type: ignore[arg-type]
+    results = await asyncio.gather(*(batcher.submit(c) for c in (1, 4, 4, 4, 30, 2, 2)))
+    assert results == [("done", c) for c in (1, 4, 4, 4, 30, 2, 2)]
+    assert shard.batches == [[1], [4, 4], [4], [30], [2, 2]]  # each <= 10, or one command
+
+
+async def test_batchers_count_the_bodies_of_puts() -> None:
+    sent: list[list[object]] = []
+
+    async def send(shard: int, items: list[tuple[str, object]]) -> list[object]:
+        sent.append([c for _, c in items])
+        await asyncio.sleep(0.01)
+        return [None for _ in items]
+
+    batchers = Batchers(send, lambda queue: 0, max_batch_bytes=3 << 20)
+    put = cmd.Put([cmd.NewMessage(body=b"x" * (1 << 20))])  # 1 MiB
+    await asyncio.gather(*(batchers.submit("q", c) for c in [put] * 8 + [cmd.Take(max=1)] * 4))
+    assert [len(b) for b in sent] == [1, 3, 3, 1 + 4]  # at most 3 MiB of bodies each
+
+
 async def test_too_many_waiting_commands_are_refused_with_overloaded() -> None:
     gate = asyncio.Event()
 
