@@ -14,23 +14,26 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "loadtest"))
 
 import overload
+from overload_load import Pool, bucket, quantile
+from overload_sample import MIB
+from overload_soak import slope_mib_per_hour
 
 
 def test_quantiles_of_the_histogram_are_within_five_percent() -> None:
     hist: Counter[int] = Counter()
     for ms in range(1, 1001):  # 1..1000 ms, one each
-        hist[overload.bucket(float(ms))] += 1
-    assert overload.quantile(hist, 0.5) == pytest.approx(500, rel=0.05)
-    assert overload.quantile(hist, 0.99) == pytest.approx(990, rel=0.05)
-    assert overload.quantile(Counter(), 0.5) is None
+        hist[bucket(float(ms))] += 1
+    assert quantile(hist, 0.5) == pytest.approx(500, rel=0.05)
+    assert quantile(hist, 0.99) == pytest.approx(990, rel=0.05)
+    assert quantile(Counter(), 0.5) is None
 
 
 def test_the_rss_slope_is_least_squares_in_mib_per_hour() -> None:
     points = [(float(t), 100.0 + t / 60) for t in range(0, 600, 5)]  # 1 MiB a minute
-    assert overload.slope_mib_per_hour(points) == pytest.approx(60.0)
+    assert slope_mib_per_hour(points) == pytest.approx(60.0)
     noisy = [(float(t), 100.0 + (3 if t % 10 else -3)) for t in range(0, 600, 5)]
-    assert abs(overload.slope_mib_per_hour(noisy) or 0) < 5  # flat, however noisy
-    assert overload.slope_mib_per_hour([(0.0, 1.0), (1.0, 2.0)]) is None
+    assert abs(slope_mib_per_hour(noisy) or 0) < 5  # flat, however noisy
+    assert slope_mib_per_hour([(0.0, 1.0), (1.0, 2.0)]) is None
 
 
 def test_recovery_counts_from_the_first_of_three_good_seconds_in_a_row() -> None:
@@ -65,7 +68,7 @@ def test_the_shard_allowance_is_the_requests_in_flight_plus_slack() -> None:
     allowances = overload.allowances_mib(args)
     request = allowances["request_bytes"]
     assert request > 50 * 1000  # 50 bodies of 1000 bytes, as JSON
-    assert allowances["shard_mib"] == round(16 + 200 * request / overload.MIB, 1)
+    assert allowances["shard_mib"] == round(16 + 200 * request / MIB, 1)
 
 
 async def test_the_client_reads_status_retry_after_and_body_across_chunks() -> None:
@@ -84,7 +87,7 @@ async def test_the_client_reads_status_retry_after_and_body_across_chunks() -> N
 
     server = await asyncio.start_server(serve, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    pool = overload.Pool(port, cap=1)
+    pool = Pool(port, cap=1)
     conn = await pool.get()
     assert conn is not None
     raw = b"POST / HTTP/1.1\r\nContent-Length: 0\r\n\r\n"
