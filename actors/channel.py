@@ -43,7 +43,21 @@ from actors.queue_actor import Call
 from actors.settings import QueueSettings
 from actors.shard import ShardStatus
 
-__all__ = ["ChannelClient", "ChannelServer"]
+__all__ = [
+    "CALLS_IN_FLIGHT",
+    "IN_FLIGHT_PER_CONNECTION",
+    "PUT_BYTES_PER_CALL",
+    "ChannelClient",
+    "ChannelServer",
+]
+
+# What a gateway sends a shard at once (gateway/batcher.py): calls in flight per shard, each
+# with about this many bytes of put bodies at most (one bigger put goes alone).
+CALLS_IN_FLIGHT = 2
+PUT_BYTES_PER_CALL = 4 << 20
+# What one gateway connection can make a shard hold before it can refuse a put: its calls'
+# frames and their decoded bodies (the shard's memory budget keeps that much room).
+IN_FLIGHT_PER_CONNECTION = 2 * CALLS_IN_FLIGHT * PUT_BYTES_PER_CALL
 
 log = logging.getLogger(__name__)
 
@@ -278,6 +292,11 @@ class ChannelServer:
         self._secret = secret
         self._server: asyncio.Server | None = None
         self._connections: set[_ServerConnection] = set()
+
+    @property
+    def connections(self) -> int:
+        """Gateway connections open now."""
+        return len(self._connections)
 
     async def start(self, host: str, port: int = 0) -> tuple[str, int]:
         """Listen; return the address gateways should connect to."""

@@ -788,7 +788,8 @@ class MemoryBudget:
     each), so one batch of up to 1000 puts decided between two readings stops at the budget.
     So does room for each queue's next snapshot (twice its last snapshot object: the object
     while its compressed parts are joined, then again as it is read back), which a queue
-    writes whatever the load.
+    writes whatever the load, and room for the puts the gateways can have on their way in
+    (``in_flight``: a shard holds them before it can refuse them).
 
     Over the budget, it first hands the allocator's free memory back to the system
     (``malloc_trim``: microseconds when nothing was freed, ~75 ms once after 400 MB were)
@@ -804,23 +805,26 @@ class MemoryBudget:
         self._admitted = 0  # bytes of the puts let in since
         self._snapshots: dict[str, int] = {}  # queue: its last snapshot object's size
         self._reserved = 0  # room for the next snapshots: twice their sum
+        self.in_flight: Callable[[], int] = lambda: 0  # bytes of puts that may be on their way
+        self._room = 0  # at the last reading: the reserve and what may be in flight
 
     def over(self) -> bool:
         if self.budget is None:
             return False
         now = time.perf_counter()  # a rate limit on /proc reads, not state time
         if now - self._checked >= 0.2:
-            refusing = self._resident + self._admitted + self._reserved > self.budget
+            refusing = self._resident + self._admitted + self._room > self.budget
             self._checked = now
             self._admitted = 0
+            self._room = self._reserved + self.in_flight()
             self._resident = resident_bytes()
             # Refusing since the last reading, or over now: what the allocator keeps free
             # must not count (a shard just under its budget with drained messages' memory
             # kept would otherwise let in only the headroom's worth every 200 ms).
-            if refusing or self._resident + self._reserved > self.budget:
+            if refusing or self._resident + self._room > self.budget:
                 _malloc_trim()
                 self._resident = resident_bytes()
-        return self._resident + self._admitted + self._reserved > self.budget
+        return self._resident + self._admitted + self._room > self.budget
 
     def reserve(self, queue: str, snapshot_bytes: int) -> None:
         """``queue``'s last snapshot object was ``snapshot_bytes`` (0: it is gone)."""
@@ -853,6 +857,24 @@ def _malloc_trim() -> None:
 
 
 _libc: Any = None  # malloc_trim, found on first use (False: this libc has none)
+
+
+def tune_allocator() -> bool:
+    """Make buffers of 1 MiB and more (log segments read for the archive, frames of puts,
+    snapshot parts) go to mmap, and back to the system when freed; return whether the C
+    allocator took it (glibc; elsewhere nothing). Left alone, glibc raises its mmap
+    threshold after the first such buffer is freed and serves later ones from the arena of
+    the thread that asks, which keeps them: a shard's RSS grew in 16-MiB steps, one per
+    store thread that had read a segment (the 1-hour soak, loadtest/RESULTS.md). Once per
+    shard process."""
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(_M_MMAP_THRESHOLD, 1 << 20))
+
+
+_M_MMAP_THRESHOLD = -3  # glibc's malloc.h
 
 
 def resident_bytes() -> int:

@@ -21,13 +21,13 @@ from typing import Any
 import msgspec
 import ray
 
-from actors.channel import ChannelServer
+from actors.channel import IN_FLIGHT_PER_CONNECTION, ChannelServer
 from actors.core import commands as cmd
 from actors.errors import QueueError
 from actors.log.store import open_store
 from actors.logsetup import LogConfig, configure
 from actors.settings import LogSettings, QueueSettings
-from actors.shard import QueueShard, ShardStatus, placement
+from actors.shard import QueueShard, ShardStatus, placement, tune_allocator
 
 __all__ = [
     "NAMESPACE",
@@ -68,6 +68,7 @@ class ShardActor:
         configure(spec.log, shard=index)  # every record names this shard
         self.index = index
         self.spec = spec
+        tune_allocator()
         store = open_store(spec.store, **spec.store_options)
         self.shard = QueueShard(
             index,
@@ -80,6 +81,8 @@ class ShardActor:
         self._started: asyncio.Task[ShardStatus] | None = None
         self._handles: dict[int, Any] = {}
         self._channel = ChannelServer(self.shard, spec.secret)
+        # the puts each gateway can have on their way in, which the shard cannot refuse
+        self.shard.memory.in_flight = lambda: IN_FLIGHT_PER_CONNECTION * self._channel.connections
         self._address: asyncio.Future[tuple[str, int]] | None = None
 
     def _ensure_started(self) -> None:

@@ -24,6 +24,7 @@ import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from actors.channel import CALLS_IN_FLIGHT, PUT_BYTES_PER_CALL
 from actors.core import commands as cmd
 from actors.errors import Overloaded, QueueError, Unavailable
 
@@ -78,10 +79,10 @@ class Batcher:
         self,
         send: Send,
         *,
-        max_in_flight: int = 2,
+        max_in_flight: int = CALLS_IN_FLIGHT,
         split_at: int = 128,
         max_batch: int = 1000,
-        max_batch_bytes: int = 4 << 20,
+        max_batch_bytes: int = PUT_BYTES_PER_CALL,
         size: Callable[[object], int] | None = None,
         max_waiting: int = 20_000,
         on_idle: Callable[[], None] | None = None,

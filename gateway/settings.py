@@ -49,7 +49,9 @@ class ServerSettings(msgspec.Struct, kw_only=True):
     max_connections: int = 15_000  # HTTP connections per gateway process (watchers apart)
     shard_memory_mb: int | None = None  # per shard: puts are refused past it (default: RAM/2/n)
     max_waiting_takes: int = 50_000
-    batch_in_flight: int = 2  # calls per queue toward its shard at once
+    batch_in_flight: int = (
+        2  # calls toward a shard at once (a shard budgets actors.channel.CALLS_IN_FLIGHT)
+    )
     batch_split_at: int = 128  # gathered commands that open another call
     max_watchers: int = 19_000  # WebSocket + long-poll watchers per gateway process
     ws_send_buffer_bytes: int = 256 * 1024  # a watcher that lets more pile up is closed
