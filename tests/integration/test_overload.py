@@ -18,7 +18,7 @@ import pytest
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 ROOT = Path(__file__).resolve().parents[2]
-BUDGET_MB = 200  # an idle shard is ~130 MiB: the budget is reached in a few seconds
+BUDGET_MB = 256  # idle shards are ~130 MiB; the budget keeps 32 for two gateways' puts in flight
 
 
 Run = tuple[subprocess.CompletedProcess[str], list[dict[str, Any]]]
@@ -31,7 +31,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     command = [
         sys.executable, str(ROOT / "loadtest" / "overload.py"), "overload",
         "--minutes", "0.2", "--shard-memory-mb", str(BUDGET_MB), "--shards", "2",
-        "--workers", "2", "--calibrate", "2", "--recovery-limit", "30", "--progress", "4",
+        "--workers", "2", "--calibrate", "2", "--recovery-limit", "60", "--progress", "4",
         "--then-soak", "10", "--warmup", "2", "--dir", str(tmp_path),
     ]  # fmt: skip
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -87,7 +87,7 @@ def test_after_the_overload_puts_are_answered_again_and_memory_stayed_in_bounds(
         assert doc["peak_mib"] <= doc["limit_mib"], (name, doc)
     recovery = summary["recovery"]
     assert recovery["recovered"], recovery
-    assert recovery["seconds_to_recover"] <= 30
+    assert recovery["seconds_to_recover"] <= 60
     assert recovery["ack"]["messages"] > 0
     assert done.returncode == 0, summary["failures"]
 
