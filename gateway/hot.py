@@ -19,11 +19,11 @@ import msgspec
 from aiohttp import web
 
 from actors.core import commands as cmd
+from actors.directory import Directory
 from actors.errors import Overloaded, QueueError, QueueNotFound
 from actors.settings import QueueSettings, validate_queue_name
 from gateway import wire
 from gateway.batcher import Batchers
-from gateway.directory import Directory
 
 __all__ = [
     "BATCHERS",

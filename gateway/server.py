@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from actors.directory import Directory, LocalDirectory, RayDirectory
 from actors.errors import QueueError
 from actors.logsetup import LogConfig, forward_ray_output
 from actors.settings import LogSettings
 from gateway import door
 from gateway.app import AppOptions, make_app
 from gateway.auth import Token, read_tokens
-from gateway.directory import Directory, LocalDirectory, RayDirectory
 from gateway.logs import setup_logging
 from gateway.settings import PLACEHOLDER, ServerSettings, add_arguments, load_settings
 from gateway.watches import WatchOptions

@@ -193,9 +193,9 @@ def _control_lookup(spec: WorkerSpec) -> Callable[[int], Awaitable[tuple[str, in
 
 def worker_main() -> int:
     """Entry point of a worker process (``python -m gateway.workers``)."""
+    from actors.directory import ChannelDirectory
     from gateway import door
     from gateway.app import make_app
-    from gateway.directory import ChannelDirectory
     from gateway.logs import setup_logging
     from gateway.server import app_options
     from gateway.settings import ServerSettings

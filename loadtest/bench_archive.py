@@ -49,11 +49,11 @@ sys.path.insert(0, str(ROOT))
 
 from actors.clock import SystemClock
 from actors.core import commands as cmd
+from actors.directory import LocalDirectory
 from actors.log import keys
 from actors.log.archive import Archive
 from actors.log.store import LocalDirStore
 from actors.settings import LogSettings, QueueSettings
-from gateway.directory import LocalDirectory
 
 MIB = 1024 * 1024
 

@@ -1587,9 +1587,9 @@ def _profile_bare_app() -> Any:
 
 
 def _profile_gateway_app(workdir: Path) -> Any:
+    from actors.directory import LocalDirectory
     from actors.log.store import open_store
     from gateway.app import make_app
-    from gateway.directory import LocalDirectory
 
     return make_app(LocalDirectory(open_store(str(workdir)), count=1))
 

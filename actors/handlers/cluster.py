@@ -215,7 +215,7 @@ async def _shard_address(index: int) -> tuple[str, int]:
 
 
 async def _channel_directory() -> Any:
-    from gateway.directory import ChannelDirectory
+    from actors.directory import ChannelDirectory
 
     access = await _shard_access()
     if access is None:

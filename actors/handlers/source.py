@@ -133,7 +133,7 @@ def _new_message(key: str, p: Put) -> cmd.NewMessage:
 
 class DirectorySource:
     """The queue through a gateway-style directory: the shards' data channels (in-cluster:
-    ``gateway.directory.ChannelDirectory``) or in-process shards (tests).
+    ``actors.directory.ChannelDirectory``) or in-process shards (tests).
 
     With ``connect``, the directory is made on first use and made again after the shards
     could not be reached (a restarted server has new shards and a new secret).

@@ -21,12 +21,12 @@ from typing import Any
 import pytest
 from aiohttp.test_utils import TestClient
 
+from actors.directory import LocalDirectory
 from actors.log.device import SPACE_CHECK_S, LocalLogDevice
 from actors.log.faults import FaultyDisk
 from actors.log.store import LocalDirStore
 from actors.settings import LogSettings
 from gateway.app import make_app
-from gateway.directory import LocalDirectory
 
 pytestmark = pytest.mark.fault
 

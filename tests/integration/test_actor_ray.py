@@ -17,6 +17,7 @@ from typing import Any, TypeVar
 import pytest
 
 from actors.core import commands as cmd
+from actors.directory import RayDirectory
 from actors.errors import (
     BadRequest,
     ErrorKind,
@@ -29,7 +30,6 @@ from actors.errors import (
 from actors.settings import QueueSettings
 from actors.shard import placement
 from actors.spawn import NAMESPACE, ShardActor, ShardSpec, spawn_shards
-from gateway.directory import RayDirectory
 from tests.integration.local_ray import local_ray
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]

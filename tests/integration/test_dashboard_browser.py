@@ -20,12 +20,12 @@ import pytest
 from aiohttp import web
 from PIL import Image
 
+from actors.directory import LocalDirectory
 from actors.log.store import LocalDirStore
 from actors.shard import placement
 from gateway import watches
 from gateway.app import AppOptions, make_app
 from gateway.auth import Token
-from gateway.directory import LocalDirectory
 from tests.integration.devtools import Chromium, Page
 from tests.unit.gateway.conftest import Api
 

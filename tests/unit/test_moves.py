@@ -17,11 +17,11 @@ import pytest
 
 from actors.core import commands as cmd
 from actors.core import replies as rp
+from actors.directory import LocalDirectory
 from actors.errors import QueueError
 from actors.log.store import LocalDirStore
 from actors.settings import QueueSettings
 from actors.shard import placement
-from gateway.directory import LocalDirectory
 
 SOURCE, OTHER, DLQ, ELSEWHERE = "orders", "invoices", "dlq", "elsewhere"
 assert placement(SOURCE, 2) != placement(DLQ, 2)  # a move crosses shards

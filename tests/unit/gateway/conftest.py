@@ -24,9 +24,9 @@ from aiohttp import web
 from aiohttp.test_utils import TestClient, TestServer
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from actors.directory import LocalDirectory
 from actors.log.store import LocalDirStore, ObjectStore
 from gateway.app import AppOptions, make_app
-from gateway.directory import LocalDirectory
 from gateway.door import DoorRunner
 from tests.unit.gateway.sqs_support import SqsServer, client_of, running
 

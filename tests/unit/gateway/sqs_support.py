@@ -23,9 +23,9 @@ from botocore.config import Config
 from botocore.exceptions import ClientError
 
 from actors.clock import Clock
+from actors.directory import LocalDirectory
 from actors.log.store import LocalDirStore
 from gateway.app import AppOptions, make_app
-from gateway.directory import LocalDirectory
 from gateway.sqs.context import CLOCK, KEYS
 
 REGION = "us-east-1"

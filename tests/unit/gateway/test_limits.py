@@ -9,11 +9,11 @@ from pathlib import Path
 
 import aiohttp
 
+from actors.directory import LocalDirectory
 from actors.log.store import LocalDirStore
 from actors.shard import resident_bytes
 from gateway.app import AppOptions, make_app
 from gateway.batcher import SHED_S
-from gateway.directory import LocalDirectory
 from tests.unit.gateway.conftest import Api, Serve
 
 

@@ -18,11 +18,11 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from actors.clock import ManualClock
+from actors.directory import LocalDirectory
 from actors.log.store import LocalDirStore
 from actors.shard import placement
 from gateway import logs
 from gateway.app import AppOptions, make_app
-from gateway.directory import LocalDirectory
 from tests.unit.gateway.conftest import Api, DoorTestServer, GatedStore, Serve
 
 

@@ -17,6 +17,7 @@ import pytest
 
 from actors.core import commands as cmd
 from actors.core import replies as rp
+from actors.directory import LocalDirectory
 from actors.errors import QueueError, Unavailable
 from actors.handlers import Backoff, Handler, HandlerOptions, Message, Put, Reschedule
 from actors.handlers.executor import LocalExecutor
@@ -24,7 +25,6 @@ from actors.handlers.runtime import HandlerRuntime, HandlerStats
 from actors.handlers.source import DirectorySource, Source
 from actors.log.store import open_store
 from actors.settings import QueueSettings
-from gateway.directory import LocalDirectory
 
 pytestmark = pytest.mark.timeout(60)
 

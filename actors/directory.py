@@ -1,4 +1,4 @@
-"""Where a queue lives: the gateway's view of the shards.
+"""Where a queue lives: the view of the shards that gateways and handlers share.
 
 :class:`RayDirectory` talks to shard actors on Ray; :class:`LocalDirectory` hosts the same
 :class:`~actors.shard.QueueShard` objects in the gateway's own process (tests, and
