@@ -24,7 +24,7 @@ import ray
 from actors.channel import IN_FLIGHT_PER_CONNECTION, ChannelServer
 from actors.core import commands as cmd
 from actors.errors import QueueError
-from actors.log.store import open_store
+from actors.log.stores import open_store
 from actors.logsetup import LogConfig, configure
 from actors.settings import LogSettings, QueueSettings
 from actors.shard import QueueShard, ShardStatus, placement, tune_allocator

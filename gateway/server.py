@@ -110,7 +110,7 @@ def settle_shards(settings: ServerSettings) -> ServerSettings:
         QueueError: the store failed or its layout does not decode.
     """
     from actors.log.layout import settle_layout
-    from actors.log.store import open_store
+    from actors.log.stores import open_store
 
     async def settle() -> int:
         store = open_store(settings.store_target(), **settings.store_options())
@@ -125,7 +125,7 @@ def settle_shards(settings: ServerSettings) -> ServerSettings:
 def reshard_main(args: argparse.Namespace) -> int:
     """``evq reshard --shards N``: change the shard count of a stopped server's store (same
     settings sources as ``evq serve``); return the exit code."""
-    from actors.log.store import open_store
+    from actors.log.stores import open_store
     from actors.reshard import describe, reshard
 
     try:
@@ -272,7 +272,7 @@ def app_options(settings: ServerSettings, cluster_secret: str | None = None) -> 
 
 
 def _local_directory(settings: ServerSettings, log_settings: LogSettings) -> LocalDirectory:
-    from actors.log.store import open_store
+    from actors.log.stores import open_store
 
     store = open_store(settings.store_target(), **settings.store_options())
     return LocalDirectory(

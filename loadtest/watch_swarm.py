@@ -1588,7 +1588,7 @@ def _profile_bare_app() -> Any:
 
 def _profile_gateway_app(workdir: Path) -> Any:
     from actors.directory import LocalDirectory
-    from actors.log.store import open_store
+    from actors.log.stores import open_store
     from gateway.app import make_app
 
     return make_app(LocalDirectory(open_store(str(workdir)), count=1))

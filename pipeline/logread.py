@@ -1,6 +1,6 @@
 """Reading the log from its object store, synchronously, for Spark's Python workers.
 
-Objects are read through the server's own stores (:func:`actors.log.store.open_store`: a
+Objects are read through the server's own stores (:func:`actors.log.stores.open_store`: a
 directory, ``file://``, ``s3://`` through obstore, …) and shard logs through the server's
 own devices (:func:`actors.log.device.open_device`), and decoded only by the log's codecs:
 :mod:`actors.log.wal` (shard logs, format version 2), :mod:`actors.log.codec` (version-1
@@ -40,7 +40,8 @@ from actors.log import keys
 from actors.log.codec import SegmentRead, decode_segment, decode_snapshot_object
 from actors.log.device import LogDevice, open_device
 from actors.log.shard_recovery import SHARD_STREAM
-from actors.log.store import KeyNotFound, ObjectStore, open_store
+from actors.log.store import KeyNotFound, ObjectStore
+from actors.log.stores import open_store
 from actors.log.wal import Block, WalRead, decode_groups, decode_record, scan_segment
 from pipeline.chain import VANISHED, SegmentMeta
 from pipeline.walchain import Ranges, WalMeta

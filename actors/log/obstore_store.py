@@ -1,7 +1,7 @@
 """The object store over obstore: S3, GCS, Azure and obstore's in-memory store.
 
-Re-exported from :mod:`actors.log.store`; :func:`actors.log.store.open_store` builds it from a
-URL. The contract is the one in that module's docstring.
+:func:`actors.log.stores.open_store` builds it from a URL. The contract is the one in
+:mod:`actors.log.store`'s docstring.
 """
 
 from __future__ import annotations

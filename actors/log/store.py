@@ -30,13 +30,9 @@ import secrets
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
-from urllib.parse import unquote, urlsplit
+from typing import Any, Protocol, TypeVar
 
 from actors.errors import BadRequest, ErrorKind, QueueError
-
-if TYPE_CHECKING:
-    from actors.log.obstore_store import ObstoreStore
 
 __all__ = [
     "NO_SPACE",
@@ -45,12 +41,10 @@ __all__ = [
     "KeyNotFound",
     "LocalDirStore",
     "ObjectStore",
-    "ObstoreStore",
     "StoreError",
     "check_key",
     "copy_object",
     "fsync_dir",
-    "open_store",
 ]
 
 
@@ -425,58 +419,3 @@ class LocalDirStore:
         for directory in sorted(to_sync, key=len, reverse=True):
             fsync_dir(directory)
         self._durable_dirs.add(path)
-
-
-# ---------------------------------------------------------------- opening a store by URL
-
-_OBSTORE_SCHEMES = frozenset({"memory", "s3", "s3a", "gs", "az", "azure", "abfs", "abfss"})
-
-
-def open_store(target: str, **options: Any) -> ObjectStore:
-    """Open the store for a directory path, ``file://``, ``memory://``, ``s3://``, ``gs://``
-    or ``az://`` URL.
-
-    ``s3://bucket/prefix`` reads the usual AWS environment variables; the keyword options
-    ``endpoint``, ``region``, ``access_key_id``, ``secret_access_key`` override them.
-    ``memory://`` opens a new, empty store each time.
-
-    Raises: BadRequest.
-    """
-    if not isinstance(target, str) or not target:
-        raise BadRequest("a store target must be a non-empty path or URL", target=repr(target))
-    scheme, sep, _ = target.partition("://")
-    if not sep:
-        return _open_local(target, target, options)
-    scheme = scheme.lower()
-    if scheme == "file":
-        parts = urlsplit(target)
-        if parts.netloc not in ("", "localhost") or not parts.path:
-            raise BadRequest("a file:// URL must be file:///absolute/path", target=target)
-        return _open_local(unquote(parts.path), target, options)
-    if scheme in _OBSTORE_SCHEMES:
-        # Imported here so that the local default does not load obstore's native library.
-        from actors.log.obstore_store import open_obstore
-
-        return open_obstore(target, **options)
-    raise BadRequest(
-        f"unsupported store scheme {scheme!r}: use a directory path, file://, memory://, "
-        "s3://, gs:// or az://",
-        target=target,
-    )
-
-
-def _open_local(path: str, target: str, options: dict[str, Any]) -> LocalDirStore:
-    unknown = sorted(set(options) - {"max_threads"})
-    if unknown:
-        raise BadRequest(f"options {unknown} do not apply to a local store", target=target)
-    return LocalDirStore(path, **options)
-
-
-def __getattr__(name: str) -> Any:
-    # ObstoreStore lives in its own module (which imports this one); re-export it lazily so
-    # either module can be imported first and the local store never loads obstore.
-    if name == "ObstoreStore":
-        from actors.log.obstore_store import ObstoreStore
-
-        return ObstoreStore
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

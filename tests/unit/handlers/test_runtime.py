@@ -23,7 +23,7 @@ from actors.handlers import Backoff, Handler, HandlerOptions, Message, Put, Resc
 from actors.handlers.executor import LocalExecutor
 from actors.handlers.runtime import HandlerRuntime, HandlerStats
 from actors.handlers.source import DirectorySource, Source
-from actors.log.store import open_store
+from actors.log.stores import open_store
 from actors.settings import QueueSettings
 
 pytestmark = pytest.mark.timeout(60)

@@ -30,8 +30,8 @@ from actors.log.store import (
     ObjectStore,
     StoreError,
     check_key,
-    open_store,
 )
+from actors.log.stores import open_store
 from tests.conftest import CREDENTIALS, REGION, S3Server, free_port
 
 MIB = 1024 * 1024
