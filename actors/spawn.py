@@ -108,7 +108,7 @@ class ShardActor:
 
     async def channel_access(self) -> tuple[int, str]:
         """The shard count and the data channels' secret, for in-cluster clients that take
-        straight from the shards (handler runtimes, ``actors.handlers``). Whoever can call
+        straight from the shards (handler runtimes, ``evq.handlers``). Whoever can call
         this can already call every method of this actor through Ray, so the secret gives
         no reach beyond the cluster's own."""
         return self.spec.count, self.spec.secret

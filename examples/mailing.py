@@ -35,8 +35,8 @@ from collections.abc import Iterator
 from typing import Any
 
 from actors.clock import SystemClock
-from actors.handlers import Backoff, Message, Put, Reschedule, handler
-from gateway.client import Client, QueueStats
+from evq.client import Client, QueueStats
+from evq.handlers import Backoff, Job, Reschedule, Send, handler
 
 BOUNCE = "nobody@invalid.example"
 
@@ -49,7 +49,7 @@ def _flaky_first_try(address: str) -> bool:
 
 
 @handler("mail-send", batch_size=20, max_concurrency=4, num_cpus=0.1)
-def send(message: Message) -> Put:
+def send(message: Job) -> Send:
     """Deliver one mail; report it. Raises on temporary and permanent SMTP errors."""
     mail = message.json()
     to = mail["to"]
@@ -59,11 +59,11 @@ def send(message: Message) -> Put:
     if message.receive_count == 1 and _flaky_first_try(to):
         raise RuntimeError(f"421 try again later ({to})")
     report = {"to": to, "attempts": message.receive_count}
-    return Put(mail["report_to"], json.dumps(report))
+    return Send(mail["report_to"], json.dumps(report))
 
 
 @handler("mail-report", batch=True, batch_size=50, num_cpus=0.1)
-def report(messages: list[Message]) -> None:
+def report(messages: list[Job]) -> None:
     """Tally a batch of delivery reports (a real app would write them to its database)."""
     retried = [m.json()["to"] for m in messages if m.json()["attempts"] > 1]
     note = f", {len(retried)} after a retry ({', '.join(retried)})" if retried else ""
@@ -71,7 +71,7 @@ def report(messages: list[Message]) -> None:
 
 
 @handler("mail-digest", num_cpus=0.1)
-def digest(message: Message) -> Reschedule:
+def digest(message: Job) -> Reschedule:
     """Periodic: send the digest, then come back in ``every`` seconds."""
     job = message.json()
     print(f"digest: sent the {job['name']} digest", flush=True)
@@ -92,7 +92,7 @@ def _server(ray_address: str) -> Iterator[str]:
     """``evq serve`` on a fresh data directory, joined to this Ray cluster."""
     port = _free_port()
     with tempfile.TemporaryDirectory(prefix="evq-mailing-") as data:
-        command = [sys.executable, "-m", "gateway.cli", "serve", "--data", data]
+        command = [sys.executable, "-m", "evq.cli.main", "serve", "--data", data]
         command += ["--port", str(port), "--ray-address", ray_address]
         proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         url = f"http://127.0.0.1:{port}"
@@ -169,7 +169,7 @@ def main() -> None:
 
     import ray
 
-    from actors.handlers import start
+    from evq.handlers import start
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")  # every report line, not "repeated 2x"

@@ -17,7 +17,7 @@ import os
 from datetime import datetime
 
 from actors.errors import QueueError, StaleLease
-from gateway.client import DEFAULT_URL, AsyncClient, Message
+from evq.client import DEFAULT_URL, AsyncClient, Message
 
 RETRY_AFTER_FAILURE = 2.0  # seconds before a failed run is tried again
 

@@ -1,5 +1,4 @@
-"""evq's HTTP side: the aiohttp gateway (``evq serve``), the Python clients and the CLI."""
+"""evq's HTTP side: the aiohttp gateway that ``evq serve`` runs (native API, SQS, watches).
 
-from gateway.client import AsyncClient, Client
-
-__all__ = ["AsyncClient", "Client"]
+The Python clients and the command line are the public face, :mod:`evq`.
+"""

@@ -12,7 +12,7 @@ from ``--procs`` processes, through one gateway or spread over both
 reversed every other round (1, 2, 2, 1, …); medians at the end. The load generator runs in
 the shared harness's virtualenv (``../shared/bench/setup.sh`` makes ``/tmp/venv-anchors``).
 
-``failover``: ``--clients`` threads, each a :class:`gateway.client.Client` given both
+``failover``: ``--clients`` threads, each a :class:`evq.client.Client` given both
 gateways (half of them each one first), put one message after another. ``--kills`` times,
 alternately, one gateway is SIGKILLed, then started again on its port once the clients have
 moved. For every client that was using the killed gateway, the sample is the time from the
@@ -107,7 +107,7 @@ class Gateway:
 
 def stop_shards(address: str) -> None:
     subprocess.run(
-        [sys.executable, "-m", "gateway.cli", "shards", "stop", "--ray-address", address],
+        [sys.executable, "-m", "evq.cli.main", "shards", "stop", "--ray-address", address],
         cwd=ROOT,
         env={**os.environ, **RAY_ENV, **ENV},
         stdout=subprocess.DEVNULL,
@@ -174,7 +174,7 @@ def throughput(args: argparse.Namespace) -> None:
 
 def failover(args: argparse.Namespace) -> None:
     sys.path.insert(0, str(ROOT))
-    from gateway.client import Client, RetryPolicy
+    from evq.client import Client, RetryPolicy
 
     samples: list[float] = []
     with cluster(args.shards, args.dir) as (_, gateways):

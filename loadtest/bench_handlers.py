@@ -40,16 +40,16 @@ sys.path.insert(0, str(ROOT))
 
 import ray
 
-from actors.handlers import Handler, HandlerOptions, Message, start
-from gateway.client import Client
+from evq.client import Client
+from evq.handlers import Handler, HandlerOptions, Job, start
 from tests.integration.server import Server
 
 
-def noop(message: Message) -> None:
+def noop(message: Job) -> None:
     """The handler measured: does nothing, acked."""
 
 
-def stamp(message: Message) -> None:
+def stamp(message: Job) -> None:
     """Notes when it started (for the latency)."""
     with open(message.json()["log"], "a") as f:
         f.write(f"{message.id} {time.time()}\n")

@@ -28,8 +28,8 @@ from served import ROOT, session_pids
 sys.path.insert(0, str(ROOT))
 
 from actors.errors import QueueError
-from gateway.client import Client
-from gateway.client_wire import RetryPolicy
+from evq.client import Client
+from evq.client_wire import RetryPolicy
 
 __all__ = ["CLUSTER_KINDS", "KINDS", "Faults"]
 

@@ -25,8 +25,8 @@ sys.path.insert(0, str(ROOT))
 
 from actors.errors import QueueError
 from actors.log.shard_recovery import placement
-from gateway.client import Client
-from gateway.client_wire import NewMessage, RetryPolicy
+from evq.client import Client
+from evq.client_wire import NewMessage, RetryPolicy
 
 __all__ = [
     "DLQ",

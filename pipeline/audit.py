@@ -17,7 +17,7 @@ dead letter that never reached its dead-letter queue (``dead_letter_lost``). Als
 messages delivered more than ``max_deliveries`` times, and cascades that lost or duplicated
 a message. A cascade step is recognised by idempotency keys ``<source queue>:<message id>``
 (as ``examples/cascade.py`` moves messages) or ``<source queue>:<message id>:<n>`` (output
-``n`` of a handler, ``actors.handlers.plan.cascade_key``): each message acked in a source
+``n`` of a handler, ``evq.handlers.plan.cascade_key``): each message acked in a source
 queue must have been put into a next queue (``cascade_lost``), each output exactly once
 (``cascade_duplicated``), and each moved message must come from a message the source had
 (``cascade_unknown_source``).
@@ -158,7 +158,7 @@ def _cascades(per: DataFrame, queues: list[str]) -> tuple[DataFrame, DataFrame, 
 
     A key ``<queue>:<rest>`` names source message ``<rest>``; or, when ``rest`` is
     ``<id>:<n>`` and the source has no message ``<rest>``, output ``n`` of message ``<id>``
-    (the handler runtime's keys, ``actors.handlers.plan.cascade_key``)."""
+    (the handler runtime's keys, ``evq.handlers.plan.cascade_key``)."""
     known = F.array(*[F.lit(q) for q in queues]) if queues else F.array().cast("array<string>")
     keyed = (
         per.where(F.col("key").isNotNull() & ~F.col("key").startswith("dlq:"))

@@ -7,7 +7,7 @@ repeat it.
 import os
 import sys
 
-from gateway.cli import main
+from evq.cli.main import main
 
 
 def pipeline_argv(args: list[str], environ: dict[str, str]) -> list[str]:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from actors.shard import placement
-from gateway.client import Client
+from evq.client import Client
 from tests.integration.server import Server
 
 SHARDS = 2  # the shared servers run two shards, so that queues land on different ones

@@ -12,7 +12,7 @@ import signal
 import time
 from typing import Any
 
-from actors.handlers import Message, Put, Reschedule
+from evq.handlers import Job, Reschedule, Send
 
 
 def note(path: str, *fields: Any) -> None:
@@ -34,22 +34,22 @@ def lines(path: str) -> list[list[str]]:
         return []
 
 
-def body(message: Message) -> dict[str, Any]:
+def body(message: Job) -> dict[str, Any]:
     return message.json()  # type: ignore[no-any-return]
 
 
-def record(message: Message) -> None:
+def record(message: Job) -> None:
     """Note the delivery; ack."""
     note(body(message)["log"], "handled", message.id, message.receive_count, time.time())
 
 
-def always_fail(message: Message) -> None:
+def always_fail(message: Job) -> None:
     """Note the attempt, then raise: retried with backoff until dead-lettered."""
     note(body(message)["log"], "attempt", message.id, message.receive_count, time.time())
     raise RuntimeError("the mail server refused it")
 
 
-def die_once(message: Message) -> None:
+def die_once(message: Job) -> None:
     """On the first delivery, note this worker's pid and hang (the test kills it)."""
     doc = body(message)
     if message.receive_count == 1:
@@ -58,21 +58,21 @@ def die_once(message: Message) -> None:
     note(doc["log"], "handled", message.id, message.receive_count, time.time())
 
 
-def forward(message: Message) -> Put:
+def forward(message: Job) -> Send:
     """Cascade into the queue the body names."""
     doc = body(message)
     note(doc["log"], "forward", message.id, message.receive_count, time.time())
-    return Put(doc["next"], message.body)
+    return Send(doc["next"], message.body)
 
 
-def tick(message: Message) -> Reschedule:
+def tick(message: Job) -> Reschedule:
     """Periodic work: note the run, come back in ``every`` seconds."""
     doc = body(message)
     note(doc["log"], "tick", message.id, message.receive_count, time.time())
     return Reschedule(doc["every"])
 
 
-def nap(message: Message) -> None:
+def nap(message: Job) -> None:
     """Sleep ``sleep`` seconds between a start and a done note."""
     doc = body(message)
     note(doc["log"], "start", message.id, message.receive_count, time.time())

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import logging
 
-from actors.handlers import Message, handler
+from evq.handlers import Job, handler
 
 log = logging.getLogger("evq.test.handler")
 
 
 @handler(queue="logged")
-def log_it(message: Message) -> None:
+def log_it(message: Job) -> None:
     """Log the message's id from inside the worker; ack."""
     log.info("handled message %s", message.id)

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from gateway.client import Client
+from evq.client import Client
 from tests.integration.conftest import Names
 from tests.integration.server import EVQ, ROOT, Server, free_port, server_env
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.client import Client, RetryPolicy
+from evq.client import Client, RetryPolicy
 from tests.integration.server import EVQ, ROOT, Server, eventually, free_port, request
 from tests.integration.test_two_node import HEAD_IP, RayNode, cluster_env, ray_status
 

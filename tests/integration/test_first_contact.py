@@ -3,7 +3,7 @@
 Two throwaway virtualenvs (tests/base_only.py) hold exactly what the extras bring: the base
 install (the client and the command line's client commands: neither Ray nor PySpark) and
 the ``server`` extra. The module's server is ``evq serve`` as the console script runs it
-(``gateway.console``) in the server-only virtualenv; the examples run against it in the
+(``evq.cli.console``) in the server-only virtualenv; the examples run against it in the
 base one, so an example (or the client under it) that needed more would fail here. Every
 locustfile loads and drives that server for a few seconds, headless.
 """
@@ -23,7 +23,7 @@ from tests.integration.server import ROOT, Server, free_port, server_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 
-CONSOLE = ["-I", "-m", "gateway.console"]  # the `evq` console script's entry point
+CONSOLE = ["-I", "-m", "evq.cli.console"]  # the `evq` console script's entry point
 
 
 def run(python: Path | str, *args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
@@ -70,7 +70,7 @@ def test_the_base_install_brings_neither_ray_nor_pyspark(base_python: Path) -> N
 
 def test_the_client_works_with_the_base_install_alone(base_python: Path) -> None:
     code = (
-        "from gateway.client import AsyncClient, Client, TransportError\n"
+        "from evq.client import AsyncClient, Client, TransportError\n"
         f"with Client('http://127.0.0.1:{free_port()}', retries=0, timeout=5) as c:\n"
         "    try:\n"
         "        c.list_queues()\n"

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from gateway.client import Client, RetryPolicy, TransportError
+from evq.client import Client, RetryPolicy, TransportError
 from tests.integration import handler_funcs
 from tests.integration.server import Server, eventually
 from tests.integration.test_handlers import Handle

@@ -28,9 +28,9 @@ from typing import Any
 
 import pytest
 
-from actors.handlers import Backoff, HandlerStats, load_handler, start
-from actors.handlers.cluster import HandlerRun
-from gateway.client import Client
+from evq.client import Client
+from evq.handlers import Backoff, HandlerStats, load_handler, start
+from evq.handlers.cluster import HandlerRun
 from tests.integration import handler_funcs
 from tests.integration.conftest import Names
 from tests.integration.local_ray import local_ray

@@ -24,7 +24,7 @@ import psutil
 import pytest
 
 from actors.errors import TooLarge
-from gateway.client import Client
+from evq.client import Client
 from tests.integration.conftest import ServerFactory
 from tests.integration.server import Server, cmdline
 

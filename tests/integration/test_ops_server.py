@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gateway.client import Client
+from evq.client import Client
 from tests.integration.conftest import ServerFactory
 from tests.integration.server import request
 

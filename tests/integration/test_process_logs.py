@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from gateway.client import Client
+from evq.client import Client
 from tests.integration.server import (
     EVQ,
     ROOT,

@@ -20,7 +20,7 @@ import pytest
 
 from actors.errors import MessageNotFound, NotReady, QueueError, QueueNotFound, Unavailable
 from actors.shard import placement
-from gateway.client import AsyncClient, Client, Message, NewMessage
+from evq.client import AsyncClient, Client, Message, NewMessage
 from tests.integration.conftest import SHARDS, Names, ServerFactory
 from tests.integration.server import (
     EVQ,

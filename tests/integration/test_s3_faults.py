@@ -25,7 +25,7 @@ import pytest
 
 from actors.core import events as ev
 from actors.errors import QueueError
-from gateway.client import Client
+from evq.client import Client
 from loadtest.s3_fault_proxy import FaultProxy, Rule
 from tests.conftest import CREDENTIALS, REGION, S3Server
 from tests.fault.actor_support import read_log

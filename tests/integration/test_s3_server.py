@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from actors.errors import QueueError
-from gateway.client import Client
+from evq.client import Client
 from tests.conftest import CREDENTIALS, REGION, S3Server
 from tests.integration.server import ROOT, Server, server_env
 
@@ -28,7 +28,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
 QUEUE = "s3-jobs"
 BOTH_JOBS = """
 import json, sys
-from gateway.cli import main
+from evq.cli.main import main
 sys.exit(max(main(argv) for argv in json.loads(sys.argv[1])))
 """
 

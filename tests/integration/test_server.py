@@ -24,7 +24,7 @@ from actors.errors import (
     TooLarge,
 )
 from actors.shard import placement
-from gateway.client import AsyncClient, Client, NewMessage
+from evq.client import AsyncClient, Client, NewMessage
 from tests.integration.conftest import SHARDS, Names, ServerFactory
 from tests.integration.server import Server, eventually, request
 

@@ -23,7 +23,7 @@ import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError
 
-from gateway.client import Client
+from evq.client import Client
 from tests.integration.conftest import SHARDS, ServerFactory
 from tests.integration.server import Server, server_env
 from tests.unit.gateway.sqs_support import expected_md5, unique

@@ -24,7 +24,7 @@ from actors.log import keys
 from actors.log.store import LocalDirStore, ObjectStore
 from actors.settings import LogSettings, QueueSettings
 from actors.shard import QueueShard
-from gateway.cli import main as evq
+from evq.cli.main import main as evq
 from pipeline.frames import load_events
 from tests.conftest import CREDENTIALS, REGION, S3Server
 from tests.pipeline.logs import BusyLog, Driver, new

@@ -11,9 +11,9 @@ from typing import Any
 import pytest
 
 from actors.errors import BadRequest, QueueNotFound
+from evq.client import AsyncClient, Client, Message, MessagePage
 from gateway.app import AppOptions
 from gateway.auth import Token
-from gateway.client import AsyncClient, Client, Message, MessagePage
 from tests.unit.gateway.conftest import MSGPACK, Api, Reply, Serve
 
 VIEW_FIELDS = {

@@ -1,4 +1,4 @@
-"""The `evq` command line (gateway/cli.py): parsing, output and exit codes, on a fake client."""
+"""The `evq` command line (evq/cli/main.py): parsing, output and exit codes, on a fake client."""
 
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ from typing import Any
 import pytest
 
 from actors.errors import QueueNotFound
-from gateway import cli
-from gateway.client_wire import (
+from evq.cli import main as cli
+from evq.client_wire import (
     ItemResult,
     KeyValue,
     Message,

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from gateway import cli
-from gateway.client import Client
+from evq.cli import main as cli
+from evq.client import Client
 from tests.unit.gateway.conftest import Api
 
 

@@ -1,4 +1,4 @@
-"""The Python clients (gateway/client.py, gateway/client_wire.py).
+"""The Python clients (evq/client.py, evq/client_wire.py).
 
 Two parts: pure tests of request building, reply parsing, error mapping and the retry
 policy (no socket); then WIRE-LEVEL TESTS OF THE CLIENT against ``fake_server.FakeServer``,
@@ -38,9 +38,9 @@ from actors.errors import (
     Unauthorized,
     Unavailable,
 )
-from gateway import client_wire as wire
-from gateway.client import AsyncClient, Client
-from gateway.client_wire import (
+from evq import client_wire as wire
+from evq.client import AsyncClient, Client
+from evq.client_wire import (
     Message,
     NewMessage,
     Resend,

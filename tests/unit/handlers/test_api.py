@@ -9,24 +9,24 @@ import time
 import pytest
 from ray import cloudpickle
 
-from actors.handlers import (
+from evq.handlers import (
     Backoff,
     Handler,
     HandlerOptions,
-    Message,
-    Put,
+    Job,
     Reschedule,
     Retry,
+    Send,
     handler,
     load_handler,
 )
-from actors.handlers.plan import Failure
-from actors.handlers.task import run_task
+from evq.handlers.plan import Failure
+from evq.handlers.task import run_task
 from tests.unit.handlers import funcs
 
 
-def msg(body: bytes = b"x", mid: str = "1") -> Message:
-    return Message(id=mid, body=body, attributes={"a": "b"}, receive_count=1, queue="mail")
+def msg(body: bytes = b"x", mid: str = "1") -> Job:
+    return Job(id=mid, body=body, attributes={"a": "b"}, receive_count=1, queue="mail")
 
 
 @pytest.mark.parametrize(
@@ -59,9 +59,9 @@ def test_ray_options_carry_only_what_was_asked_for() -> None:
 @pytest.mark.parametrize(
     ("make", "text"),
     [
-        (lambda: Put("", b"x"), "queue name"),
-        (lambda: Put("q", b""), "non-empty body"),
-        (lambda: Put("q", b"x", delay=1, activate_at=2), "not both"),
+        (lambda: Send("", b"x"), "queue name"),
+        (lambda: Send("q", b""), "non-empty body"),
+        (lambda: Send("q", b"x", delay=1, activate_at=2), "not both"),
         (lambda: Reschedule(), "exactly one"),
         (lambda: Reschedule(1, at=2), "exactly one"),
         (lambda: Reschedule(-1), ">= 0"),
@@ -77,7 +77,7 @@ def test_a_decorated_function_still_calls_and_knows_its_options() -> None:
     assert isinstance(funcs.send, Handler)
     assert funcs.send.name == "send"
     assert funcs.send.options.queue == "mail"
-    assert funcs.send(msg(b"hi")) == Put("report", b"hi")
+    assert funcs.send(msg(b"hi")) == Send("report", b"hi")
 
 
 @pytest.mark.parametrize("dumps", [pickle.dumps, cloudpickle.dumps])
@@ -149,14 +149,14 @@ def test_an_async_handler_runs_its_messages_concurrently_in_one_task() -> None:
 def test_an_async_handler_runs_one_fifo_group_in_order_and_groups_side_by_side() -> None:
     events: list[tuple[str, str]] = []
 
-    async def record(message: Message) -> None:
+    async def record(message: Job) -> None:
         events.append(("start", message.id))
         await asyncio.sleep(0.05 if message.id.endswith("1") else 0.01)
         events.append(("end", message.id))
 
     h = Handler(record, HandlerOptions(queue="q.fifo"))
     taken = [
-        Message(id=f"{g}{i}", body=b"x", attributes={}, receive_count=1, queue="q", group=g)
+        Job(id=f"{g}{i}", body=b"x", attributes={}, receive_count=1, queue="q", group=g)
         for g in ("g", "h")
         for i in (1, 2, 3)
     ]
@@ -170,7 +170,7 @@ def test_an_async_handler_runs_one_fifo_group_in_order_and_groups_side_by_side()
 def test_a_batch_handler_is_called_once_with_the_list() -> None:
     calls: list[list[str]] = []
 
-    def bulk(messages: list[Message]) -> dict[str, object]:
+    def bulk(messages: list[Job]) -> dict[str, object]:
         calls.append([m.id for m in messages])
         return {"2": Retry(1)}
 
@@ -180,7 +180,7 @@ def test_a_batch_handler_is_called_once_with_the_list() -> None:
 
 
 def test_a_batch_handler_that_raises_fails_the_whole_batch() -> None:
-    def bulk(messages: list[Message]) -> None:
+    def bulk(messages: list[Job]) -> None:
         raise RuntimeError("database down")
 
     h = Handler(bulk, HandlerOptions(queue="q", batch=True))

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from gateway.cli import main
+from evq.cli.main import main
 
 
 def closed_port() -> int:
@@ -56,7 +56,7 @@ def test_an_unreachable_server_over_http_exits_1() -> None:
 
 
 def test_the_cli_and_the_handler_api_do_not_load_ray_until_a_handler_runs() -> None:
-    probe = "import sys, gateway.cli, actors.handlers; print('ray' in sys.modules)"
+    probe = "import sys, evq.cli.main, evq.handlers; print('ray' in sys.modules)"
     result = subprocess.run(
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
     )

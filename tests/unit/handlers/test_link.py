@@ -1,4 +1,4 @@
-"""The worker link and pool (actors/handlers/link.py) with real sockets on 127.0.0.1 and
+"""The worker link and pool (evq/handlers/link.py) with real sockets on 127.0.0.1 and
 workers as threads of this process: chunks run and come back in order, a wrong secret is
 refused, a dead worker is a lost chunk and is replaced, a worker still starting holds no
 chunk, idle workers beyond the warm ones go, a worker that cannot start fails what waits."""
@@ -12,8 +12,8 @@ from typing import Any
 
 import pytest
 
-from actors.handlers.executor import TaskFailed, WorkerLost
-from actors.handlers.link import WorkerLink, WorkerPool, WorkerServer
+from evq.handlers.executor import TaskFailed, WorkerLost
+from evq.handlers.link import WorkerLink, WorkerPool, WorkerServer
 
 SECRET = "s3cret"
 

@@ -9,13 +9,13 @@ import hypothesis.strategies as st
 import pytest
 from hypothesis import given
 
-from actors.handlers.api import Backoff, HandlerOptions, Message, Put, Reschedule, Retry
-from actors.handlers.plan import (
-    ACK,
+from evq.handlers.api import Backoff, HandlerOptions, Job, Reschedule, Retry, Send
+from evq.handlers.plan import (
+    DONE,
     Again,
     Failure,
+    GiveBack,
     Plan,
-    Release,
     backoff_delay,
     batch_outcomes,
     cascade_key,
@@ -28,8 +28,8 @@ from actors.handlers.plan import (
 NO_JITTER = Backoff(base=1.0, factor=2.0, cap=60.0, jitter=0.0)
 
 
-def msg(mid: str = "7", receive_count: int = 1, queue: str = "send") -> Message:
-    return Message(id=mid, body=b"x", attributes={}, receive_count=receive_count, queue=queue)
+def msg(mid: str = "7", receive_count: int = 1, queue: str = "send") -> Job:
+    return Job(id=mid, body=b"x", attributes={}, receive_count=receive_count, queue=queue)
 
 
 # ------------------------------------------------------------------ backoff
@@ -93,23 +93,23 @@ def test_cascade_keys_stay_within_the_queues_limit() -> None:
 
 
 def test_nothing_returned_means_ack() -> None:
-    assert plan_outcome(msg(), None, NO_JITTER, 0.0) == Plan(ACK)
+    assert plan_outcome(msg(), None, NO_JITTER, 0.0) == Plan(DONE)
 
 
 def test_a_put_cascades_with_a_derived_key_then_acks() -> None:
-    put = Put("report", b"done")
-    assert plan_outcome(msg(), put, NO_JITTER, 0.0) == Plan(ACK, (("send:7:0", put),))
+    put = Send("report", b"done")
+    assert plan_outcome(msg(), put, NO_JITTER, 0.0) == Plan(DONE, (("send:7:0", put),))
 
 
 def test_several_puts_get_keys_of_their_own_and_an_explicit_key_wins() -> None:
-    a, b = Put("report", "a"), Put("audit", "b", key="run-2024-06-01")
+    a, b = Send("report", "a"), Send("audit", "b", key="run-2024-06-01")
     plan = plan_outcome(msg(), [a, b], NO_JITTER, 0.0)
     assert plan.puts == (("send:7:0", a), ("run-2024-06-01", b))
-    assert plan.final == ACK
+    assert plan.final == DONE
 
 
 def test_reschedule_replaces_the_ack_and_may_follow_puts() -> None:
-    put = Put("report", b"x")
+    put = Send("report", b"x")
     plan = plan_outcome(msg(), [put, Reschedule(3600)], NO_JITTER, 0.0)
     assert plan == Plan(Again(3600, None), (("send:7:0", put),))
     assert plan_outcome(msg(), Reschedule(at=5.0), NO_JITTER, 0.0).final == Again(None, 5.0)
@@ -117,20 +117,20 @@ def test_reschedule_replaces_the_ack_and_may_follow_puts() -> None:
 
 def test_a_failure_is_released_after_the_backoff_of_its_receive_count() -> None:
     plan = plan_outcome(msg(receive_count=3), Failure("ValueError: no"), NO_JITTER, 0.0)
-    assert plan == Plan(Release(4.0), error="ValueError: no")
+    assert plan == Plan(GiveBack(4.0), error="ValueError: no")
 
 
 def test_retry_releases_with_its_own_delay_or_the_backoff() -> None:
-    assert plan_outcome(msg(), Retry(9), NO_JITTER, 0.0) == Plan(Release(9))
-    assert plan_outcome(msg(receive_count=2), Retry(), NO_JITTER, 0.0) == Plan(Release(2.0))
+    assert plan_outcome(msg(), Retry(9), NO_JITTER, 0.0) == Plan(GiveBack(9))
+    assert plan_outcome(msg(receive_count=2), Retry(), NO_JITTER, 0.0) == Plan(GiveBack(2.0))
 
 
 @pytest.mark.parametrize(
-    "outcome", [42, "ok", [Put("a", "b"), 3], [Reschedule(1), Reschedule(2)], {"a": 1}]
+    "outcome", [42, "ok", [Send("a", "b"), 3], [Reschedule(1), Reschedule(2)], {"a": 1}]
 )
 def test_anything_else_is_a_failure_that_says_what_was_returned(outcome: object) -> None:
     plan = plan_outcome(msg(), outcome, NO_JITTER, 0.0)
-    assert isinstance(plan.final, Release)
+    assert isinstance(plan.final, GiveBack)
     assert plan.puts == ()
     assert plan.error is not None
     assert "the handler returned" in plan.error
@@ -231,7 +231,7 @@ def test_resource_limit_counts_what_fits_next_to_what_runs() -> None:
 def test_the_rules_and_the_api_are_pure() -> None:
     from tests.unit.test_layering import _imports
 
-    root = Path(__file__).resolve().parents[3] / "actors" / "handlers"
+    root = Path(__file__).resolve().parents[3] / "evq" / "handlers"
     for module in ("plan.py", "api.py"):
         imported = {name.split(".")[0] for name in _imports(root / module)}
         assert not imported & {"ray", "aiohttp", "asyncio", "os", "time", "random", "socket"}

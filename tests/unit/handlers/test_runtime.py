@@ -19,12 +19,12 @@ from actors.core import commands as cmd
 from actors.core import replies as rp
 from actors.directory import LocalDirectory
 from actors.errors import QueueError, Unavailable
-from actors.handlers import Backoff, Handler, HandlerOptions, Message, Put, Reschedule
-from actors.handlers.executor import LocalExecutor
-from actors.handlers.runtime import HandlerRuntime, HandlerStats
-from actors.handlers.source import DirectorySource, Source
 from actors.log.stores import open_store
 from actors.settings import QueueSettings
+from evq.handlers import Backoff, Handler, HandlerOptions, Job, Reschedule, Send
+from evq.handlers.executor import LocalExecutor
+from evq.handlers.runtime import HandlerRuntime, HandlerStats
+from evq.handlers.source import DirectorySource, Source
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -130,13 +130,13 @@ async def test_every_message_is_handled_and_acked_once(directory, start) -> None
 async def test_a_failing_message_is_retried_with_backoff_then_dead_lettered(
     directory, start, caplog
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="actors.handlers")
+    caplog.set_level(logging.WARNING, logger="evq.handlers")
     await create(directory, "dead")
     await create(directory, "flaky", max_receives=3, dead_letter_queue="dead")
     [mid] = await put(directory, "flaky", [b"poison"])
     attempts: list[tuple[int, float]] = []
 
-    def fail(message: Message) -> None:
+    def fail(message: Job) -> None:
         attempts.append((message.receive_count, time.monotonic()))
         raise RuntimeError("smtp down")
 
@@ -166,11 +166,11 @@ async def test_a_failing_message_is_retried_with_backoff_then_dead_lettered(
 async def test_a_message_out_of_receives_without_a_dead_letter_queue_is_logged_dropped(
     directory, start, caplog
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="actors.handlers")
+    caplog.set_level(logging.WARNING, logger="evq.handlers")
     await create(directory, "once", max_receives=1)
     await put(directory, "once", [b"poison"])
 
-    def fail(message: Message) -> None:
+    def fail(message: Job) -> None:
         raise RuntimeError("no")
 
     running = start(make(fail, "once"))
@@ -193,7 +193,7 @@ async def test_the_lease_of_a_long_task_is_extended(directory, start) -> None:
     await put(directory, "slow", [b"big job"])
     receives: list[int] = []
 
-    def slow(message: Message) -> None:
+    def slow(message: Job) -> None:
         receives.append(message.receive_count)
         time.sleep(1.6)
 
@@ -229,9 +229,9 @@ async def test_a_crash_between_put_and_ack_puts_nothing_twice(directory, start) 
     await put(directory, "send", [b"a", b"b", b"c", b"d", b"e"])
     calls: list[str] = []
 
-    def forward(message: Message) -> Put:
+    def forward(message: Job) -> Send:
         calls.append(message.id)
-        return Put("report", message.body.upper())
+        return Send("report", message.body.upper())
 
     running = start(make(forward, "send", batch_size=2), wrap=LoseFirstAcks)
     await until(lambda: running.stats.acked == 5, what="every source message acked")
@@ -250,9 +250,9 @@ async def test_a_put_that_fails_keeps_the_source_message(directory, start) -> No
     await put(directory, "orders", [b"o1"])
     receives: list[int] = []
 
-    def cascade(message: Message) -> Put:
+    def cascade(message: Job) -> Send:
         receives.append(message.receive_count)
-        return Put("no-such-queue", message.body)
+        return Send("no-such-queue", message.body)
 
     backoff = Backoff(base=0.1, jitter=0)
     running = start(make(cascade, "orders", backoff=backoff))
@@ -268,7 +268,7 @@ async def test_a_periodic_handler_reschedules_instead_of_acking(directory, start
     await put(directory, "cron", [b"digest"], id="digest")
     runs: list[tuple[float, int]] = []
 
-    def digest(message: Message) -> Reschedule:
+    def digest(message: Job) -> Reschedule:
         runs.append((time.monotonic(), message.receive_count))
         return Reschedule(0.3)
 
@@ -287,7 +287,7 @@ async def test_concurrency_follows_depth_and_falls_to_zero(directory, start) -> 
     await create(directory, "depth")
     gate = threading.Event()
 
-    def work(message: Message) -> None:
+    def work(message: Job) -> None:
         time.sleep(0.15)
 
     running = start(make(work, "depth", batch_size=2, max_concurrency=4))
@@ -318,7 +318,7 @@ async def test_drain_lets_running_tasks_finish_and_takes_no_more(directory, star
     await create(directory, "mail")
     await put(directory, "mail", [b"m%d" % i for i in range(5)])
 
-    def send(message: Message) -> None:
+    def send(message: Job) -> None:
         time.sleep(0.4)
 
     running = start(make(send, "mail", batch_size=1, max_concurrency=3))
@@ -350,7 +350,7 @@ async def test_batch_mode_hands_the_function_lists(directory, start) -> None:
     await put(directory, "stats", [b"e%d" % i for i in range(12)])
     sizes: list[int] = []
 
-    def bulk(messages: list[Message]) -> None:
+    def bulk(messages: list[Job]) -> None:
         sizes.append(len(messages))
 
     running = start(make(bulk, "stats", batch=True, batch_size=5))

@@ -2,7 +2,7 @@
 
 Both speak every endpoint of gateway/WIRE.md over one keep-alive connection pool (async)
 or one keep-alive connection (sync, http.client; not thread-safe: one per thread).
-Requests are built and replies parsed by the pure ``gateway.client_wire``.
+Requests are built and replies parsed by the pure ``evq.client_wire``.
 
 Errors: a non-2xx reply raises the ``actors.errors`` class named by its error code, with
 ``fields["status"]``; no reply at all raises :class:`TransportError` (an ``Unavailable``)
@@ -46,8 +46,8 @@ from urllib.parse import urlsplit
 import aiohttp
 
 from actors.errors import QueueError
-from gateway import client_wire as wire
-from gateway.client_wire import (
+from evq import client_wire as wire
+from evq.client_wire import (
     Body,
     ItemResult,
     KeyValue,

@@ -2,7 +2,7 @@
 task can end with besides its outcomes.
 
 :class:`LocalExecutor` runs tasks in threads of the runtime's own process (the unit tests,
-debugging); ``actors.handlers.cluster.RayExecutor`` runs them in a pool of Ray worker actors.
+debugging); ``evq.handlers.cluster.RayExecutor`` runs them in a pool of Ray worker actors.
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import asyncio
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from actors.handlers.api import Handler, Message
-from actors.handlers.task import run_task
+from evq.handlers.api import Handler, Job
+from evq.handlers.task import run_task
 
 __all__ = ["Executor", "LocalExecutor", "Running", "TaskFailed", "WorkerLost"]
 
@@ -42,7 +42,7 @@ class Running(Protocol):
 class Executor(Protocol):
     """Where tasks run."""
 
-    def submit(self, messages: list[Message]) -> Running:
+    def submit(self, messages: list[Job]) -> Running:
         """Start a task over ``messages``."""
         ...
 
@@ -76,7 +76,7 @@ class LocalExecutor:
     def __init__(self, handler: Handler) -> None:
         self.handler = handler
 
-    def submit(self, messages: list[Message]) -> Running:
+    def submit(self, messages: list[Job]) -> Running:
         return _ThreadRun(
             asyncio.ensure_future(asyncio.to_thread(run_task, self.handler, messages))
         )

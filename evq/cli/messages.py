@@ -7,7 +7,7 @@ import argparse
 from collections.abc import Iterable
 from typing import IO, Any
 
-from gateway.cli_common import (
+from evq.cli.common import (
     Output,
     count_arg,
     item_results,
@@ -16,8 +16,8 @@ from gateway.cli_common import (
     show_time,
     table,
 )
-from gateway.client import Client
-from gateway.client_wire import Message, message_doc
+from evq.client import Client
+from evq.client_wire import Message, message_doc
 
 __all__ = ["add_parsers", "peek", "touch"]
 

@@ -22,12 +22,11 @@ import msgspec
 
 from actors.clock import SystemClock
 from actors.errors import QueueError
-from actors.handlers.api import Backoff, Handler, load_handler, resolve
 from actors.logsetup import add_log_arguments, config_of, setup_logging
+from evq.client import DEFAULT_URL
+from evq.handlers.api import Backoff, Handler, load_handler, resolve
 
 __all__ = ["add_arguments", "main"]
-
-DEFAULT_SERVER = "http://127.0.0.1:8700"
 
 
 def _positive(kind: type) -> Any:
@@ -62,7 +61,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--server",
         dest="handle_server",
         metavar="URL",
-        help=f"the server (default: $EVQ_SERVER or {DEFAULT_SERVER})",
+        help=f"the server (default: $EVQ_SERVER or {DEFAULT_URL})",
     )
     p.add_argument("--batch-size", type=int, metavar="N", help="messages per take (1..1000)")
     p.add_argument(
@@ -155,7 +154,7 @@ def _load(args: argparse.Namespace) -> Handler:
 
 def _check_queue(handler: Handler, server: str, token: str | None, transport: str) -> str | None:
     """Why the queue cannot be used (None: it can, or it cannot be checked over HTTP)."""
-    from gateway.client import Client, TransportError
+    from evq.client import Client, TransportError
 
     with Client(server, token=token, retries=1, timeout=10) as client:
         try:
@@ -206,13 +205,13 @@ def main(args: argparse.Namespace, out: IO[str], err: IO[str]) -> int:
     except (ValueError, ImportError) as exc:
         print(f"evq handle: {exc}", file=err)
         return 2
-    server = args.handle_server or args.server or os.environ.get("EVQ_SERVER") or DEFAULT_SERVER
+    server = args.handle_server or args.server or os.environ.get("EVQ_SERVER") or DEFAULT_URL
     token = args.token or os.environ.get("EVQ_TOKEN") or None
     problem = _check_queue(handler, server, token, args.transport)
     if problem is not None:
         print(f"evq handle: queue {handler.options.queue}: {problem}", file=err)
         return 1
-    from actors.handlers import cluster  # Ray: only now
+    from evq.handlers import cluster  # Ray: only now
 
     fields = {"handler": handler.name, "queue": handler.options.queue}
     setup_logging(log.level, log.format, mode=log.mode, stream=err, fields=fields)

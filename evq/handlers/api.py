@@ -4,16 +4,16 @@ and the options of a handler.
 A handler is a plain or ``async`` function registered for a queue::
 
     @handler("send", batch_size=100, max_concurrency=16, num_cpus=0.25)
-    def send(message: Message) -> Put | None:
+    def send(message: Job) -> Send | None:
         deliver(message.json())
-        return Put("report", message.body)  # cascade: put into "report", then ack
+        return Send("report", message.body)  # cascade: put into "report", then ack
 
 What the function returns decides what happens to the message:
 
 - ``None`` — done: the message is acked;
-- :class:`Put` (or a list of them) — a cascade: the messages are put into their queues, then
+- :class:`Send` (or a list of them) — a cascade: the messages are put into their queues, then
   the source message is acked. Each put carries an idempotency key derived from the source
-  queue and message id (``Put.key`` overrides it), so a crash between the put and the ack
+  queue and message id (``Send.key`` overrides it), so a crash between the put and the ack
   puts nothing twice: the redelivered message is handled again and its puts are duplicates;
 - :class:`Reschedule` — periodic work: the message gets a new activation time instead of an
   ack (its receive count starts again); it may follow puts in a list;
@@ -40,25 +40,25 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from actors.settings import MAX_BATCH  # messages per take (API.md)
+
 __all__ = [
     "MAX_BATCH",
     "Backoff",
     "Handler",
     "HandlerOptions",
-    "Message",
-    "Put",
+    "Job",
     "Reschedule",
     "Retry",
+    "Send",
     "handler",
     "load_handler",
     "resolve",
 ]
 
-MAX_BATCH = 1000  # messages per take (API.md)
-
 
 @dataclass(frozen=True, slots=True)
-class Message:
+class Job:
     """One message as a handler sees it (the lease stays with the runtime)."""
 
     id: str
@@ -89,7 +89,7 @@ class Message:
 
 
 @dataclass(frozen=True, slots=True)
-class Put:
+class Send:
     """A message for another queue (a cascade step); put before the source is acked.
 
     ``key`` replaces the derived idempotency key (``{source}:{id}:{index}``). Give one when a
@@ -109,11 +109,11 @@ class Put:
 
     def __post_init__(self) -> None:
         if not isinstance(self.queue, str) or not self.queue:
-            raise ValueError("Put needs a queue name")
+            raise ValueError("Send needs a queue name")
         if not isinstance(self.body, bytes | str) or not self.body:
-            raise ValueError("Put needs a non-empty body (bytes or str)")
+            raise ValueError("Send needs a non-empty body (bytes or str)")
         if self.delay is not None and self.activate_at is not None:
-            raise ValueError("Put takes a delay or an activate_at, not both")
+            raise ValueError("Send takes a delay or an activate_at, not both")
 
     @property
     def body_bytes(self) -> bytes:

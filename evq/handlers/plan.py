@@ -13,16 +13,16 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from actors.handlers.api import Backoff, HandlerOptions, Message, Put, Reschedule, Retry
+from evq.handlers.api import Backoff, HandlerOptions, Job, Reschedule, Retry, Send
 
 __all__ = [
-    "ACK",
+    "DONE",
     "Abandon",
-    "Ack",
     "Again",
+    "Done",
     "Failure",
+    "GiveBack",
     "Plan",
-    "Release",
     "backoff_delay",
     "batch_outcomes",
     "cascade_key",
@@ -47,15 +47,15 @@ class Failure:
 
 
 @dataclass(frozen=True, slots=True)
-class Ack:
+class Done:
     """Done: delete the message."""
 
 
-ACK = Ack()
+DONE = Done()
 
 
 @dataclass(frozen=True, slots=True)
-class Release:
+class GiveBack:
     """Give the message back, active again after ``delay`` seconds."""
 
     delay: float
@@ -77,7 +77,7 @@ class Abandon:
     reason: str
 
 
-Final = Ack | Release | Again | Abandon
+Final = Done | GiveBack | Again | Abandon
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,7 +85,7 @@ class Plan:
     """What to do with one message: put ``puts`` (all durable first), then ``final``."""
 
     final: Final
-    puts: tuple[tuple[str, Put], ...] = ()  # (idempotency key, message)
+    puts: tuple[tuple[str, Send], ...] = ()  # (idempotency key, message)
     error: str | None = None
 
 
@@ -110,40 +110,40 @@ def cascade_key(source: str, message_id: str, index: int) -> str:
     return "sha256:" + hashlib.sha256(key.encode()).hexdigest()
 
 
-def plan_outcome(message: Message, outcome: Any, backoff: Backoff, draw: float) -> Plan:
+def plan_outcome(message: Job, outcome: Any, backoff: Backoff, draw: float) -> Plan:
     """What a handler's result (or :class:`Failure`) means for ``message``."""
     if outcome is None:
-        return Plan(ACK)
+        return Plan(DONE)
     if isinstance(outcome, Failure):
         return _retry(message, backoff, draw, outcome.error)
     if isinstance(outcome, Retry):
         delay = outcome.delay
         if delay is None:
             delay = backoff_delay(backoff, message.receive_count, draw)
-        return Plan(Release(delay))
+        return Plan(GiveBack(delay))
     items = list(outcome) if isinstance(outcome, list | tuple) else [outcome]
-    puts = [i for i in items if isinstance(i, Put)]
+    puts = [i for i in items if isinstance(i, Send)]
     again = [i for i in items if isinstance(i, Reschedule)]
     if len(puts) + len(again) != len(items) or len(again) > 1:
-        wrong = next((i for i in items if not isinstance(i, Put | Reschedule)), None)
+        wrong = next((i for i in items if not isinstance(i, Send | Reschedule)), None)
         what = type(wrong).__name__ if wrong is not None else "two Reschedules"
         error = (
-            f"TypeError: the handler returned {what}; expected None, Put, Reschedule, Retry "
-            "or a list of Put (with at most one Reschedule)"
+            f"TypeError: the handler returned {what}; expected None, Send, Reschedule, Retry "
+            "or a list of Send (with at most one Reschedule)"
         )
         return _retry(message, backoff, draw, error)
     keyed = tuple(
         (p.key or cascade_key(message.queue, message.id, i), p) for i, p in enumerate(puts)
     )
-    final: Final = ACK if not again else Again(again[0].delay, again[0].at)
+    final: Final = DONE if not again else Again(again[0].delay, again[0].at)
     return Plan(final, keyed)
 
 
-def _retry(message: Message, backoff: Backoff, draw: float, error: str) -> Plan:
-    return Plan(Release(backoff_delay(backoff, message.receive_count, draw)), error=error)
+def _retry(message: Job, backoff: Backoff, draw: float, error: str) -> Plan:
+    return Plan(GiveBack(backoff_delay(backoff, message.receive_count, draw)), error=error)
 
 
-def batch_outcomes(messages: Sequence[Message], result: Any) -> list[Any]:
+def batch_outcomes(messages: Sequence[Job], result: Any) -> list[Any]:
     """One outcome per message from what a batch function returned.
 
     ``None`` acks all; a sequence gives one outcome per message, in order; a mapping gives

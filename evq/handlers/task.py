@@ -17,8 +17,8 @@ import traceback
 from collections.abc import Sequence
 from typing import Any
 
-from actors.handlers.api import Handler, Message
-from actors.handlers.plan import Failure, batch_outcomes
+from evq.handlers.api import Handler, Job
+from evq.handlers.plan import Failure, batch_outcomes
 
 __all__ = ["run_task"]
 
@@ -31,7 +31,7 @@ def _failure(exc: BaseException) -> Failure:
     return Failure(text[:500], trace[-MAX_TRACE:])
 
 
-def run_task(handler: Handler, messages: Sequence[Message]) -> list[Any]:
+def run_task(handler: Handler, messages: Sequence[Job]) -> list[Any]:
     """Call ``handler`` on ``messages``; one outcome (or Failure) per message, in order."""
     if handler.options.batch:
         return _run_batch(handler, messages)
@@ -46,7 +46,7 @@ def run_task(handler: Handler, messages: Sequence[Message]) -> list[Any]:
     return outcomes
 
 
-def _run_batch(handler: Handler, messages: Sequence[Message]) -> list[Any]:
+def _run_batch(handler: Handler, messages: Sequence[Job]) -> list[Any]:
     try:
         if handler.is_async:
             result = asyncio.run(handler.fn(list(messages)))
@@ -57,7 +57,7 @@ def _run_batch(handler: Handler, messages: Sequence[Message]) -> list[Any]:
     return batch_outcomes(messages, result)
 
 
-async def _run_async(handler: Handler, messages: Sequence[Message]) -> list[Any]:
+async def _run_async(handler: Handler, messages: Sequence[Job]) -> list[Any]:
     """Messages concurrently, except that those of one FIFO group run one after another,
     in order (a take may hand out a run of one group)."""
     outcomes: list[Any] = [None] * len(messages)

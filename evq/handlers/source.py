@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from actors.core import commands as cmd
 from actors.core import replies as rp
 from actors.errors import MessageNotFound, QueueError, StaleLease, Unavailable
-from actors.handlers.api import Message, Put
+from evq.handlers.api import Job, Send
 
 __all__ = ["DirectorySource", "HttpSource", "Limits", "Source", "Taken", "Watched"]
 
@@ -32,7 +32,7 @@ Item = tuple[str, str]  # (message id, lease)
 class Taken:
     """A reserved message and the lease that holds it."""
 
-    message: Message
+    message: Job
     lease: str
 
 
@@ -88,7 +88,7 @@ class Source(Protocol):
         """A new activation time instead of an ack. Raises: QueueError."""
         ...
 
-    async def put(self, queue: str, puts: Sequence[tuple[str, Put]]) -> list[str]:
+    async def put(self, queue: str, puts: Sequence[tuple[str, Send]]) -> list[str]:
         """Put messages (with their idempotency keys) into ``queue``; ``created`` or
         ``duplicate`` per message. Raises: QueueError."""
         ...
@@ -106,8 +106,8 @@ def _ms(seconds: float | None) -> int | None:
     return None if seconds is None else round(seconds * 1000)
 
 
-def _message(queue: str, d: rp.Delivery) -> Message:
-    return Message(
+def _message(queue: str, d: rp.Delivery) -> Job:
+    return Job(
         id=d.id,
         body=d.body,
         attributes=d.attributes or {},
@@ -119,7 +119,7 @@ def _message(queue: str, d: rp.Delivery) -> Message:
     )
 
 
-def _new_message(key: str, p: Put) -> cmd.NewMessage:
+def _new_message(key: str, p: Send) -> cmd.NewMessage:
     return cmd.NewMessage(
         body=p.body_bytes,
         id=p.id,
@@ -225,7 +225,7 @@ class DirectorySource:
         )
         return await _item_status(self._run(command))
 
-    async def put(self, queue: str, puts: Sequence[tuple[str, Put]]) -> list[str]:
+    async def put(self, queue: str, puts: Sequence[tuple[str, Send]]) -> list[str]:
         command = cmd.Put([_new_message(key, p) for key, p in puts])
         results = await self._run(command, queue)
         return [r.status for r in results]
@@ -258,12 +258,12 @@ async def _item_status(call: Awaitable[Any]) -> str:
 
 
 class HttpSource:
-    """The queue over the native HTTP API (``gateway.client.AsyncClient``, msgpack bodies)."""
+    """The queue over the native HTTP API (``evq.client.AsyncClient``, msgpack bodies)."""
 
     transport = "http"
 
     def __init__(self, queue: str, server: str, *, token: str | None = None) -> None:
-        from gateway.client import AsyncClient  # aiohttp: only where HTTP is used
+        from evq.client import AsyncClient  # aiohttp: only where HTTP is used
 
         self.queue = queue
         self.server = server
@@ -284,7 +284,7 @@ class HttpSource:
         )
         return [
             Taken(
-                Message(
+                Job(
                     id=m.id,
                     body=m.body,
                     attributes=m.attributes,
@@ -317,8 +317,8 @@ class HttpSource:
         )
         return await _item_status(call)
 
-    async def put(self, queue: str, puts: Sequence[tuple[str, Put]]) -> list[str]:
-        from gateway.client import NewMessage
+    async def put(self, queue: str, puts: Sequence[tuple[str, Send]]) -> list[str]:
+        from evq.client import NewMessage
 
         messages = [
             NewMessage(

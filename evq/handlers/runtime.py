@@ -1,20 +1,20 @@
 """The handler runtime: takes batches from one queue, runs the user's function on them as
 tasks, and settles each message by what the task answered.
 
-Three loops share one asyncio event loop (inside a Ray actor, see :mod:`actors.handlers.cluster`,
+Three loops share one asyncio event loop (inside a Ray actor, see :mod:`evq.handlers.cluster`,
 or a test's):
 
 - **watch**: one-shot watches of the queue's ``queue:`` key keep the ready count current (a
   change answers the watch; nothing is polled);
 - **dispatch**: starts as many tasks as the ready messages, ``max_concurrency`` and the free
-  cluster resources allow (:func:`~actors.handlers.plan.more_tasks`), each with one take;
+  cluster resources allow (:func:`~evq.handlers.plan.more_tasks`), each with one take;
   with nothing ready and nothing running it waits in one long-poll take, so a handler is
   idle at zero tasks and still starts within milliseconds of a put;
 - **leases**: extends the leases of tasks that run long (every third of the visibility
   timeout).
 
-When a task answers, each message is settled by its :class:`~actors.handlers.plan.Plan`
-(:mod:`actors.handlers.settle`): its puts are made durable first (idempotency keys derived
+When a task answers, each message is settled by its :class:`~evq.handlers.plan.Plan`
+(:mod:`evq.handlers.settle`): its puts are made durable first (idempotency keys derived
 from the source message), then it is acked, rescheduled or released with a backoff delay.
 When the worker running a task dies, its messages are left to their leases and the queue
 hands them out again.
@@ -38,11 +38,11 @@ import msgspec
 
 from actors.clock import Clock, SystemClock
 from actors.errors import QueueError
-from actors.handlers.api import Handler
-from actors.handlers.executor import Executor, TaskFailed, WorkerLost
-from actors.handlers.plan import Abandon, Failure, more_tasks, take_size
-from actors.handlers.settle import Batch, HandlerStats, Settler, chunks
-from actors.handlers.source import Source, Taken
+from evq.handlers.api import Handler
+from evq.handlers.executor import Executor, TaskFailed, WorkerLost
+from evq.handlers.plan import Abandon, Failure, more_tasks, take_size
+from evq.handlers.settle import Batch, HandlerStats, Settler, chunks
+from evq.handlers.source import Source, Taken
 
 __all__ = ["HandlerRuntime", "HandlerStats"]
 

@@ -1,4 +1,4 @@
-"""The ``evq`` console script: :func:`gateway.cli.main`, and one clear line instead of a
+"""The ``evq`` console script: :func:`evq.cli.main.main`, and one clear line instead of a
 traceback when a command needs an extra that is not installed.
 
 The base install (``pip install evq``) is the Python client and the command line's client
@@ -43,7 +43,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     command needs is missing."""
     args = list(sys.argv[1:] if argv is None else argv)
     try:
-        from gateway.cli import main as cli_main
+        from evq.cli.main import main as cli_main
 
         return cli_main(args)
     except ModuleNotFoundError as exc:

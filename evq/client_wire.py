@@ -1,6 +1,6 @@
 """The client's pure half: request building, reply parsing, error mapping, retry policy.
 
-No I/O here. ``gateway.client`` sends the requests these functions build and hands back
+No I/O here. ``evq.client`` sends the requests these functions build and hands back
 what they parse, so all of it is tested without a socket. Shapes follow gateway/WIRE.md.
 
 Every builder returns a :class:`Call`: method, path, payload, how to parse the answer and

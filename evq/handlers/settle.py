@@ -1,6 +1,6 @@
 """Settling a task's messages once it has answered, and the runtime's counters.
 
-Each message's :class:`~actors.handlers.plan.Plan` is carried out in order: every cascade
+Each message's :class:`~evq.handlers.plan.Plan` is carried out in order: every cascade
 put is made durable first (with the idempotency key derived from the source message), and
 only then the message is acked, rescheduled or released with its backoff delay. A put that
 fails turns its source message into a failure (released with backoff, to be handled again:
@@ -20,18 +20,18 @@ from typing import Any
 import msgspec
 
 from actors.errors import QueueError
-from actors.handlers.api import MAX_BATCH, HandlerOptions, Message, Put
-from actors.handlers.executor import Running
-from actors.handlers.plan import (
+from evq.handlers.api import MAX_BATCH, HandlerOptions, Job, Send
+from evq.handlers.executor import Running
+from evq.handlers.plan import (
     Abandon,
-    Ack,
     Again,
+    Done,
+    GiveBack,
     Plan,
-    Release,
     backoff_delay,
     plan_outcome,
 )
-from actors.handlers.source import Item, Limits, Source, Taken
+from evq.handlers.source import Item, Limits, Source, Taken
 
 __all__ = ["Batch", "HandlerStats", "Settler", "chunks"]
 
@@ -133,15 +133,15 @@ class Settler:
             final, error = plan.final, plan.error
             if t.message.id in failed:
                 error = failed[t.message.id]
-                final = Release(self._backoff(t.message))
+                final = GiveBack(self._backoff(t.message))
             if error is not None:
                 self._failed(t.message, error, final)
             item = (t.message.id, t.lease)
             if t.message.id in batch.lost:
                 continue
-            if isinstance(final, Ack):
+            if isinstance(final, Done):
                 acks.append(item)
-            elif isinstance(final, Release):
+            elif isinstance(final, GiveBack):
                 releases.setdefault(round(final.delay, 3), []).append(item)
             elif isinstance(final, Again):
                 agains.append((item, final))
@@ -151,10 +151,10 @@ class Settler:
         calls += [self._again(item, again) for item, again in agains]
         await asyncio.gather(*calls)
 
-    def _backoff(self, message: Message) -> float:
+    def _backoff(self, message: Job) -> float:
         return backoff_delay(self.options.backoff, message.receive_count, self.rng.random())
 
-    def _failed(self, message: Message, error: str, final: object) -> None:
+    def _failed(self, message: Job, error: str, final: object) -> None:
         log.warning(
             "handler %s: message %s (receive %d) failed: %s%s",
             self.name,
@@ -164,9 +164,9 @@ class Settler:
             self._next(message, final),
         )
 
-    def _next(self, message: Message, final: object) -> str:
+    def _next(self, message: Job, final: object) -> str:
         """What becomes of a released message, for the log."""
-        if not isinstance(final, Release):
+        if not isinstance(final, GiveBack):
             return ""
         limits = self.limits
         last = limits.max_receives if limits is not None else None
@@ -179,7 +179,7 @@ class Settler:
 
     async def _cascade(self, batch: Batch, plans: list[Plan]) -> dict[str, str]:
         """Make every put durable; the ids of source messages whose puts failed, and why."""
-        by_queue: dict[str, list[tuple[str, str, Put]]] = {}
+        by_queue: dict[str, list[tuple[str, str, Send]]] = {}
         for t, plan in zip(batch.taken, plans, strict=True):
             for key, put in plan.puts:
                 by_queue.setdefault(put.queue, []).append((t.message.id, key, put))
@@ -187,7 +187,7 @@ class Settler:
         if not by_queue:
             return failed
 
-        async def put_all(queue: str, entries: list[tuple[str, str, Put]]) -> None:
+        async def put_all(queue: str, entries: list[tuple[str, str, Send]]) -> None:
             for chunk in chunks(entries):
                 try:
                     statuses = await self.source.put(queue, [(k, p) for _, k, p in chunk])

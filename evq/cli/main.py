@@ -19,9 +19,10 @@ from typing import IO, Any
 import msgspec
 
 from actors.errors import QueueError
-from actors.handlers import cli as handle_cli  # light: Ray loads only when a handler runs
-from gateway import cli_messages
-from gateway.cli_common import (
+from actors.settings import MAX_BATCH  # messages per put request (API.md)
+from evq.cli import handle as handle_cli  # light: Ray loads only when a handler runs
+from evq.cli import messages as cli_messages
+from evq.cli.common import (
     Output,
     count_arg,
     item_results,
@@ -33,15 +34,12 @@ from gateway.cli_common import (
     show_num,
     table,
 )
-from gateway.client import DEFAULT_URL, Client
-from gateway.client_wire import KeyValue, Message, PutResult, QueueInfo, message_doc
+from evq.client import DEFAULT_URL, Client
+from evq.client_wire import KeyValue, Message, PutResult, QueueInfo, message_doc
 from pipeline import args as pipeline_args  # light: Spark loads only when a job runs
 from pipeline import main as pipeline_main
 
 __all__ = ["build_parser", "main", "parse_time", "show_body"]
-
-MAX_BATCH = 1000  # messages per put request (API.md)
-
 
 # ------------------------------------------------------------------ parser
 
@@ -161,7 +159,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _handle_command(sub: Any) -> None:
-    """`evq handle module:function --queue Q`: run a handler as Ray tasks (actors.handlers)."""
+    """`evq handle module:function --queue Q`: run a handler as Ray tasks (evq.handlers)."""
     help_text = "run a Python function on a queue's messages as Ray tasks"
     handle_cli.add_arguments(sub.add_parser("handle", help=help_text))
 

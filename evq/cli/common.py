@@ -11,7 +11,7 @@ from typing import IO, Any
 
 import msgspec
 
-from gateway.client_wire import ItemResult
+from evq.client_wire import ItemResult
 
 __all__ = [
     "BODY_WIDTH",

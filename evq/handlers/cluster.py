@@ -4,11 +4,11 @@ worker actors.
 :func:`start` spawns a :class:`HandlerActor` (no CPU of its own, restarted by Ray if its
 process dies) and returns a :class:`HandlerRun` to watch and stop it; :func:`run` does the
 same and blocks until SIGTERM/SIGINT, then drains. Inside the actor a
-:class:`~actors.handlers.runtime.HandlerRuntime` hands chunks of messages to
+:class:`~evq.handlers.runtime.HandlerRuntime` hands chunks of messages to
 :class:`RayExecutor`: a pool of worker actors with the handler's resource options, each
-running :func:`~actors.handlers.task.run_task` over one chunk at a time, grown as the
+running :func:`~evq.handlers.task.run_task` over one chunk at a time, grown as the
 runtime asks and the cluster's free resources allow, shrunk when idle. Chunks go to a worker
-over a socket of its own (:mod:`actors.handlers.link`): one starts in a worker that was idle
+over a socket of its own (:mod:`evq.handlers.link`): one starts in a worker that was idle
 in ~0.5 ms, where a Ray actor call takes ~1.7 ms and a Ray task ~4 ms (loadtest/RESULTS.md),
 so an idle handler starts on a put within a few milliseconds, and a busy one pays the hop
 once per chunk, not per message.
@@ -42,17 +42,18 @@ import ray
 import ray.exceptions as rex
 
 from actors.errors import Unavailable
-from actors.handlers.api import Handler, Message
-from actors.handlers.executor import Running, TaskFailed, WorkerLost
-from actors.handlers.link import WorkerPool, WorkerServer
-from actors.handlers.plan import resource_limit
-from actors.handlers.runtime import HandlerRuntime, HandlerStats
-from actors.handlers.source import DirectorySource, HttpSource, Source
-from actors.handlers.task import run_task
 from actors.logsetup import LogConfig, configure, forward_ray_output
+from actors.spawn import NAMESPACE, shard_name
+from evq.client import DEFAULT_URL
+from evq.handlers.api import Handler, Job
+from evq.handlers.executor import Running, TaskFailed, WorkerLost
+from evq.handlers.link import WorkerPool, WorkerServer
+from evq.handlers.plan import resource_limit
+from evq.handlers.runtime import HandlerRuntime, HandlerStats
+from evq.handlers.source import DirectorySource, HttpSource, Source
+from evq.handlers.task import run_task
 
 __all__ = [
-    "DEFAULT_SERVER",
     "HandlerActor",
     "HandlerRun",
     "HandlerStartError",
@@ -64,17 +65,9 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SERVER = "http://127.0.0.1:8700"
-NAMESPACE = "evq"  # as actors.spawn: where the shards are found
 TRANSPORTS = ("auto", "direct", "http")
 RESOURCES_TTL_S = 1.0  # how long a look at the cluster's free resources is reused
 SETTLE_S = 0.5  # after a worker starts, until its resources surely show in a look
-
-
-def _shard_name(index: int) -> str:
-    from actors.spawn import shard_name
-
-    return shard_name(index)
 
 
 class HandlerStartError(RuntimeError):
@@ -87,7 +80,7 @@ class HandlerStartError(RuntimeError):
 class _Worker:
     """A process that runs one handler's function over chunks of messages (a Ray actor,
     wrapped in :class:`RayExecutor`; it holds the handler's resources while it lives). The
-    chunks come over a socket of its own (:mod:`actors.handlers.link`)."""
+    chunks come over a socket of its own (:mod:`evq.handlers.link`)."""
 
     def __init__(self, handler: Handler, secret: str, log: LogConfig) -> None:
         configure(log, handler=handler.name, queue=handler.options.queue)
@@ -106,7 +99,7 @@ def _first_line(exc: BaseException) -> str:
 
 class RayExecutor:
     """Runs a handler's chunks in a pool of worker actors with its resource options
-    (:class:`~actors.handlers.link.WorkerPool`): one chunk at a time per worker, a worker
+    (:class:`~evq.handlers.link.WorkerPool`): one chunk at a time per worker, a worker
     started when chunks wait and none is free, ``warm_workers`` idle ones kept, the others
     let go after ``idle_s`` idle."""
 
@@ -139,7 +132,7 @@ class RayExecutor:
             idle_s=idle_s,
         )
 
-    def submit(self, messages: list[Message]) -> Running:
+    def submit(self, messages: list[Job]) -> Running:
         return self._pool.submit(messages)
 
     def _spawn(self) -> Any:
@@ -195,7 +188,7 @@ class RayExecutor:
 async def _shard_access() -> tuple[int, str] | None:
     """The shard count and channel secret of the evq server in this cluster, if any."""
     try:
-        first = ray.get_actor(_shard_name(0), namespace=NAMESPACE)
+        first = ray.get_actor(shard_name(0), namespace=NAMESPACE)
     except ValueError:
         return None
     try:
@@ -208,7 +201,7 @@ async def _shard_access() -> tuple[int, str] | None:
 
 async def _shard_address(index: int) -> tuple[str, int]:
     try:
-        handle = ray.get_actor(_shard_name(index), namespace=NAMESPACE)
+        handle = ray.get_actor(shard_name(index), namespace=NAMESPACE)
         return await handle.address.remote()  # type: ignore[no-any-return]
     except (ValueError, rex.RayActorError, rex.ActorUnavailableError) as exc:
         raise Unavailable(f"shard {index} is not reachable: {type(exc).__name__}") from None
@@ -387,7 +380,7 @@ def _init_ray(address: str | None) -> None:
 def start(
     handler: Handler,
     *,
-    server: str = DEFAULT_SERVER,
+    server: str = DEFAULT_URL,
     transport: str = "auto",
     token: str | None = None,
     ray_address: str | None = None,
@@ -432,7 +425,7 @@ def start(
 def run(
     handler: Handler,
     *,
-    server: str = DEFAULT_SERVER,
+    server: str = DEFAULT_URL,
     transport: str = "auto",
     token: str | None = None,
     ray_address: str | None = None,

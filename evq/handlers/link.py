@@ -1,9 +1,9 @@
 """How a handler's runtime hands chunks of messages to its workers: a pool of worker
 processes, and a socket to each.
 
-A worker (a Ray actor placed with the handler's resources, :mod:`actors.handlers.cluster`)
+A worker (a Ray actor placed with the handler's resources, :mod:`evq.handlers.cluster`)
 serves :class:`WorkerServer`: a thread that accepts one connection at a time from its
-runtime and runs each chunk it receives with :func:`~actors.handlers.task.run_task`. The
+runtime and runs each chunk it receives with :func:`~evq.handlers.task.run_task`. The
 runtime reaches it with a :class:`WorkerLink`. Measured here (loadtest/RESULTS.md), a chunk
 starts in a worker that was idle about a millisecond sooner this way than through a Ray
 actor call, which matters for a handler that should start within milliseconds of a put.
@@ -12,7 +12,7 @@ Frames are a 4-byte little-endian length and a pickle: ``(rid, messages)`` in,
 ``(rid, outcomes)`` or ``(rid, None, error text)`` out. A connection begins with the
 runtime's secret (made per runtime and given to its workers when they are created); the
 worker unpickles nothing before it matches. A connection that breaks is a lost worker: its
-chunk's outcome is unknown (:class:`~actors.handlers.executor.WorkerLost`).
+chunk's outcome is unknown (:class:`~evq.handlers.executor.WorkerLost`).
 
 :class:`WorkerPool` keeps the workers: chunks wait in one line and each worker that is up
 and free takes the next, so a worker still being placed (its resources not free yet) holds
@@ -37,7 +37,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from actors.handlers.executor import TaskFailed, WorkerLost
+from evq.handlers.executor import TaskFailed, WorkerLost
 
 __all__ = ["Chunk", "WorkerLink", "WorkerPool", "WorkerServer"]
 
