@@ -9,14 +9,18 @@ snapshot age, recovery time — and every shard for its log's writes (commits, r
 segments held) and its last recovery's duration.
 With several gateway processes, each answers for its own requests and watchers and for every
 queue (the queue figures are the same from any process).
+
+A feature with figures of its own registers them with :func:`register_gauge` when it is
+installed (the watches register their watchers and upstream keys): this module imports no
+feature to read its state.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Iterator
-from typing import Any
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
+from typing import Any, NamedTuple
 
 from aiohttp import web
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -33,7 +37,7 @@ from actors.metrics import QueueMetrics
 from actors.shard import ShardStatus
 from gateway import logs, native
 
-__all__ = ["METRICS", "GatewayMetrics", "install"]
+__all__ = ["GAUGES", "METRICS", "GatewayMetrics", "LiveGauge", "install", "register_gauge"]
 
 _LONG_LIVED = ("/v1/ws", "/v1/watch/{key}")
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
@@ -94,25 +98,56 @@ class _Live:
         app = self.owner._app
         if app is None:
             return
+        yield from _registered_families(app)
         yield from _gateway_families(app)
         yield from _queue_families(self.owner._queues)
         yield from _shard_families(self.owner._shards)
 
 
-def _gateway_families(app: web.Application) -> Iterator[Metric]:
-    from gateway.watches import HUB, WATCHERS
+# What a registered gauge's ``read()`` gives: its value, or its value for each tuple of
+# label values (in the order of the gauge's ``labels``).
+Reading = float | Mapping[tuple[str, ...], float]
 
-    watchers = app[WATCHERS]
-    ws = len(watchers.ws)
-    g = GaugeMetricFamily("evq_watchers", "Watchers held by this process", labels=["kind"])
-    g.add_metric(["websocket"], ws)
-    g.add_metric(["long_poll"], max(0, watchers.n - ws))
-    yield g
-    yield GaugeMetricFamily(
-        "evq_watch_upstream_keys",
-        "Keys this process follows upstream (one watch each)",
-        value=len(app[HUB].following()),
-    )
+
+class LiveGauge(NamedTuple):
+    """A gauge a feature registered, read at scrape time."""
+
+    name: str
+    text: str
+    read: Callable[[], Reading]
+    labels: tuple[str, ...] = ()
+
+
+# The gauges features registered on an app, in the order they did (a list of LiveGauge).
+GAUGES = web.AppKey("metric_gauges", list)
+
+
+def register_gauge(
+    app: web.Application,
+    name: str,
+    text: str,
+    read: Callable[[], Reading],
+    labels: Sequence[str] = (),
+) -> None:
+    """Export a gauge of ``app``'s: ``read()`` gives its value at each scrape, or, with
+    ``labels``, a mapping of label values to values (registered before or after
+    :func:`install`)."""
+    app.setdefault(GAUGES, []).append(LiveGauge(name, text, read, tuple(labels)))
+
+
+def _registered_families(app: web.Application) -> Iterator[Metric]:
+    for gauge in app.get(GAUGES, ()):
+        reading = gauge.read()
+        if not isinstance(reading, Mapping):
+            yield GaugeMetricFamily(gauge.name, gauge.text, value=reading)
+            continue
+        g = GaugeMetricFamily(gauge.name, gauge.text, labels=list(gauge.labels))
+        for values, value in reading.items():
+            g.add_metric(list(values), value)
+        yield g
+
+
+def _gateway_families(app: web.Application) -> Iterator[Metric]:
     stats = app[native.BATCHERS].stats
     yield CounterMetricFamily(
         "evq_shard_calls", "Calls from this gateway toward the shards", value=stats.calls

@@ -22,7 +22,7 @@ from aiohttp import WSMsgType, web
 from actors.core.decide import validate_key
 from actors.errors import BadRequest, Overloaded, TooLarge
 from actors.keyspace import QUEUE_PREFIX, SYS_PREFIX, set_key_command
-from gateway import limits, native
+from gateway import limits, metrics, native
 from gateway.auth import AUTH, TOKEN, Token, may_read_key, presented
 from gateway.door import HEAD_LIMIT, UPGRADES, Doorway, Head
 from gateway.errors import MSGPACK, prefers_msgpack, wants_msgpack
@@ -593,3 +593,22 @@ def install(app: web.Application, options: WatchOptions | None = None) -> None:
     app.setdefault(limits.EXEMPT, []).append(lambda: watchers.n - watchers.door)
     app[UPGRADES] = {"/v1/ws": open_websocket, "/v1/watch/": open_long_poll}
     app.add_routes(routes)
+    metrics.register_gauge(
+        app,
+        "evq_watchers",
+        "Watchers held by this process",
+        lambda: _watcher_counts(app[WATCHERS]),
+        labels=["kind"],
+    )
+    metrics.register_gauge(
+        app,
+        "evq_watch_upstream_keys",
+        "Keys this process follows upstream (one watch each)",
+        lambda: len(app[HUB].following()),
+    )
+
+
+def _watcher_counts(watchers: Watchers) -> dict[tuple[str, ...], float]:
+    """Watchers by kind, for ``/metrics``."""
+    ws = len(watchers.ws)
+    return {("websocket",): ws, ("long_poll",): max(0, watchers.n - ws)}
