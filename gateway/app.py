@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 
 import msgspec
 from aiohttp import web
@@ -17,9 +17,9 @@ from gateway.batcher import Batchers
 from gateway.errors import MAX_BODY, error_middleware, error_response, wants_msgpack
 from gateway.fast import FAST, Fast
 from gateway.limits import FAST_CONNECTIONS, IN_FLIGHT, LIMITS, Limits
-from gateway.settings import MAX_BODY_BYTES
+from gateway.settings import MAX_BODY_BYTES, ServerSettings, is_loopback
 
-__all__ = ["AppOptions", "make_app"]
+__all__ = ["AppOptions", "app_options", "make_app"]
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +48,31 @@ class AppOptions(msgspec.Struct, frozen=True, kw_only=True):
     tokens: list[Token] = []  # bearer tokens (gateway/auth.py); empty: no auth
     fast_path: bool = True  # the front door serves the hot commands itself (gateway/fast.py)
     watch: watches.WatchOptions = msgspec.field(default_factory=watches.WatchOptions)
+
+
+def app_options(
+    settings: ServerSettings, cluster_secret: str | None = None, tokens: Sequence[Token] = ()
+) -> AppOptions:
+    """The gateway's options from the server settings, the cluster secret and the bearer
+    tokens read at start (every gateway process alike)."""
+    return AppOptions(
+        cluster_secret=cluster_secret,
+        max_body_bytes=settings.max_body_bytes,
+        max_requests=settings.max_requests,
+        max_connections=settings.max_connections,
+        max_waiting_takes=settings.max_waiting_takes,
+        auto_create=settings.auto_create,
+        sqs_keys=settings.sqs_key_map(),
+        sqs_open=is_loopback(settings.host),
+        sqs_account_id=settings.sqs_account_id,
+        tokens=list(tokens),
+        batch_in_flight=settings.batch_in_flight,
+        batch_split_at=settings.batch_split_at,
+        watch=watches.WatchOptions(
+            max_watchers=settings.max_watchers,
+            send_buffer_limit=settings.ws_send_buffer_bytes,
+        ),
+    )
 
 
 def make_app(directory: Directory, options: AppOptions | None = None) -> web.Application:

@@ -10,12 +10,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import ipaddress
 import json
 import logging
 import os
 import secrets
 import sys
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -25,34 +25,24 @@ from actors.errors import QueueError
 from actors.logsetup import LogConfig, forward_ray_output
 from actors.settings import LogSettings
 from gateway import door
-from gateway.app import AppOptions, make_app
+from gateway.app import app_options, make_app
 from gateway.auth import Token, read_tokens
 from gateway.logs import setup_logging
-from gateway.settings import PLACEHOLDER, ServerSettings, add_arguments, load_settings
-from gateway.watches import WatchOptions
+from gateway.settings import (
+    PLACEHOLDER,
+    ServerSettings,
+    add_arguments,
+    is_loopback,
+    load_settings,
+)
 from gateway.workers import supervise
 
 if TYPE_CHECKING:
     from actors.spawn import ShardSpec
 
-__all__ = ["add_arguments", "app_options", "main", "reshard_main", "run", "settle_shards"]
+__all__ = ["add_arguments", "main", "reshard_main", "run", "settle_shards"]
 
 log = logging.getLogger("evq.serve")
-
-
-def is_loopback(host: str) -> bool:
-    """Whether ``host`` is a loopback address (127.0.0.0/8, ::1) or ``localhost``."""
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
-# The tokens read at start (the environment is read here only); workers get them with the
-# settings.
-settings_tokens: list[Token] = []
 
 
 def main(args: argparse.Namespace) -> int:
@@ -72,7 +62,6 @@ def main(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 2
-    settings_tokens[:] = tokens
     try:
         setup_logging(settings.log_level, settings.log_format, mode=settings.log_mode)
     except ValueError as exc:
@@ -97,7 +86,7 @@ def main(args: argparse.Namespace) -> int:
                 )
     else:
         log.warning("no tokens configured: the API is open, listening on %s only", settings.host)
-    return run(settings)
+    return run(settings, tokens)
 
 
 def settle_shards(settings: ServerSettings) -> ServerSettings:
@@ -164,8 +153,10 @@ def log_settings_of(settings: ServerSettings) -> LogSettings:
     )
 
 
-def run(settings: ServerSettings) -> int:
-    """Serve with ``settings``; return the exit code."""
+def run(settings: ServerSettings, tokens: Sequence[Token] = ()) -> int:
+    """Serve with ``settings`` and the bearer ``tokens`` read at start (the environment is
+    read in :func:`main` only; worker processes get them from this one); return the exit
+    code."""
     try:
         settings = settle_shards(settings)
     except QueueError as exc:
@@ -208,7 +199,7 @@ def run(settings: ServerSettings) -> int:
 
             ray.shutdown()
             return 2
-    app = make_app(directory, app_options(settings, secret))
+    app = make_app(directory, app_options(settings, secret, tokens))
     if workers > 1:
         assert isinstance(directory, RayDirectory)
         app.cleanup_ctx.append(
@@ -218,7 +209,7 @@ def run(settings: ServerSettings) -> int:
                 directory.secret,
                 directory.count,
                 directory.address,
-                settings_tokens,
+                list(tokens),
             )
         )
     log.info(
@@ -246,29 +237,6 @@ def run(settings: ServerSettings) -> int:
             ray.shutdown()
     log.info("evq stopped")
     return 0
-
-
-def app_options(settings: ServerSettings, cluster_secret: str | None = None) -> AppOptions:
-    """The gateway's options from the server settings and the cluster secret (every gateway
-    process alike)."""
-    return AppOptions(
-        cluster_secret=cluster_secret,
-        max_body_bytes=settings.max_body_bytes,
-        max_requests=settings.max_requests,
-        max_connections=settings.max_connections,
-        max_waiting_takes=settings.max_waiting_takes,
-        auto_create=settings.auto_create,
-        sqs_keys=settings.sqs_key_map(),
-        sqs_open=is_loopback(settings.host),
-        sqs_account_id=settings.sqs_account_id,
-        tokens=list(settings_tokens),
-        batch_in_flight=settings.batch_in_flight,
-        batch_split_at=settings.batch_split_at,
-        watch=WatchOptions(
-            max_watchers=settings.max_watchers,
-            send_buffer_limit=settings.ws_send_buffer_bytes,
-        ),
-    )
 
 
 def _local_directory(settings: ServerSettings, log_settings: LogSettings) -> LocalDirectory:

@@ -6,6 +6,7 @@ This and :mod:`gateway.server` are the only places that read the environment.
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import tomllib
 from pathlib import Path
@@ -15,7 +16,7 @@ import msgspec
 
 from actors.errors import BadRequest
 
-__all__ = ["ServerSettings", "add_arguments", "load_settings"]
+__all__ = ["ServerSettings", "add_arguments", "is_loopback", "load_settings"]
 
 MIB = 1024 * 1024
 # A Ray actor process costs ~52 MiB (PSS) here (loadtest/RESULTS.md, "Ray actor cost"):
@@ -28,6 +29,16 @@ MIN_SECRET_CHARS = 16
 # The shipped Kubernetes manifests' secrets start with this: they work, and are logged as an
 # error until replaced.
 PLACEHOLDER = "REPLACE_ME"
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` is a loopback address (127.0.0.0/8, ::1) or ``localhost``."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 class ServerSettings(msgspec.Struct, kw_only=True):

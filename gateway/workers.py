@@ -195,9 +195,8 @@ def worker_main() -> int:
     """Entry point of a worker process (``python -m gateway.workers``)."""
     from actors.directory import ChannelDirectory
     from gateway import door
-    from gateway.app import make_app
+    from gateway.app import app_options, make_app
     from gateway.logs import setup_logging
-    from gateway.server import app_options
     from gateway.settings import ServerSettings
 
     try:
@@ -215,7 +214,7 @@ def worker_main() -> int:
     )
     directory = ChannelDirectory(spec.shards, spec.secret, _control_lookup(spec))
     try:
-        options = msgspec.structs.replace(app_options(settings, spec.secret), tokens=spec.tokens)
+        options = app_options(settings, spec.secret, spec.tokens)
     except BadRequest as exc:
         print(f"evq worker: {exc}", file=sys.stderr)
         return 2

@@ -9,7 +9,7 @@ import pytest
 
 from actors.errors import BadRequest
 from actors.settings import MAX_MESSAGE_BYTES_LIMIT
-from gateway.app import AppOptions
+from gateway.app import AppOptions, app_options
 from gateway.server import log_settings_of
 from gateway.settings import SHARD_MEMORY_SHARE, SHARD_PROCESS_MIB, ServerSettings, load_settings
 
@@ -95,8 +95,6 @@ def test_an_unreadable_cluster_secret_file_says_which(tmp_path) -> None:  # type
 
 
 def test_the_sqs_account_id_comes_from_flag_environment_or_toml(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    from gateway.server import app_options
-
     assert _settings({}).sqs_account_id == "000000000000"
     assert _settings({}, "--sqs-account-id", "123456789012").sqs_account_id == "123456789012"
     assert _settings({"EVQ_SQS_ACCOUNT_ID": "210987654321"}).sqs_account_id == "210987654321"

@@ -20,8 +20,7 @@ from botocore.credentials import Credentials
 from botocore.exceptions import ClientError
 
 from actors.clock import SystemClock
-from gateway.app import AppOptions
-from gateway.server import app_options
+from gateway.app import AppOptions, app_options
 from gateway.settings import ServerSettings
 from tests.unit.gateway.sqs_support import (
     REGION,
