@@ -33,14 +33,17 @@ with the version last seen: changes between two polls fold into the newest state
 from __future__ import annotations
 
 import asyncio
+import functools
 import http.client
+import inspect
 import random
 import select
 import ssl
 import time
-from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
-from types import TracebackType
-from typing import Any, Self, TypeVar
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from types import MethodType, TracebackType
+from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar, overload
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -83,11 +86,71 @@ __all__ = [
 ]
 
 T = TypeVar("T")
+P = ParamSpec("P")
+F = TypeVar("F", bound=Callable[..., Any])
 DEFAULT_URL = "http://127.0.0.1:8700"
 
 
+@dataclass(frozen=True)
+class _Answer(Generic[T]):
+    """What a call answers without a request (an ack of no messages)."""
+
+    value: T
+
+
+_Call = wire.Call[T] | _Answer[T]
+
+
+class _Endpoint(Generic[P, T]):
+    """One call of the API, defined once for both clients.
+
+    ``build`` turns a call's arguments into its request (a pure :class:`client_wire.Call`);
+    on a client the attribute is a method that sends it with the client's retries and
+    servers: a coroutine function on :class:`AsyncClient`, a blocking one on
+    :class:`Client`. Both carry ``build``'s name, docstring and signature.
+    """
+
+    def __init__(self, build: Callable[Concatenate[Any, P], _Call[T]]) -> None:
+        def blocking(client: Client, /, *args: P.args, **kwargs: P.kwargs) -> T:
+            call = build(client, *args, **kwargs)
+            return call.value if isinstance(call, _Answer) else client._run(call)
+
+        async def awaiting(client: AsyncClient, /, *args: P.args, **kwargs: P.kwargs) -> T:
+            call = build(client, *args, **kwargs)
+            return call.value if isinstance(call, _Answer) else await client._run(call)
+
+        signature = inspect.signature(build)
+        answer = str(signature.return_annotation).removeprefix("_Call[").removesuffix("]")
+        signature = signature.replace(return_annotation=answer)
+        self._blocking = _dressed(blocking, build, signature)
+        self._awaiting = _dressed(awaiting, build, signature)
+        self.__doc__, self.__name__ = build.__doc__, build.__name__
+
+    @overload
+    def __get__(self, client: None, owner: type[Any]) -> Self: ...
+    @overload
+    def __get__(
+        self, client: AsyncClient, owner: type[Any]
+    ) -> Callable[P, Coroutine[Any, Any, T]]: ...
+    @overload
+    def __get__(self, client: Client, owner: type[Any]) -> Callable[P, T]: ...
+    def __get__(self, client: Any, owner: type[Any]) -> Any:
+        if client is None:
+            return self
+        method = self._awaiting if isinstance(client, AsyncClient) else self._blocking
+        return MethodType(method, client)
+
+
+def _dressed(method: F, build: Callable[..., Any], signature: inspect.Signature) -> F:
+    """``method`` with ``build``'s name, docstring and signature (for help() and IDEs)."""
+    functools.update_wrapper(method, build)
+    method.__signature__ = signature  # type: ignore[attr-defined]
+    return method
+
+
 class _Base:
-    """Settings shared by both clients."""
+    """What both clients share: their settings, retries and servers, and every call of the
+    API, each defined once (:class:`_Endpoint`); a client adds only its transport."""
 
     def __init__(
         self,
@@ -138,6 +201,276 @@ class _Base:
     def _prepare(self, call: wire.Call[Any]) -> wire.Prepared:
         return wire.prepare(call, binary=self.binary, token=self._token)
 
+    # ---------------------------------------------------------------- queues
+
+    @_Endpoint
+    def create_queue(
+        self,
+        name: str,
+        *,
+        id_mode: str | None = None,
+        visibility_timeout: float | None = None,
+        max_receives: int | None = None,
+        dead_letter_queue: str | None = None,
+        retention: float | None = None,
+        max_message_bytes: int | None = None,
+        fifo: bool | None = None,
+        delay: float | None = None,
+        idempotency_window: float | None = None,
+        content_based_dedup: bool | None = None,
+    ) -> _Call[QueueInfo]:
+        """Create a queue (``created`` False when it exists with these settings); safe to retry.
+
+        Raises:
+            QueueExists: it exists with other settings.
+            BadRequest: a setting is invalid.
+        """
+        settings = _settings(
+            id_mode,
+            visibility_timeout,
+            max_receives,
+            dead_letter_queue,
+            retention,
+            max_message_bytes,
+            fifo,
+            delay,
+            idempotency_window,
+            content_based_dedup,
+        )
+        return wire.create_queue(name, settings)
+
+    @_Endpoint
+    def list_queues(self) -> _Call[list[str]]:
+        """Names of all queues, sorted; safe to retry."""
+        return wire.list_queues()
+
+    @_Endpoint
+    def get_queue(self, name: str) -> _Call[QueueInfo]:
+        """Settings and stats of a queue; safe to retry.
+
+        Raises:
+            QueueNotFound: no such queue.
+        """
+        return wire.get_queue(name)
+
+    @_Endpoint
+    def update_queue(self, name: str, **changes: Any) -> _Call[QueueInfo]:
+        """Change settings (not id_mode or fifo); safe to retry.
+
+        Raises:
+            QueueNotFound: no such queue.
+            BadRequest: a setting is invalid.
+        """
+        return wire.update_queue(name, changes)
+
+    @_Endpoint
+    def delete_queue(self, name: str) -> _Call[None]:
+        """Delete a queue and its messages; resent after a lost reply, which may then raise.
+
+        Raises:
+            QueueNotFound: no such queue (also when a lost first attempt had deleted it).
+        """
+        return wire.delete_queue(name)
+
+    @_Endpoint
+    def purge(self, name: str) -> _Call[int]:
+        """Delete every message; number deleted. Resent only if surely not received.
+
+        Raises:
+            QueueNotFound: no such queue.
+        """
+        return wire.purge(name)
+
+    # ---------------------------------------------------------------- messages
+
+    @_Endpoint
+    def put(
+        self,
+        queue: str,
+        messages: Body | NewMessage | Iterable[Body | NewMessage],
+        *,
+        delay: float | None = None,
+        activate_at: float | None = None,
+        group: str | None = None,
+        attributes: dict[str, str] | None = None,
+        id: str | None = None,
+        idempotency_key: str | None = None,
+        auto_key: bool = True,
+    ) -> _Call[list[PutResult]]:
+        """Put one body / NewMessage or many (options apply to bare bodies); always resent.
+
+        Raises:
+            QueueNotFound: no such queue.
+            BadRequest: an invalid message; TooLarge: a body over the queue's limit.
+            Conflict: a client id reused with another body.
+        """
+        defaults = dict(
+            delay=delay,
+            activate_at=activate_at,
+            group=group,
+            attributes=attributes,
+            id=id,
+            idempotency_key=idempotency_key,
+        )
+        items = wire.as_messages(messages, defaults)
+        return wire.put(queue, items, binary=self.binary, auto_key=auto_key)
+
+    @_Endpoint
+    def take(
+        self,
+        queue: str,
+        max: int = 1,
+        *,
+        wait: float | None = None,
+        visibility_timeout: float | None = None,
+    ) -> _Call[list[Message]]:
+        """Reserve up to ``max`` ready messages, waiting up to ``wait`` s; resent only if unsent.
+
+        Raises:
+            QueueNotFound: no such queue.
+        """
+        return wire.take(queue, max, wait, visibility_timeout)
+
+    @_Endpoint
+    def ack(self, queue: str, *items: Receipt) -> _Call[list[ItemResult]]:
+        """Delete taken messages; a resent ack may answer ``not_found`` for one done before.
+
+        Raises:
+            QueueNotFound: no such queue.
+        """
+        return wire.ack(queue, items) if items else _Answer([])
+
+    @_Endpoint
+    def release(
+        self,
+        queue: str,
+        *items: Receipt,
+        delay: float | None = None,
+        activate_at: float | None = None,
+    ) -> _Call[list[ItemResult]]:
+        """Give taken messages back, optionally later; a resent one may answer ``stale_lease``.
+
+        Raises:
+            QueueNotFound: no such queue.
+        """
+        call = wire.release(queue, items, delay, activate_at)
+        return call if items else _Answer([])
+
+    @_Endpoint
+    def touch(
+        self, queue: str, *items: Receipt, visibility_timeout: float | None = None
+    ) -> _Call[list[ItemResult]]:
+        """Extend leases (results carry ``lease_expires_at``); safe to retry.
+
+        Raises:
+            QueueNotFound: no such queue.
+        """
+        call = wire.touch(queue, items, visibility_timeout)
+        return call if items else _Answer([])
+
+    @_Endpoint
+    def get_message(self, queue: str, message_id: str) -> _Call[Message]:
+        """A message's current view (``state``, no lease); safe to retry.
+
+        Raises:
+            QueueNotFound, MessageNotFound: no such queue or message.
+        """
+        return wire.get_message(queue, message_id)
+
+    @_Endpoint
+    def browse(
+        self, queue: str, state: str = "ready", *, limit: int = 100, after: str | None = None
+    ) -> _Call[MessagePage]:
+        """A page of the messages in ``state`` (``ready``, ``delayed``, ``reserved``) in its
+        order, after ``after`` (a page's ``next``); changes nothing; safe to retry.
+
+        Raises:
+            QueueNotFound: no such queue. BadRequest: a bad state, limit or cursor.
+        """
+        return wire.browse(queue, state, limit, after)
+
+    @_Endpoint
+    def update_message(
+        self,
+        queue: str,
+        message: Message | str,
+        *,
+        body: Body | None = None,
+        delay: float | None = None,
+        activate_at: float | None = None,
+        lease: str | None = None,
+    ) -> _Call[Message]:
+        """Change body and/or activation time (a Message brings its lease); answers the view.
+
+        Raises:
+            MessageNotFound: no such message. Conflict: reserved and no lease given.
+            StaleLease: the lease is not the current one (also on a resend after a lost
+                reply, when the first attempt had already ended the lease).
+        """
+        return _update(self, queue, message, body, delay, activate_at, lease)
+
+    @_Endpoint
+    def reschedule(
+        self,
+        queue: str,
+        message: Message | str,
+        *,
+        delay: float | None = None,
+        activate_at: float | None = None,
+        lease: str | None = None,
+    ) -> _Call[Message]:
+        """Run again later instead of acking: ends the lease, resets the receive count.
+
+        Raises:
+            MessageNotFound: no such message. StaleLease: the lease is not the current one.
+            Conflict: reserved and no lease given.
+        """
+        if (delay is None) == (activate_at is None):
+            raise ValueError("reschedule needs exactly one of delay and activate_at")
+        return _update(self, queue, message, None, delay, activate_at, lease)
+
+    @_Endpoint
+    def delete_message(
+        self, queue: str, message: Message | str, lease: str | None = None
+    ) -> _Call[None]:
+        """Delete one message (a reserved one needs its lease); a resent one may raise.
+
+        Raises:
+            MessageNotFound: no such message (also when a lost first attempt deleted it).
+            StaleLease, Conflict: reserved and the lease is stale or missing.
+        """
+        mid, lease = _message_ref(message, lease)
+        return wire.delete_message(queue, mid, lease)
+
+    # ---------------------------------------------------------------- keys, watches
+
+    @_Endpoint
+    def set_key(self, key: str, value: Any) -> _Call[int]:
+        """Set a key to a JSON value; answers its new version. Safe to retry."""
+        return wire.set_key(key, value)
+
+    @_Endpoint
+    def get_key(self, key: str) -> _Call[KeyValue]:
+        """A key's value and version (version 0: never set)."""
+        return wire.get_key(key)
+
+    @_Endpoint
+    def watch(self, key: str, version: int = 0, *, wait: float = 30.0) -> _Call[KeyValue | None]:
+        """The key's state once its version is past ``version``; None after ``wait`` s (204)."""
+        return wire.watch(key, version, wait)
+
+    # ---------------------------------------------------------------- service
+
+    @_Endpoint
+    def health(self) -> _Call[bool]:
+        """True when the process answers /healthz."""
+        return wire.health()
+
+    @_Endpoint
+    def ready(self) -> _Call[bool]:
+        """True when /readyz says ready (logs replayed), False while recovering."""
+        return wire.ready()
+
 
 def _servers(base_url: str | Sequence[str]) -> list[str]:
     """The server URLs: one, several (a list, or one string with commas), or a Service's."""
@@ -171,6 +504,27 @@ def _message_ref(message: Message | str, lease: str | None) -> tuple[str, str | 
     if isinstance(message, Message):
         return message.id, lease if lease is not None else message.lease
     return message, lease
+
+
+def _update(
+    client: _Base,
+    queue: str,
+    message: Message | str,
+    body: Body | None,
+    delay: float | None,
+    activate_at: float | None,
+    lease: str | None,
+) -> wire.Call[Message]:
+    mid, lease = _message_ref(message, lease)
+    return wire.update_message(
+        queue,
+        mid,
+        body=body,
+        delay=delay,
+        activate_at=activate_at,
+        lease=lease,
+        binary=client.binary,
+    )
 
 
 # ====================================================================== async
@@ -253,180 +607,7 @@ class AsyncClient(_Base):
             attempt += 1
             await asyncio.sleep(pause)
 
-    # ---------------------------------------------------------------- queues
-
-    async def create_queue(
-        self,
-        name: str,
-        *,
-        id_mode: str | None = None,
-        visibility_timeout: float | None = None,
-        max_receives: int | None = None,
-        dead_letter_queue: str | None = None,
-        retention: float | None = None,
-        max_message_bytes: int | None = None,
-        fifo: bool | None = None,
-        delay: float | None = None,
-        idempotency_window: float | None = None,
-        content_based_dedup: bool | None = None,
-    ) -> QueueInfo:
-        """Create a queue (``created`` False when it exists with these settings); safe to retry.
-
-        Raises:
-            QueueExists: it exists with other settings.
-            BadRequest: a setting is invalid.
-        """
-        settings = _settings(
-            id_mode,
-            visibility_timeout,
-            max_receives,
-            dead_letter_queue,
-            retention,
-            max_message_bytes,
-            fifo,
-            delay,
-            idempotency_window,
-            content_based_dedup,
-        )
-        return await self._run(wire.create_queue(name, settings))
-
-    async def list_queues(self) -> list[str]:
-        """Names of all queues, sorted; safe to retry."""
-        return await self._run(wire.list_queues())
-
-    async def get_queue(self, name: str) -> QueueInfo:
-        """Settings and stats of a queue; safe to retry.
-
-        Raises:
-            QueueNotFound: no such queue.
-        """
-        return await self._run(wire.get_queue(name))
-
-    async def update_queue(self, name: str, **changes: Any) -> QueueInfo:
-        """Change settings (not id_mode or fifo); safe to retry.
-
-        Raises:
-            QueueNotFound: no such queue.
-            BadRequest: a setting is invalid.
-        """
-        return await self._run(wire.update_queue(name, changes))
-
-    async def delete_queue(self, name: str) -> None:
-        """Delete a queue and its messages; resent after a lost reply, which may then raise.
-
-        Raises:
-            QueueNotFound: no such queue (also when a lost first attempt had deleted it).
-        """
-        await self._run(wire.delete_queue(name))
-
-    async def purge(self, name: str) -> int:
-        """Delete every message; number deleted. Resent only if surely not received.
-
-        Raises:
-            QueueNotFound: no such queue.
-        """
-        return await self._run(wire.purge(name))
-
-    # ---------------------------------------------------------------- messages
-
-    async def put(
-        self,
-        queue: str,
-        messages: Body | NewMessage | Iterable[Body | NewMessage],
-        *,
-        delay: float | None = None,
-        activate_at: float | None = None,
-        group: str | None = None,
-        attributes: dict[str, str] | None = None,
-        id: str | None = None,
-        idempotency_key: str | None = None,
-        auto_key: bool = True,
-    ) -> list[PutResult]:
-        """Put one body / NewMessage or many (options apply to bare bodies); always resent.
-
-        Raises:
-            QueueNotFound: no such queue.
-            BadRequest: an invalid message; TooLarge: a body over the queue's limit.
-            Conflict: a client id reused with another body.
-        """
-        defaults = dict(
-            delay=delay,
-            activate_at=activate_at,
-            group=group,
-            attributes=attributes,
-            id=id,
-            idempotency_key=idempotency_key,
-        )
-        items = wire.as_messages(messages, defaults)
-        return await self._run(wire.put(queue, items, binary=self.binary, auto_key=auto_key))
-
-    async def take(
-        self,
-        queue: str,
-        max: int = 1,
-        *,
-        wait: float | None = None,
-        visibility_timeout: float | None = None,
-    ) -> list[Message]:
-        """Reserve up to ``max`` ready messages, waiting up to ``wait`` s; resent only if unsent.
-
-        Raises:
-            QueueNotFound: no such queue.
-        """
-        return await self._run(wire.take(queue, max, wait, visibility_timeout))
-
-    async def ack(self, queue: str, *items: Receipt) -> list[ItemResult]:
-        """Delete taken messages; a resent ack may answer ``not_found`` for one done before.
-
-        Raises:
-            QueueNotFound: no such queue.
-        """
-        return await self._run(wire.ack(queue, items)) if items else []
-
-    async def release(
-        self,
-        queue: str,
-        *items: Receipt,
-        delay: float | None = None,
-        activate_at: float | None = None,
-    ) -> list[ItemResult]:
-        """Give taken messages back, optionally later; a resent one may answer ``stale_lease``.
-
-        Raises:
-            QueueNotFound: no such queue.
-        """
-        call = wire.release(queue, items, delay, activate_at)
-        return await self._run(call) if items else []
-
-    async def touch(
-        self, queue: str, *items: Receipt, visibility_timeout: float | None = None
-    ) -> list[ItemResult]:
-        """Extend leases (results carry ``lease_expires_at``); safe to retry.
-
-        Raises:
-            QueueNotFound: no such queue.
-        """
-        call = wire.touch(queue, items, visibility_timeout)
-        return await self._run(call) if items else []
-
-    async def get_message(self, queue: str, message_id: str) -> Message:
-        """A message's current view (``state``, no lease); safe to retry.
-
-        Raises:
-            QueueNotFound, MessageNotFound: no such queue or message.
-        """
-        return await self._run(wire.get_message(queue, message_id))
-
-    async def browse(
-        self, queue: str, state: str = "ready", *, limit: int = 100, after: str | None = None
-    ) -> MessagePage:
-        """A page of the messages in ``state`` (``ready``, ``delayed``, ``reserved``) in its
-        order, after ``after`` (a page's ``next``); changes nothing; safe to retry.
-
-        Raises:
-            QueueNotFound: no such queue. BadRequest: a bad state, limit or cursor.
-        """
-        return await self._run(wire.browse(queue, state, limit, after))
+    # ---------------------------------------------------------------- iterating
 
     async def browse_all(
         self, queue: str, state: str = "ready", *, limit: int = 100
@@ -446,82 +627,6 @@ class AsyncClient(_Base):
                 return
             after = page.next
 
-    async def update_message(
-        self,
-        queue: str,
-        message: Message | str,
-        *,
-        body: Body | None = None,
-        delay: float | None = None,
-        activate_at: float | None = None,
-        lease: str | None = None,
-    ) -> Message:
-        """Change body and/or activation time (a Message brings its lease); answers the view.
-
-        Raises:
-            MessageNotFound: no such message. Conflict: reserved and no lease given.
-            StaleLease: the lease is not the current one (also on a resend after a lost
-                reply, when the first attempt had already ended the lease).
-        """
-        mid, lease = _message_ref(message, lease)
-        call = wire.update_message(
-            queue,
-            mid,
-            body=body,
-            delay=delay,
-            activate_at=activate_at,
-            lease=lease,
-            binary=self.binary,
-        )
-        return await self._run(call)
-
-    async def reschedule(
-        self,
-        queue: str,
-        message: Message | str,
-        *,
-        delay: float | None = None,
-        activate_at: float | None = None,
-        lease: str | None = None,
-    ) -> Message:
-        """Run again later instead of acking: ends the lease, resets the receive count.
-
-        Raises:
-            MessageNotFound: no such message. StaleLease: the lease is not the current one.
-            Conflict: reserved and no lease given.
-        """
-        if (delay is None) == (activate_at is None):
-            raise ValueError("reschedule needs exactly one of delay and activate_at")
-        return await self.update_message(
-            queue, message, delay=delay, activate_at=activate_at, lease=lease
-        )
-
-    async def delete_message(
-        self, queue: str, message: Message | str, lease: str | None = None
-    ) -> None:
-        """Delete one message (a reserved one needs its lease); a resent one may raise.
-
-        Raises:
-            MessageNotFound: no such message (also when a lost first attempt deleted it).
-            StaleLease, Conflict: reserved and the lease is stale or missing.
-        """
-        mid, lease = _message_ref(message, lease)
-        await self._run(wire.delete_message(queue, mid, lease))
-
-    # ---------------------------------------------------------------- keys, watches
-
-    async def set_key(self, key: str, value: Any) -> int:
-        """Set a key to a JSON value; answers its new version. Safe to retry."""
-        return await self._run(wire.set_key(key, value))
-
-    async def get_key(self, key: str) -> KeyValue:
-        """A key's value and version (version 0: never set)."""
-        return await self._run(wire.get_key(key))
-
-    async def watch(self, key: str, version: int = 0, *, wait: float = 30.0) -> KeyValue | None:
-        """The key's state once its version is past ``version``; None after ``wait`` s (204)."""
-        return await self._run(wire.watch(key, version, wait))
-
     async def watch_loop(
         self, key: str, *, version: int = 0, wait: float = 30.0
     ) -> AsyncIterator[KeyValue]:
@@ -532,16 +637,6 @@ class AsyncClient(_Base):
                 continue
             yield state
             version = state.version
-
-    # ---------------------------------------------------------------- service
-
-    async def health(self) -> bool:
-        """True when the process answers /healthz."""
-        return await self._run(wire.health())
-
-    async def ready(self) -> bool:
-        """True when /readyz says ready (logs replayed), False while recovering."""
-        return await self._run(wire.ready())
 
 
 # ====================================================================== sync
@@ -643,178 +738,7 @@ class Client(_Base):
             attempt += 1
             time.sleep(pause)
 
-    # ---------------------------------------------------------------- queues
-
-    def create_queue(
-        self,
-        name: str,
-        *,
-        id_mode: str | None = None,
-        visibility_timeout: float | None = None,
-        max_receives: int | None = None,
-        dead_letter_queue: str | None = None,
-        retention: float | None = None,
-        max_message_bytes: int | None = None,
-        fifo: bool | None = None,
-        delay: float | None = None,
-        idempotency_window: float | None = None,
-        content_based_dedup: bool | None = None,
-    ) -> QueueInfo:
-        """Create a queue (``created`` False when it exists with these settings); safe to retry.
-
-        Raises:
-            QueueExists: it exists with other settings.
-            BadRequest: a setting is invalid.
-        """
-        settings = _settings(
-            id_mode,
-            visibility_timeout,
-            max_receives,
-            dead_letter_queue,
-            retention,
-            max_message_bytes,
-            fifo,
-            delay,
-            idempotency_window,
-            content_based_dedup,
-        )
-        return self._run(wire.create_queue(name, settings))
-
-    def list_queues(self) -> list[str]:
-        """Names of all queues, sorted; safe to retry."""
-        return self._run(wire.list_queues())
-
-    def get_queue(self, name: str) -> QueueInfo:
-        """Settings and stats of a queue; safe to retry.
-
-        Raises:
-            QueueNotFound: no such queue.
-        """
-        return self._run(wire.get_queue(name))
-
-    def update_queue(self, name: str, **changes: Any) -> QueueInfo:
-        """Change settings (not id_mode or fifo); safe to retry.
-
-        Raises:
-            QueueNotFound: no such queue.
-            BadRequest: a setting is invalid.
-        """
-        return self._run(wire.update_queue(name, changes))
-
-    def delete_queue(self, name: str) -> None:
-        """Delete a queue and its messages; resent after a lost reply, which may then raise.
-
-        Raises:
-            QueueNotFound: no such queue (also when a lost first attempt had deleted it).
-        """
-        self._run(wire.delete_queue(name))
-
-    def purge(self, name: str) -> int:
-        """Delete every message; number deleted. Resent only if surely not received.
-
-        Raises:
-            QueueNotFound: no such queue.
-        """
-        return self._run(wire.purge(name))
-
-    # ---------------------------------------------------------------- messages
-
-    def put(
-        self,
-        queue: str,
-        messages: Body | NewMessage | Iterable[Body | NewMessage],
-        *,
-        delay: float | None = None,
-        activate_at: float | None = None,
-        group: str | None = None,
-        attributes: dict[str, str] | None = None,
-        id: str | None = None,
-        idempotency_key: str | None = None,
-        auto_key: bool = True,
-    ) -> list[PutResult]:
-        """Put one body / NewMessage or many (options apply to bare bodies); always resent.
-
-        Raises:
-            QueueNotFound: no such queue.
-            BadRequest: an invalid message; TooLarge: a body over the queue's limit.
-            Conflict: a client id reused with another body.
-        """
-        defaults = dict(
-            delay=delay,
-            activate_at=activate_at,
-            group=group,
-            attributes=attributes,
-            id=id,
-            idempotency_key=idempotency_key,
-        )
-        items = wire.as_messages(messages, defaults)
-        return self._run(wire.put(queue, items, binary=self.binary, auto_key=auto_key))
-
-    def take(
-        self,
-        queue: str,
-        max: int = 1,
-        *,
-        wait: float | None = None,
-        visibility_timeout: float | None = None,
-    ) -> list[Message]:
-        """Reserve up to ``max`` ready messages, waiting up to ``wait`` s; resent only if unsent.
-
-        Raises:
-            QueueNotFound: no such queue.
-        """
-        return self._run(wire.take(queue, max, wait, visibility_timeout))
-
-    def ack(self, queue: str, *items: Receipt) -> list[ItemResult]:
-        """Delete taken messages; a resent ack may answer ``not_found`` for one done before.
-
-        Raises:
-            QueueNotFound: no such queue.
-        """
-        return self._run(wire.ack(queue, items)) if items else []
-
-    def release(
-        self,
-        queue: str,
-        *items: Receipt,
-        delay: float | None = None,
-        activate_at: float | None = None,
-    ) -> list[ItemResult]:
-        """Give taken messages back, optionally later; a resent one may answer ``stale_lease``.
-
-        Raises:
-            QueueNotFound: no such queue.
-        """
-        return self._run(wire.release(queue, items, delay, activate_at)) if items else []
-
-    def touch(
-        self, queue: str, *items: Receipt, visibility_timeout: float | None = None
-    ) -> list[ItemResult]:
-        """Extend leases (results carry ``lease_expires_at``); safe to retry.
-
-        Raises:
-            QueueNotFound: no such queue.
-        """
-        return self._run(wire.touch(queue, items, visibility_timeout)) if items else []
-
-    def get_message(self, queue: str, message_id: str) -> Message:
-        """A message's current view (``state``, no lease); safe to retry.
-
-        Raises:
-            QueueNotFound, MessageNotFound: no such queue or message.
-        """
-        return self._run(wire.get_message(queue, message_id))
-
-    def browse(
-        self, queue: str, state: str = "ready", *, limit: int = 100, after: str | None = None
-    ) -> MessagePage:
-        """A page of the messages in ``state`` (``ready``, ``delayed``, ``reserved``) in its
-        order, after ``after`` (a page's ``next``); changes nothing; safe to retry.
-
-        Raises:
-            QueueNotFound: no such queue. BadRequest: a bad state, limit or cursor.
-        """
-        return self._run(wire.browse(queue, state, limit, after))
+    # ---------------------------------------------------------------- iterating
 
     def browse_all(
         self, queue: str, state: str = "ready", *, limit: int = 100
@@ -833,80 +757,6 @@ class Client(_Base):
                 return
             after = page.next
 
-    def update_message(
-        self,
-        queue: str,
-        message: Message | str,
-        *,
-        body: Body | None = None,
-        delay: float | None = None,
-        activate_at: float | None = None,
-        lease: str | None = None,
-    ) -> Message:
-        """Change body and/or activation time (a Message brings its lease); answers the view.
-
-        Raises:
-            MessageNotFound: no such message. Conflict: reserved and no lease given.
-            StaleLease: the lease is not the current one (also on a resend after a lost
-                reply, when the first attempt had already ended the lease).
-        """
-        mid, lease = _message_ref(message, lease)
-        call = wire.update_message(
-            queue,
-            mid,
-            body=body,
-            delay=delay,
-            activate_at=activate_at,
-            lease=lease,
-            binary=self.binary,
-        )
-        return self._run(call)
-
-    def reschedule(
-        self,
-        queue: str,
-        message: Message | str,
-        *,
-        delay: float | None = None,
-        activate_at: float | None = None,
-        lease: str | None = None,
-    ) -> Message:
-        """Run again later instead of acking: ends the lease, resets the receive count.
-
-        Raises:
-            MessageNotFound: no such message. StaleLease: the lease is not the current one.
-            Conflict: reserved and no lease given.
-        """
-        if (delay is None) == (activate_at is None):
-            raise ValueError("reschedule needs exactly one of delay and activate_at")
-        return self.update_message(
-            queue, message, delay=delay, activate_at=activate_at, lease=lease
-        )
-
-    def delete_message(self, queue: str, message: Message | str, lease: str | None = None) -> None:
-        """Delete one message (a reserved one needs its lease); a resent one may raise.
-
-        Raises:
-            MessageNotFound: no such message (also when a lost first attempt deleted it).
-            StaleLease, Conflict: reserved and the lease is stale or missing.
-        """
-        mid, lease = _message_ref(message, lease)
-        self._run(wire.delete_message(queue, mid, lease))
-
-    # ---------------------------------------------------------------- keys, watches
-
-    def set_key(self, key: str, value: Any) -> int:
-        """Set a key to a JSON value; answers its new version. Safe to retry."""
-        return self._run(wire.set_key(key, value))
-
-    def get_key(self, key: str) -> KeyValue:
-        """A key's value and version (version 0: never set)."""
-        return self._run(wire.get_key(key))
-
-    def watch(self, key: str, version: int = 0, *, wait: float = 30.0) -> KeyValue | None:
-        """The key's state once its version is past ``version``; None after ``wait`` s (204)."""
-        return self._run(wire.watch(key, version, wait))
-
     def watch_loop(self, key: str, *, version: int = 0, wait: float = 30.0) -> Iterator[KeyValue]:
         """Each new state of a key (first the current one, if set), by resubscribing watches."""
         while True:
@@ -915,13 +765,3 @@ class Client(_Base):
                 continue
             yield state
             version = state.version
-
-    # ---------------------------------------------------------------- service
-
-    def health(self) -> bool:
-        """True when the process answers /healthz."""
-        return self._run(wire.health())
-
-    def ready(self) -> bool:
-        """True when /readyz says ready (logs replayed), False while recovering."""
-        return self._run(wire.ready())

@@ -807,3 +807,31 @@ async def test_a_put_resent_to_the_next_server_keeps_its_idempotency_keys(
         result = c.close()
         if asyncio.iscoroutine(result):
             await result
+
+
+def test_each_call_is_defined_once_for_both_clients() -> None:
+    """The blocking and the asyncio client share one definition of every call: same name,
+    signature and docstring; only iterating (browse_all, watch_loop) and the transport are
+    each client's own."""
+    import inspect
+
+    from evq.client import AsyncClient as Async
+    from evq.client import Client as Blocking
+    from evq.client import _Base, _Endpoint
+
+    shared = {n for n, v in vars(_Base).items() if isinstance(v, _Endpoint)}
+    assert len(shared) >= 20
+    public = {n for n in dir(Blocking) if not n.startswith("_")} - {"close"}
+    assert public == {n for n in dir(Async) if not n.startswith("_")} - {"close"}
+    own = {n for n in public if n in vars(Blocking) or n in vars(Async)}
+    assert own == {"browse_all", "watch_loop"}
+    assert public - own == shared
+    blocking, awaiting = Blocking(), Async()
+    for name in shared:
+        sync_method, async_method = getattr(blocking, name), getattr(awaiting, name)
+        assert inspect.iscoroutinefunction(async_method), name
+        assert not inspect.iscoroutinefunction(sync_method), name
+        assert inspect.signature(sync_method) == inspect.signature(async_method), name
+        assert "_Call" not in str(inspect.signature(sync_method)), name
+        assert sync_method.__doc__, name
+        assert sync_method.__doc__ == async_method.__doc__, name
