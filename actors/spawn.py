@@ -1,4 +1,7 @@
-"""The only place that makes Ray actors: shard processes and their handles.
+"""The shards on Ray: spawning their processes, finding them, and their handles.
+
+The handler runtime (:mod:`evq.handlers.cluster`) makes Ray actors of its own: a handler's
+runtime and its workers.
 
 Each shard is an async Ray actor named ``evq-shard-<i>`` in the ``evq`` namespace, so every
 gateway process of the cluster finds the same shards. In a cluster a gateway joined, the
@@ -34,7 +37,6 @@ __all__ = [
     "ShardActor",
     "ShardSpec",
     "running_shards",
-    "shard_handles",
     "spawn_shards",
 ]
 
@@ -237,8 +239,3 @@ def running_shards() -> dict[int, Any]:
             with contextlib.suppress(ValueError):  # ended since it was listed
                 found[int(index)] = ray.get_actor(name, namespace=NAMESPACE)
     return dict(sorted(found.items()))
-
-
-def shard_handles(count: int) -> list[Any]:
-    """Handles of shards another process spawned (a gateway worker joining the cluster)."""
-    return [ray.get_actor(shard_name(i), namespace=NAMESPACE) for i in range(count)]
