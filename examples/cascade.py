@@ -13,14 +13,13 @@ from __future__ import annotations
 import argparse
 import os
 
-from actors.errors import QueueError
-from evq.client import DEFAULT_URL, Client, Job
+from evq import DEFAULT_URL, Client, Message, QueueError
 
 VISIBILITY_TIMEOUT = 2.0  # short, so that the simulated crash heals quickly
 
 
-def move(client: Client, source: str, target: str, message: Job, crash: bool) -> None:
-    """Send ``message`` into ``target``, then ack it in ``source`` (unless we "crash")."""
+def move(client: Client, source: str, target: str, message: Message, crash: bool) -> None:
+    """Put ``message`` into ``target``, then ack it in ``source`` (unless we "crash")."""
     body = message.body + f" >{target}".encode()
     # The key names the source message, so a retried move is a duplicate. It must stay in
     # the target's idempotency window (default 15 min) for as long as retries can happen.
@@ -33,7 +32,7 @@ def move(client: Client, source: str, target: str, message: Job, crash: bool) ->
     client.ack(source, message)
 
 
-def finish(client: Client, queue: str, message: Job, done: list[str]) -> None:
+def finish(client: Client, queue: str, message: Message, done: list[str]) -> None:
     """The last stage: use the message, then ack it."""
     print(f"done: {message.body_text!r} (id {message.id} in {queue})")
     done.append(message.body_text)

@@ -35,8 +35,7 @@ from collections.abc import Iterator
 from typing import Any
 
 from actors.clock import SystemClock
-from evq.client import Client, QueueStats
-from evq.handlers import Backoff, Job, Reschedule, Send, handler
+from evq import Backoff, Client, Job, QueueStats, Reschedule, Send, handler
 
 BOUNCE = "nobody@invalid.example"
 
@@ -92,7 +91,7 @@ def _server(ray_address: str) -> Iterator[str]:
     """``evq serve`` on a fresh data directory, joined to this Ray cluster."""
     port = _free_port()
     with tempfile.TemporaryDirectory(prefix="evq-mailing-") as data:
-        command = [sys.executable, "-m", "evq.cli.main", "serve", "--data", data]
+        command = [sys.executable, "-m", "evq", "serve", "--data", data]
         command += ["--port", str(port), "--ray-address", ray_address]
         proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         url = f"http://127.0.0.1:{port}"
@@ -169,7 +168,7 @@ def main() -> None:
 
     import ray
 
-    from evq.handlers import start
+    from evq import start
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")  # every report line, not "repeated 2x"

@@ -16,8 +16,7 @@ import json
 import os
 from datetime import datetime
 
-from actors.errors import QueueError, StaleLease
-from evq.client import DEFAULT_URL, AsyncClient, Message
+from evq import DEFAULT_URL, AsyncClient, Message, QueueError, StaleLease
 
 RETRY_AFTER_FAILURE = 2.0  # seconds before a failed run is tried again
 

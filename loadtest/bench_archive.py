@@ -181,7 +181,7 @@ def history(args: argparse.Namespace) -> None:
         say({**written, "live_segments": live, "archived_segments": archived})
         out = root.parent / "audit"
         started = time.perf_counter()
-        command = [sys.executable, "-m", "evq.cli.main", "pipeline", "audit"]
+        command = [sys.executable, "-m", "evq", "pipeline", "audit"]
         audit = subprocess.run(
             [*command, "--store", str(root), "--out", str(out)],
             cwd=ROOT,

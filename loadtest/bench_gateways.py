@@ -107,7 +107,7 @@ class Gateway:
 
 def stop_shards(address: str) -> None:
     subprocess.run(
-        [sys.executable, "-m", "evq.cli.main", "shards", "stop", "--ray-address", address],
+        [sys.executable, "-m", "evq", "shards", "stop", "--ray-address", address],
         cwd=ROOT,
         env={**os.environ, **RAY_ENV, **ENV},
         stdout=subprocess.DEVNULL,

@@ -208,7 +208,7 @@ class ClusterDeployment:
             if gw is not None and gw.proc.poll() is None:
                 gw.stop(60)
         subprocess.run(
-            [sys.executable, "-m", "evq.cli.main", "shards", "stop", "--ray-address", self.address],
+            [sys.executable, "-m", "evq", "shards", "stop", "--ray-address", self.address],
             cwd=ROOT, env=self._env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
             check=False, timeout=120,
         )  # fmt: skip

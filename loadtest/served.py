@@ -121,7 +121,7 @@ class EvqServe:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
-        self.command = [sys.executable, "-m", "evq.cli.main", "serve", "--data", str(data)]
+        self.command = [sys.executable, "-m", "evq", "serve", "--data", str(data)]
         self.command += ["--host", "127.0.0.1", "--port", str(self.port), *extra]
         env = {**os.environ, **RAY_ENV, "PYTHONUNBUFFERED": "1", **(env or {})}
         self._log = open(log_path, "ab")  # noqa: SIM115 - lives as long as the server

@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-EVQ = [sys.executable, "-m", "evq.cli.main"]
+EVQ = [sys.executable, "-m", "evq"]
 
 # A shard actor's first words: "... actors.shard: shard 1/2: recovering 0 queue(s)".
 _SHARD_LINE = re.compile(r"actors\.shard: shard (\d+)/\d+: recovering")

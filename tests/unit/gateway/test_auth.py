@@ -175,7 +175,7 @@ def test_without_tokens_the_server_refuses_to_listen_beyond_loopback(tmp_path: A
         [
             sys.executable,
             "-m",
-            "evq.cli.main",
+            "evq",
             "serve",
             "--no-ray",
             "--host",
