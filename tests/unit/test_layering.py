@@ -18,7 +18,7 @@ PURE = [
     "actors/log/keys.py",
     "actors/log/wal.py",
     "watch/core.py",
-    "watch/frames.py",
+    "gateway/watches/codec.py",
 ]
 BANNED = {
     "ray",

@@ -21,7 +21,7 @@ from gateway.auth import Token
 from gateway.door import parse_head
 from gateway.watches import HUB, WATCHERS, WatchOptions, WsProtocol
 from tests.unit.gateway.conftest import Api, Serve, until
-from tests.unit.watch.test_frames import client_frame
+from tests.unit.gateway.watches.test_codec import client_frame
 
 OP_TEXT, OP_CLOSE, OP_PING = 0x1, 0x8, 0x9
 READER = Token(name="reader", token="reader-token-0123456789", queues={"app*": "read"})

@@ -1,6 +1,6 @@
 """Keys and one-shot watches on the HTTP side: ``/v1/keys``, ``/v1/watch`` (long poll) and
 ``/v1/ws`` (WebSocket). The bookkeeping is :mod:`watch.core`; the per-process fan-out and
-upstream watches are :mod:`watch.hub`.
+upstream watches are :mod:`gateway.watches.hub`.
 
 A WebSocket watcher costs its connection and its table entries: a change is encoded once
 per process, framed once, and written to each armed connection's transport without a task
@@ -28,8 +28,7 @@ from gateway.door import HEAD_LIMIT, UPGRADES, Doorway, Head
 from gateway.errors import MSGPACK, prefers_msgpack, wants_msgpack
 from gateway.fast import http_date
 from gateway.metrics import METRICS
-from watch.core import KeyState
-from watch.frames import (
+from gateway.watches.codec import (
     CLOSE_NO_STATUS,
     CLOSE_NORMAL,
     OP_BINARY,
@@ -44,7 +43,8 @@ from watch.frames import (
     pong_frame,
     text_frame,
 )
-from watch.hub import Hub
+from gateway.watches.hub import Hub
+from watch.core import KeyState
 
 __all__ = [
     "HUB",
@@ -222,7 +222,7 @@ async def watch_key(request: web.Request) -> web.Response:
 
 
 class PollConn(asyncio.Protocol):
-    """One long poll served without aiohttp (a :class:`watch.hub.Sink`): the front door
+    """One long poll served without aiohttp (a :class:`gateway.watches.hub.Sink`): the front door
     hands over a connection whose request is a valid ``GET /v1/watch/{key}``; the answer is
     written here, and the connection's next request passes the door again (so a client that
     polls on a keep-alive connection stays off aiohttp's request path, and any other request
@@ -358,7 +358,7 @@ def _watcher_slot(request: web.Request) -> Any:
 
 
 class WsConn:
-    """One WebSocket watcher connection (a :class:`watch.hub.Sink`): the watch ops it
+    """One WebSocket watcher connection (a :class:`gateway.watches.hub.Sink`): the watch ops it
     receives, the events and replies it writes. Replies and events are whole frames written
     straight to the transport; nothing here awaits."""
 
@@ -451,7 +451,7 @@ class WsConn:
 class WsProtocol(WsConn, asyncio.Protocol):
     """A WebSocket watcher served without aiohttp: the connection's own protocol, handed
     over by the front door (:mod:`gateway.door`) after the handshake. It reads frames with
-    :class:`watch.frames.MessageReader`, answers pings, and closes the way RFC 6455 asks:
+    :class:`gateway.watches.codec.MessageReader`, answers pings, and closes the way RFC 6455 asks:
     a close frame, the end of its side, then what the client still sends is read and
     dropped until it closes too (or ``CLOSE_LINGER_S`` passes) — closing with unread data
     would reset the connection before the client reads why."""

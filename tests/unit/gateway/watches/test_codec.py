@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from watch.frames import (
+from gateway.watches.codec import (
     OP_BINARY,
     OP_CLOSE,
     OP_PING,
