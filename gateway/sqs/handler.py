@@ -21,7 +21,7 @@ from gateway.auth import AUTH, Token, retry_after
 from gateway.sqs import render
 from gateway.sqs.access import NEW, QUEUE, RULES, SOURCE, TASK
 from gateway.sqs.addresses import name_of_arn, name_of_url
-from gateway.sqs.context import ACCOUNT, CALLERS, CLOCK, KEYS, OPEN, Context
+from gateway.sqs.context import ACCOUNT, CALLERS, CLOCK, DEFAULT_REGION, KEYS, OPEN, Context
 from gateway.sqs.errors import SqsError, from_queue_error
 from gateway.sqs.leases import ACTIONS as LEASE_ACTIONS
 from gateway.sqs.messages import ACTIONS as MESSAGE_ACTIONS
@@ -46,7 +46,6 @@ ACTIONS: dict[str, Action] = {
     **LEASE_ACTIONS,
     **MOVE_ACTIONS,
 }
-DEFAULT_REGION = "us-east-1"
 _FORM = "application/x-www-form-urlencoded"
 
 

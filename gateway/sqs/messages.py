@@ -23,7 +23,7 @@ from gateway.sqs.wire import Params
 
 __all__ = ["ACTIONS"]
 
-MAX_BATCH = 10
+MAX_ENTRIES = 10
 MAX_WAIT_S = 20
 MAX_VISIBILITY_S = 43_200
 _ENTRY_ID = re.compile(r"[A-Za-z0-9_-]{1,80}")
@@ -45,10 +45,11 @@ def batch_entries(ctx: Context, entry_name: str) -> list[tuple[str, Params]]:
         raise SqsError(
             "EmptyBatchRequest", f"There should be at least one {entry_name} in the request."
         )
-    if len(entries) > MAX_BATCH:
+    if len(entries) > MAX_ENTRIES:
         raise SqsError(
             "TooManyEntriesInBatchRequest",
-            f"Maximum number of entries per request are {MAX_BATCH}. You have sent {len(entries)}.",
+            f"Maximum number of entries per request are {MAX_ENTRIES}. "
+            f"You have sent {len(entries)}.",
         )
     out: list[tuple[str, Params]] = []
     seen: set[str] = set()
@@ -304,7 +305,7 @@ async def _put_all(
 async def receive_message(ctx: Context) -> dict[str, Any]:
     name = ctx.queue()
     p = ctx.params
-    limit = p.number("MaxNumberOfMessages", 1, MAX_BATCH) or 1
+    limit = p.number("MaxNumberOfMessages", 1, MAX_ENTRIES) or 1
     visibility = p.number("VisibilityTimeout", 0, MAX_VISIBILITY_S)
     wait = p.number(
         "WaitTimeSeconds", 0, MAX_WAIT_S, reason=f"Must be >= 0 and <= {MAX_WAIT_S}, if provided."
