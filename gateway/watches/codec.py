@@ -9,7 +9,7 @@ a frame is just a header and the payload.
 Client frames are read by :class:`MessageReader`, which keeps plain state (the unread bytes,
 the parts of a fragmented message) and turns bytes into whole messages; a breach of the
 protocol raises :class:`FrameError` with the close code to answer with. The connection
-(``gateway.watches.WsProtocol``) does the I/O.
+(``gateway.watches.websocket.WsProtocol``) does the I/O.
 """
 
 from __future__ import annotations
