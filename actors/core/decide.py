@@ -197,8 +197,9 @@ def _put(state: QueueState, c: cmd.Put, now: int, ids: IdSource) -> Decision:
                 raise BadRequest("this queue assigns ids (id_mode=server); omit 'id'")
             kept = _kept_id(state, batch_ids, m.id) if c.redelivery else None
             if kept is None:
-                mid: ev.MessageId = max(ids.next_id(now), last_id + 1)
-                last_id = mid
+                new_id = max(ids.next_id(now), last_id + 1)
+                last_id = new_id
+                mid: ev.MessageId = new_id
             else:
                 mid = kept
                 last_id = max(last_id, kept)
@@ -419,7 +420,7 @@ def _run_of_group(
     those behind it), or whose body would pass :data:`MAX_TAKE_BYTES`: then the size
     returned is past it, and the take ends too. Returns the bodies' size."""
     after_head = False
-    for m in state.groups[head.group].msgs:  # type: ignore[index]
+    for m in state.groups[head.group].msgs:
         if len(picked) >= limit:
             return size
         if not after_head:
@@ -539,9 +540,9 @@ def _release(state: QueueState, c: cmd.Release, now: int, ids: IdSource) -> Deci
             status = rp.NOT_FOUND if gone else rp.STALE_LEASE
         else:
             status = _lease_status(state, m, item.lease, c.lenient)
-        if status == rp.OK:
-            released.append(m.id)  # type: ignore[union-attr]
-            done.add(m.id)  # type: ignore[union-attr]
+        if status == rp.OK and m is not None:  # OK implies m is not None
+            released.append(m.id)
+            done.add(m.id)
             times.append(when)
         results.append(rp.ItemResult(item.id, status))
     return ([ev.MessagesReleased(now, released, times)] if released else []), results
@@ -556,8 +557,8 @@ def _touch(state: QueueState, c: cmd.Touch, now: int, ids: IdSource) -> Decision
         deadline = now + _visibility(item.visibility_timeout_ms, state.settings)
         m = _lookup(state, item.id)
         status = _lease_status(state, m, item.lease, c.lenient)
-        if status == rp.OK:
-            touched.append(m.id)  # type: ignore[union-attr]
+        if status == rp.OK and m is not None:  # OK implies m is not None
+            touched.append(m.id)
             deadlines.append(deadline)
             results.append(rp.ItemResult(item.id, status, deadline))
         else:

@@ -67,29 +67,31 @@ class PutItem(msgspec.Struct, array_like=True, frozen=True, gc=False):
 
 
 class _Base(msgspec.Struct, array_like=True, frozen=True, gc=False, tag_field="t"):
+    # Each event repeats ``frozen=True``: msgspec inherits it anyway, but a type checker reads
+    # it per class (PEP 681) and would otherwise take the events for mutable.
     at_ms: int
 
 
-class QueueCreated(_Base, tag="created"):
+class QueueCreated(_Base, frozen=True, tag="created"):
     """The queue exists from now on with these settings."""
 
     name: str
     settings: QueueSettings
 
 
-class SettingsChanged(_Base, tag="settings"):
+class SettingsChanged(_Base, frozen=True, tag="settings"):
     """New settings for the queue."""
 
     settings: QueueSettings
 
 
-class MessagesPut(_Base, tag="put"):
+class MessagesPut(_Base, frozen=True, tag="put"):
     """New messages, in arrival order."""
 
     items: list[PutItem]
 
 
-class MessagesTaken(_Base, tag="taken"):
+class MessagesTaken(_Base, frozen=True, tag="taken"):
     """Messages reserved under fresh leases (``leases[i]`` for ``ids[i]``) until ``deadline_ms``."""
 
     ids: list[MessageId]
@@ -97,27 +99,27 @@ class MessagesTaken(_Base, tag="taken"):
     deadline_ms: int
 
 
-class MessagesAcked(_Base, tag="acked"):
+class MessagesAcked(_Base, frozen=True, tag="acked"):
     """Reserved messages acknowledged with their current lease: deleted."""
 
     ids: list[MessageId]
 
 
-class MessagesReleased(_Base, tag="released"):
+class MessagesReleased(_Base, frozen=True, tag="released"):
     """Reserved messages given back, active again at ``activate_at_ms[i]``."""
 
     ids: list[MessageId]
     activate_at_ms: list[int]
 
 
-class LeasesExtended(_Base, tag="touched"):
+class LeasesExtended(_Base, frozen=True, tag="touched"):
     """Leases extended to new deadlines."""
 
     ids: list[MessageId]
     deadlines_ms: list[int]
 
 
-class MessageUpdated(_Base, tag="updated"):
+class MessageUpdated(_Base, frozen=True, tag="updated"):
     """A message's body and/or activation time changed (``None``: unchanged).
 
     A new activation time on a reserved message ends its lease and resets its receive count."""
@@ -127,17 +129,17 @@ class MessageUpdated(_Base, tag="updated"):
     activate_at_ms: int | None = None
 
 
-class MessagesDeleted(_Base, tag="deleted"):
+class MessagesDeleted(_Base, frozen=True, tag="deleted"):
     """Messages deleted by id."""
 
     ids: list[MessageId]
 
 
-class QueuePurged(_Base, tag="purged"):
+class QueuePurged(_Base, frozen=True, tag="purged"):
     """Every message in the queue deleted."""
 
 
-class WriterStarted(_Base, tag="writer", omit_defaults=True):
+class WriterStarted(_Base, frozen=True, tag="writer", omit_defaults=True):
     """A new incarnation of the queue's writer took over the log (fencing; no state change).
 
     ``nonce`` makes every claim unique, so two incarnations claiming in the same millisecond
@@ -147,18 +149,18 @@ class WriterStarted(_Base, tag="writer", omit_defaults=True):
     nonce: int = 0
 
 
-class DeadLettersRouted(_Base, tag="dlq"):
+class DeadLettersRouted(_Base, frozen=True, tag="dlq"):
     """Dead letters, by arrival sequence, handed to the dead-letter queue (or dropped)."""
 
     seqs: list[int]
 
 
-class QueueDeleted(_Base, tag="dropped"):
+class QueueDeleted(_Base, frozen=True, tag="dropped"):
     """The queue was deleted: its history ends here (shard logs, FORMAT.md). A later
     ``QueueCreated`` of the same name starts a new queue whose records continue the numbering."""
 
 
-class MoveTaskStarted(_Base, tag="move_started"):
+class MoveTaskStarted(_Base, frozen=True, tag="move_started"):
     """A task started to move this queue's ready messages to ``destination`` (None: each
     back to the queue it was dead-lettered from), ``rate`` per second at most."""
 
@@ -168,20 +170,20 @@ class MoveTaskStarted(_Base, tag="move_started"):
     to_move: int
 
 
-class MoveTaskProgressed(_Base, tag="move_progress"):
+class MoveTaskProgressed(_Base, frozen=True, tag="move_progress"):
     """The move task has moved ``moved`` messages so far."""
 
     task: str
     moved: int
 
 
-class MoveTaskCancelling(_Base, tag="move_cancelling"):
+class MoveTaskCancelling(_Base, frozen=True, tag="move_cancelling"):
     """The move task was asked to stop."""
 
     task: str
 
 
-class MoveTaskEnded(_Base, tag="move_ended"):
+class MoveTaskEnded(_Base, frozen=True, tag="move_ended"):
     """The move task ended: COMPLETED, CANCELLED or FAILED (with the reason)."""
 
     task: str
@@ -189,12 +191,12 @@ class MoveTaskEnded(_Base, tag="move_ended"):
     reason: str | None = None
 
 
-class Checkpoint(_Base, tag="checkpoint"):
+class Checkpoint(_Base, frozen=True, tag="checkpoint"):
     """No change: a record that lets one more snapshot of an idle queue cover everything the
     queue has in the shard log, so the log can be pruned behind two snapshots."""
 
 
-class KeySet(_Base, tag="key"):
+class KeySet(_Base, frozen=True, tag="key"):
     """An application watch key took a new version and value (key partitions only)."""
 
     key: str
@@ -225,7 +227,7 @@ Event = (
 )
 
 _encoder = msgspec.msgpack.Encoder()
-_decoder = msgspec.msgpack.Decoder(Event)  # type: ignore[arg-type]
+_decoder: msgspec.msgpack.Decoder[Event] = msgspec.msgpack.Decoder(Event)
 
 
 def encode_event(event: Event) -> bytes:
@@ -239,4 +241,4 @@ def decode_event(data: bytes) -> Event:
     Raises:
         msgspec.DecodeError: not a valid event (callers wrap it into ``DataError``).
     """
-    return _decoder.decode(data)  # type: ignore[no-any-return]
+    return _decoder.decode(data)

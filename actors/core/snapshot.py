@@ -175,9 +175,9 @@ def _index(s: QueueState, m: Message) -> None:
 
 def _index_groups(s: QueueState) -> None:
     for m in s.messages.values():
-        group = s.groups.get(m.group)  # type: ignore[arg-type]
+        group = s.groups.get(m.group)
         if group is None:
-            group = s.groups[m.group] = Group()  # type: ignore[index]
+            group = s.groups[m.group] = Group()
         group.msgs.append(m)
         group.busy += m.state == RESERVED
     for group in s.groups.values():

@@ -161,7 +161,9 @@ class QueueState:
         self.delayed: list[tuple[int, int, Message]] = []
         self.reserved: list[tuple[int, int, Message]] = []
         self.arrivals: deque[Message] = deque()
-        self.groups: dict[str, Group] = {}
+        # Keyed by ``Message.group``: decide gives every message of a FIFO queue a group,
+        # but apply never raises on a logged event, so a message without one has a group too.
+        self.groups: dict[str | None, Group] = {}
         self.idem: dict[str, tuple[ev.MessageId, int]] = {}
         self.idem_order: deque[tuple[int, str]] = deque()
         self.outbox: dict[int, Message] = {}  # by seq
@@ -229,9 +231,9 @@ class QueueState:
             if type(mid) is int and mid > last_id:
                 last_id = mid
             if fifo:
-                group = self.groups.get(it.group)  # type: ignore[arg-type]
+                group = self.groups.get(it.group)
                 if group is None:
-                    group = self.groups[it.group] = Group()  # type: ignore[index]
+                    group = self.groups[it.group] = Group()
                 group.msgs.append(m)
             self._schedule(m, it.activate_at_ms, at)
         self.next_seq = seq
@@ -259,7 +261,7 @@ class QueueState:
                 m.first_taken_ms = at
             push(reserved, (deadline, m.seq, m))
             if fifo:
-                self.groups[m.group].busy += 1  # type: ignore[index]
+                self.groups[m.group].busy += 1
             n += 1
         self.n_ready -= n
         self.n_reserved += n
@@ -466,7 +468,7 @@ class QueueState:
         if self.observer is not None:
             self.observer.made_available(m)
         if self.settings.fifo:
-            group = self.groups[m.group]  # type: ignore[index]
+            group = self.groups[m.group]
             if group.busy or _head(group) is not m:
                 return
         heapq.heappush(self.ready, (m.activate_at_ms, m.seq, m))
@@ -477,7 +479,7 @@ class QueueState:
         m.lease = 0
         m.deadline_ms = 0
         if self.settings.fifo:
-            group = self.groups[m.group]  # type: ignore[index]
+            group = self.groups[m.group]
             group.busy -= 1
             if not group.busy:
                 # The group is free again. A head that came back while others of its run
@@ -518,7 +520,7 @@ class QueueState:
 
     def _refresh_group(self, gone: Message) -> None:
         """After ``gone`` left its group: drop the empty group, or offer a new head."""
-        group = self.groups[gone.group]  # type: ignore[index]
+        group = self.groups[gone.group]
         msgs = group.msgs
         was_head = False
         while msgs and msgs[0].state >= GONE:
@@ -526,7 +528,7 @@ class QueueState:
         if not was_head:
             return  # a message behind the head left: nothing changes for take
         if not msgs:
-            del self.groups[gone.group]  # type: ignore[arg-type]
+            del self.groups[gone.group]
         elif msgs[0].state == READY and not group.busy:
             head = msgs[0]
             heapq.heappush(self.ready, (head.activate_at_ms, head.seq, head))
