@@ -53,7 +53,7 @@ _ZSTD = 1  # record / snapshot flag bit 0
 _ZSTD_LEVEL = 1
 
 _event_encoder = msgspec.msgpack.Encoder()
-_event_decoder = msgspec.msgpack.Decoder(Event)  # type: ignore[var-annotated]
+_event_decoder: msgspec.msgpack.Decoder[Event] = msgspec.msgpack.Decoder(Event)
 
 
 class SegmentHeader(msgspec.Struct, frozen=True):
@@ -170,11 +170,12 @@ def decode_segment(data: bytes) -> SegmentRead:
                     reason = "record checksum mismatch"
                 else:
                     try:
+                        record: memoryview | bytes = payload
                         if flags:
                             if decompressor is None:
                                 decompressor = zstandard.ZstdDecompressor()
-                            payload = _inflate(decompressor, payload, MAX_RECORD)
-                        events.append(decode(payload))
+                            record = _inflate(decompressor, payload, MAX_RECORD)
+                        events.append(decode(record))
                     except (zstandard.ZstdError, msgspec.DecodeError) as exc:
                         reason = f"record does not decode: {exc}"
         if reason is not None:

@@ -458,10 +458,11 @@ class LocalLogDevice:
             raise StoreError("the log is not open for writing", ambiguous=False)
         if self._pos + len(block) > self._size or self._old():
             self._roll(first_lsn, len(block))
-        fd = self._fd
+        fd, key = self._fd, self._key  # set and cleared together
         assert fd is not None
+        assert key is not None
         pos = self._pos
-        path = self._path(self._key or "")
+        path = self._path(key)
         try:
             view = memoryview(block)
             while view:
@@ -489,7 +490,7 @@ class LocalLogDevice:
             self._pos = pos
             raise self._fail("fdatasync", exc) from exc
         self._pos = pos
-        return self._key  # type: ignore[return-value]
+        return key
 
     def _fail(self, op: str, exc: OSError) -> DiskFailed:
         """Stop writing for good: a failed fsync (or write) leaves the file's state unknown

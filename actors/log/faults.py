@@ -59,7 +59,7 @@ def _check_nths(nths: tuple[int, ...]) -> set[int]:
 def _check_op(op: str) -> Op:
     if op not in OPS:
         raise ValueError(f"unknown store operation {op!r}; expected one of {OPS}")
-    return op  # type: ignore[return-value]  # narrowed by the check above
+    return op  # narrowed by the check above
 
 
 @dataclass
@@ -229,7 +229,7 @@ SPARE_SUFFIX = ".spare"  # the file the local log zero-fills ahead of time
 def _check_disk_op(op: str) -> DiskOp:
     if op not in DISK_OPS:
         raise ValueError(f"unknown disk call {op!r}; expected one of {DISK_OPS}")
-    return op  # type: ignore[return-value]  # narrowed by the check above
+    return op  # narrowed by the check above
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import asyncio
 import os
 from collections.abc import Mapping
 from datetime import timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 from urllib.parse import urlsplit
 
 import obstore
@@ -19,6 +19,9 @@ from obstore.store import MemoryStore, S3Store, from_url
 
 from actors.errors import BadRequest
 from actors.log.store import KeyNotFound, StoreError, check_key
+
+if TYPE_CHECKING:  # typed dicts of obstore's stubs only
+    from obstore.store import ClientConfig, RetryConfig, S3Config
 
 __all__ = ["ObstoreStore", "open_obstore"]
 
@@ -284,12 +287,14 @@ def open_obstore(url: str, **options: Any) -> ObstoreStore:
             config, client_options = s3_config(os.environ, options)
             client_options = {**client_defaults, **client_options}
             retry_config = config.pop("retry_config", None) or retry_default
+            # Plain dicts from the options and the environment: S3Store checks their keys
+            # and values itself (ValueError or TypeError, caught below).
             store = S3Store(
                 parts.netloc,
                 prefix=prefix or None,
-                config=config,
-                client_options=client_options,
-                retry_config=retry_config,
+                config=cast("S3Config", config),
+                client_options=cast("ClientConfig", client_options),
+                retry_config=cast("RetryConfig", retry_config),
             )
             return ObstoreStore(store, url, resend_ms=retry_ms)
         # GCS and Azure: obstore's own URL parsing (its path becomes the prefix) and its

@@ -121,9 +121,9 @@ async def replay(
                 max_epoch, await _discard_rest(store, segments[index + 1 :], report, damaged, after)
             )
             break
-        reason = _misplaced(read.header, first_seq, last_epoch)
-        if reason is not None:
-            report.discarded.append(Discarded(key, 0, read.header.count, reason))
+        misplaced = _misplaced(read.header, first_seq, last_epoch)
+        if misplaced is not None:
+            report.discarded.append(Discarded(key, 0, read.header.count, misplaced))
             damaged.append(key)
             after = f"after damage in {key}"
             max_epoch = max(

@@ -20,7 +20,7 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 
@@ -57,7 +57,8 @@ class Batch:
         self.size = 0
         self.first_lsn = 0  # set when the batch goes out
         self.segment = ""  # the segment it went to, once durable
-        self.outcome: QueueError | bool | None = None  # None: not finished; True: durable
+        # None: not finished; True: durable; else the error that failed the write
+        self.outcome: QueueError | Literal[True] | None = None
         # Set once waiters have been told: None (released: it and all before it are durable)
         # or the error that failed it. Unset (False) before that.
         self.released: QueueError | bool | None = False
@@ -223,19 +224,22 @@ class ShardLog:
     def _settle(self) -> None:
         """Release finished batches in order; handle a failure once nothing is in flight."""
         flight = self._in_flight
-        while flight and flight[0].outcome is not None and self.failed is None:
+        while flight and self.failed is None:
             batch = flight[0]
-            if batch.outcome is True:
+            outcome = batch.outcome
+            if outcome is None:
+                break  # still being written
+            if outcome is True:
                 flight.popleft()
                 self.durable_lsn = batch.first_lsn + batch.count - 1
                 batch._settle(None)
                 if self.on_durable is not None:
                     self.on_durable(batch)
             else:
-                self.failed = batch.outcome  # type: ignore[assignment]
+                self.failed = outcome
                 self._failed_batch = flight.popleft()
                 if self.on_broken is not None:
-                    self.on_broken(self.failed)  # type: ignore[arg-type]
+                    self.on_broken(outcome)
         if self.failed is not None:
             if all(b.outcome is not None for b in flight):
                 self._break()

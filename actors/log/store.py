@@ -22,6 +22,7 @@ from a URL or a plain directory path.
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
 import errno
 import itertools
@@ -337,7 +338,7 @@ class LocalDirStore:
         except OSError as e:
             raise _store_error("delete", key, e, ambiguous=True) from e
 
-    def _list_sync(self, prefix: str) -> list[str]:
+    def _list_sync(self, prefix: str) -> builtins.list[str]:  # `list` is a method here
         # Only the directory named by the prefix's complete segments can hold matches.
         head, _, part = prefix.rpartition("/")
         stack = [(os.path.join(self._root, head) if head else self._root, head)]
