@@ -29,8 +29,8 @@ import hmac
 import itertools
 import logging
 import struct
-from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any, Protocol, cast
 
 import msgspec
 
@@ -71,7 +71,7 @@ class Hello(msgspec.Struct, array_like=True, tag=True):
 
 class Batch(msgspec.Struct, array_like=True, tag=True):
     rid: int
-    items: list[tuple[str, cmd.Command]]  # type: ignore[valid-type]
+    items: list[tuple[str, cmd.Command]]
 
 
 class TakeWait(msgspec.Struct, array_like=True, tag=True):
@@ -151,7 +151,7 @@ Request = (
 )
 
 _encoder = msgspec.msgpack.Encoder()
-_request_decoder = msgspec.msgpack.Decoder(Request)  # type: ignore[var-annotated]
+_request_decoder: msgspec.msgpack.Decoder[Request] = msgspec.msgpack.Decoder(Request)
 _reply_decoder = msgspec.msgpack.Decoder(Reply)
 _error_decoder = msgspec.msgpack.Decoder(ErrorWire)
 
@@ -271,8 +271,8 @@ def _decode_result(item: tuple[int, msgspec.Raw], command_type: type) -> Any:
 class Service(Protocol):
     """What a shard offers gateways (errors may be raised or returned as values)."""
 
-    def begin(self, items: list[tuple[str, object]]) -> Call | None: ...
-    async def run_batch(self, items: list[tuple[str, object]]) -> list[Any]: ...
+    def begin(self, items: Sequence[tuple[str, object]]) -> Call | None: ...
+    async def run_batch(self, items: Sequence[tuple[str, object]]) -> list[Any]: ...
     async def take(self, queue: str, command: cmd.Take, wait_s: float) -> Any: ...
     async def create(
         self, name: str, settings: QueueSettings, given: list[str]
@@ -327,6 +327,7 @@ class _ServerConnection(asyncio.Protocol):
         self.calls: dict[int, asyncio.Task[None]] = {}
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # typeshed types it BaseTransport for every protocol; a stream's is a Transport
         self.transport = transport  # type: ignore[assignment]
         self.server._connections.add(self)
 
@@ -373,9 +374,10 @@ class _ServerConnection(asyncio.Protocol):
             if task is not None:
                 task.cancel()
             return
+        rid = request.rid
         task = asyncio.ensure_future(self._answer(request))
-        self.calls[request.rid] = task
-        task.add_done_callback(lambda _, rid=request.rid: self.calls.pop(rid, None))  # type: ignore[misc]
+        self.calls[rid] = task
+        task.add_done_callback(lambda _: self.calls.pop(rid, None))
 
     async def _answer(self, request: Any) -> None:
         n = len(request.items) if isinstance(request, Batch) else 1
@@ -441,7 +443,10 @@ class ChannelClient:
         """
         rid = next(self._rids)
         types = [type(c) for _, c in items]
-        return await self._call(rid, Batch(rid, items), types)  # type: ignore[arg-type]
+        # Commands are plain objects along the directory's API; the shard's decoder checks
+        # them against cmd.Command, the type Batch declares for it.
+        batch = Batch(rid, cast("list[tuple[str, cmd.Command]]", items))
+        return await self._call(rid, batch, types)
 
     async def execute_many(self, queue: str, commands: list[object]) -> list[Any]:
         """Run commands on a queue; each result is a reply or a QueueError.
@@ -467,7 +472,7 @@ class ChannelClient:
             QueueError: an invalid key; Unavailable as :meth:`take`.
         """
         rid = next(self._rids)
-        return await self._one_or_raise(rid, WatchKey(rid, key, version))  # type: ignore[no-any-return]
+        return await self._one_or_raise(rid, WatchKey(rid, key, version))
 
     async def create(
         self, name: str, settings: QueueSettings, given: list[str]
@@ -485,17 +490,17 @@ class ChannelClient:
     async def names(self) -> list[str]:
         """The shard's queues. Raises: QueueError."""
         rid = next(self._rids)
-        return await self._one_or_raise(rid, Names(rid))  # type: ignore[no-any-return]
+        return await self._one_or_raise(rid, Names(rid))
 
     async def status(self) -> ShardStatus:
         """The shard's readiness. Raises: QueueError."""
         rid = next(self._rids)
-        return await self._one_or_raise(rid, Status(rid))  # type: ignore[no-any-return]
+        return await self._one_or_raise(rid, Status(rid))
 
     async def metrics(self) -> list[QueueMetrics]:
         """Every queue's figures. Raises: QueueError."""
         rid = next(self._rids)
-        return await self._one_or_raise(rid, Metrics(rid))  # type: ignore[no-any-return]
+        return await self._one_or_raise(rid, Metrics(rid))
 
     async def _one_or_raise(self, rid: int, request: Any) -> Any:
         result = await self._one(rid, request, type(request))
@@ -520,7 +525,7 @@ class ChannelClient:
         connection.pending[rid] = (fut, types)
         try:
             connection.send(request)
-            return await fut  # type: ignore[no-any-return]
+            return await fut
         finally:
             connection.pending.pop(rid, None)
 
@@ -565,6 +570,7 @@ class _ClientConnection(asyncio.Protocol):
         self.open = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # typeshed types it BaseTransport for every protocol; a stream's is a Transport
         self.transport = transport  # type: ignore[assignment]
         self.open = True
 

@@ -259,7 +259,7 @@ class NonBlockingHandler(logging.Handler):
             note = logging.LogRecord(
                 "evq.logs", logging.WARNING, __file__, 0, "dropped %d log records", (n,), None
             )
-            note.dropped = n  # type: ignore[attr-defined]
+            note.dropped = n
             self.filter(note)
             self.stream.write(self.format(note) + "\n")
 

@@ -346,6 +346,7 @@ class QueueActor:
             )
         except QueueError as exc:
             events, entry.error = [], exc
+        batch: Batch | None
         if events:
             self._count(events, entry.reply)
             self._rearm = self._rearm or _may_bring_forward(events)
@@ -490,7 +491,7 @@ class QueueActor:
             taken = await self.execute(command)
             remaining = deadline - loop.time()
             if taken or remaining <= 0:
-                return taken  # type: ignore[no-any-return]
+                return taken
             if self.state.n_ready and self.stopped is None:
                 # A put became durable while this take's empty answer waited for an earlier
                 # write: the wake-up already went by. Look again instead of sleeping.

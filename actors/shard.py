@@ -26,7 +26,7 @@ import logging
 import os
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import msgspec
@@ -611,7 +611,7 @@ class QueueShard:
         """Run commands on queue ``name`` in order; each result is a reply or a QueueError."""
         return await self.run_batch([(name, c) for c in commands])
 
-    async def run_batch(self, items: list[tuple[str, object]]) -> list[Any]:
+    async def run_batch(self, items: Sequence[tuple[str, object]]) -> list[Any]:
         """Run ``(queue, command)`` items in one go — in order within each queue, all in one
         group commit when they write; each result is a reply or a QueueError."""
         call = self.begin(items)
@@ -626,7 +626,7 @@ class QueueShard:
                 results.append(exc)
         return results
 
-    def begin(self, items: list[tuple[str, object]]) -> Call | None:
+    def begin(self, items: Sequence[tuple[str, object]]) -> Call | None:
         """Decide every item now; return the call whose future resolves with the results
         once they are durable, or None when something must be awaited first (a key
         partition to create, recovery, a reload): then use :meth:`run_batch`."""
@@ -646,14 +646,13 @@ class QueueShard:
                     call.settle(index, error)
                     continue
                 assert queue is not None
-            kind = type(command)
             if queue.stopped is not None:
                 call.settle(index, queue.stopped)
-            elif kind is cmd.Put and not self._let_in(command, full):  # type: ignore[arg-type]
+            elif type(command) is cmd.Put and not self._let_in(command, full):
                 call.settle(index, self._refused(name, full))
             else:
                 queue.decide(Entry(queue, command, call, index))
-                keys = keys or kind is cmd.SetKey
+                keys = keys or type(command) is cmd.SetKey
         if keys:
             call.future.add_done_callback(lambda f: self._publish_keys(items, f.result()))
         return call
@@ -686,7 +685,7 @@ class QueueShard:
             memory_budget=True,
         )
 
-    def _publish_keys(self, items: list[tuple[str, object]], results: list[Any]) -> None:
+    def _publish_keys(self, items: Sequence[tuple[str, object]], results: list[Any]) -> None:
         for (_, command), result in zip(items, results, strict=True):
             if type(command) is cmd.SetKey and isinstance(result, rp.KeyView):
                 self.keys.key_set(result)
@@ -733,14 +732,14 @@ class QueueShard:
         [result] = await self.execute_many(partition_of(key), [cmd.GetKey(key)])
         if isinstance(result, QueueError):
             raise result
-        return result  # type: ignore[no-any-return]
+        return result
 
     async def _get_stats(self, name: str) -> rp.StatsView | None:
         try:
             queue = await self.get(name)
         except QueueNotFound:
             return None
-        return await queue.execute(cmd.Stats())  # type: ignore[no-any-return]
+        return await queue.execute(cmd.Stats())
 
     # ---------------------------------------------------------------- dead letters
 
