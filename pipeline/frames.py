@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from pyspark import StorageLevel
-from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import DataFrame, DataFrameReader, SparkSession
 from pyspark.sql import functions as F
 
 from actors.errors import QueueError
@@ -63,7 +63,9 @@ def check_store(url: str, opts: dict[str, str] | None = None) -> list[str]:
     return names
 
 
-def _reader(spark: SparkSession, url: str, opts: dict[str, str] | None, queues: list[str] | None):  # type: ignore[no-untyped-def]
+def _reader(
+    spark: SparkSession, url: str, opts: dict[str, str] | None, queues: list[str] | None
+) -> DataFrameReader:
     reader = spark.read.format("evq")
     for key, value in (opts or {}).items():
         reader = reader.option(key, value)
@@ -185,6 +187,7 @@ def progress(spark: SparkSession, job: str, every_s: float = 2.0) -> Iterator[No
     finally:
         stop.set()
         thread.join()
+        # None removes the property (the JVM takes null); the stub allows only a str
         sc.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
         _report(tracker, job, group, seen)
 

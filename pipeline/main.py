@@ -11,11 +11,14 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
-from typing import IO
+from typing import IO, TYPE_CHECKING
 
 from actors.clock import SystemClock
 from actors.logsetup import config_of, make_handler
 from pipeline.args import add_arguments
+
+if TYPE_CHECKING:  # pyspark is imported when a job runs
+    from pyspark.sql import SparkSession
 
 __all__ = ["build_parser", "main", "run"]
 
@@ -78,8 +81,8 @@ def _run(args: argparse.Namespace, err: IO[str]) -> int:
 
 
 def _dispatch(
-    spark, args: argparse.Namespace, opts: dict[str, str], now_ms: int, err: IO[str]
-) -> int:  # type: ignore[no-untyped-def]
+    spark: SparkSession, args: argparse.Namespace, opts: dict[str, str], now_ms: int, err: IO[str]
+) -> int:
     if args.job == "stats":
         from pipeline.stats import run_stats
 

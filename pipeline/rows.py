@@ -44,7 +44,7 @@ __all__ = [
 SEGMENT = "segment"  # the type of a segment's meta row
 
 # Event class → the ``type`` column (the event's own tag in the log).
-EVENT_TYPES: dict[type, str] = {cls: cls.__struct_config__.tag for cls in ev.Event.__args__}  # type: ignore[attr-defined,misc]
+EVENT_TYPES: dict[type, str] = {cls: cls.__struct_config__.tag for cls in ev.Event.__args__}
 _CLASSES = {tag: cls for cls, tag in EVENT_TYPES.items()}
 
 EVENTS_SCHEMA = pa.schema(
@@ -90,7 +90,7 @@ _MESSAGE_EVENTS = (
     ev.MessageUpdated,
     ev.DeadLettersRouted,
 )
-_event_decoder = msgspec.json.Decoder(ev.Event)  # type: ignore[var-annotated]
+_event_decoder: msgspec.json.Decoder[ev.Event] = msgspec.json.Decoder(ev.Event)
 
 
 class Rows:
@@ -313,7 +313,7 @@ def _rebuild(tag: str, at: int, rows: list[dict[str, Any]]) -> ev.Event:
         deadline = rows[0]["deadline_ms"]
         return ev.MessagesTaken(at, [_mid(r) for r in items], [r["lease"] for r in items], deadline)
     if cls in (ev.MessagesAcked, ev.MessagesDeleted):
-        return cls(at, [_mid(r) for r in items])  # type: ignore[no-any-return]
+        return cls(at, [_mid(r) for r in items])
     if cls is ev.MessagesReleased:
         return ev.MessagesReleased(
             at, [_mid(r) for r in items], [r["activate_at_ms"] for r in items]
@@ -326,7 +326,7 @@ def _rebuild(tag: str, at: int, rows: list[dict[str, Any]]) -> ev.Event:
     if cls is ev.MessageUpdated:
         body = row["body"] if row.get("body_bytes") is not None else None
         return ev.MessageUpdated(at, _mid(row), body, row["activate_at_ms"])
-    return _event_decoder.decode(row["detail"])  # type: ignore[no-any-return]
+    return _event_decoder.decode(row["detail"])
 
 
 def events_from_rows(rows: Iterable[dict[str, Any]]) -> Iterator[tuple[str, int, ev.Event]]:

@@ -35,7 +35,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import pyarrow as pa
@@ -78,7 +78,7 @@ def store_options(options: Any) -> dict[str, str]:
     return {k: options[k] for k in STORE_OPTIONS if options.get(k)}
 
 
-class _Run(InputPartition):  # type: ignore[misc]
+class _Run(InputPartition):
     """Consecutive segments of one log (events view: ``segments`` are ``(key, the next
     listed segment's first LSN)``), or a whole shard log or queue (timeline view)."""
 
@@ -97,7 +97,7 @@ class _Run(InputPartition):  # type: ignore[misc]
         self.adopted = adopted or []
 
 
-class EvqDataSource(DataSource):  # type: ignore[misc]
+class EvqDataSource(DataSource):
     """``spark.read.format("evq")``: see the module docstring."""
 
     @classmethod
@@ -133,7 +133,7 @@ class EvqDataSource(DataSource):  # type: ignore[misc]
         return _EventsReader(url, opts, queues, int(per) if per else None, bodies)
 
 
-class _Reader(DataSourceReader):  # type: ignore[misc]
+class _Reader(DataSourceReader):
     def __init__(self, url: str, opts: dict[str, str], queues: set[str] | None) -> None:
         self.url = url
         self.opts = opts
@@ -172,7 +172,7 @@ class _EventsReader(_Reader):
             logs = {shard: wal_segments(store, shard) for shard in shard_logs(store)}
             objects = queue_objects(store)
         wal = {shard: _with_next(listed) for shard, listed in logs.items()}
-        v1 = {
+        v1: dict[str, list[tuple[str, int | None]]] = {
             q: [(key, None) for _, key in o.segments]
             for q, o in objects.items()
             if o.segments and self._wanted(q)
@@ -190,17 +190,18 @@ class _EventsReader(_Reader):
         )
         return runs or [_Run()]
 
-    def read(self, partition: _Run) -> Iterator[pa.RecordBatch]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """Decode the run's segments with the log's codecs."""
-        if not partition.segments:
+        run = cast("_Run", partition)  # Spark hands back one of partitions()'s
+        if not run.segments:
             return
         out = EventRows(bodies=self.bodies)
         with SyncStore(self.url, self.opts) as store:
-            if partition.shard is not None:
-                steps = self._read_wal(store, partition.shard, partition.segments, out)
+            if run.shard is not None:
+                steps = self._read_wal(store, run.shard, run.segments, out)
             else:
-                assert partition.queue is not None
-                steps = self._read_v1(store, partition.queue, partition.segments, out)
+                assert run.queue is not None
+                steps = self._read_v1(store, run.queue, run.segments, out)
             for _ in steps:
                 if out.rows >= BATCH_ROWS:
                     yield out.batch()
@@ -267,16 +268,17 @@ class _TimelineReader(_Reader):
             adopted[shards[placement(queue, len(shards))]].append(queue)
         return [_Run(shard=shard, adopted=adopted[shard]) for shard in shards]
 
-    def read(self, partition: _Run) -> Iterator[pa.RecordBatch]:
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         """Fold the shard log's queues (or the queue) through the engine."""
+        run = cast("_Run", partition)  # Spark hands back one of partitions()'s
         with SyncStore(self.url, self.opts) as store:
-            if partition.shard is not None:
+            if run.shard is not None:
                 yield from fold_log(
                     store,
-                    partition.shard,
+                    run.shard,
                     self.as_of_ms,
-                    adopted=partition.adopted,
+                    adopted=run.adopted,
                     wanted=self.queues,
                 )
-            elif partition.queue is not None:
-                yield from fold_queue(store, partition.queue, self.as_of_ms)
+            elif run.queue is not None:
+                yield from fold_queue(store, run.queue, self.as_of_ms)

@@ -30,6 +30,7 @@ Rows (``TIMELINE_SCHEMA``), by ``type``:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -107,7 +108,8 @@ class Timeline:
         self.at_ms = 0  # its time
         self._minute: int | None = None  # a minute with activity, not sampled yet
         self.incarnation = 0  # deletions seen: arrival numbers start over after each
-        self._handlers = {
+        # by event type; each handler takes events of its type
+        self._handlers: dict[type, Callable[[Any], None]] = {
             ev.MessagesPut: self._put,
             ev.MessagesTaken: self._taken,
             ev.MessagesAcked: self._acked,
