@@ -10,7 +10,7 @@ SERVER := $(VENV)/.installed-server
 LEGACY_VENV := .venv-sqs-legacy
 LEGACY      := $(LEGACY_VENV)/.installed
 
-.PHONY: setup serve test test-all lint fmt bench clean
+.PHONY: setup serve test test-all lint typecheck fmt bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -31,11 +31,16 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
+# mypy with pyproject.toml's [tool.mypy] (strict for actors/core, actors/log, watch/ and
+# evq/__init__.py); evq/ is checked once it exists.
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy actors gateway watch pipeline $(wildcard evq)
+
 fmt: $(STAMP)
 	$(VENV)/bin/ruff format .
 	$(VENV)/bin/ruff check --fix .
 
-test: $(STAMP) lint chromium java fuse $(LEGACY)
+test: $(STAMP) lint typecheck chromium java fuse $(LEGACY)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-all: $(STAMP) chromium java fuse $(LEGACY)
@@ -45,7 +50,7 @@ bench: $(STAMP)
 	$(PY) loadtest/bench_engine.py
 
 clean:
-	rm -rf $(VENV) $(LEGACY_VENV) .pytest_cache .ruff_cache build *.egg-info
+	rm -rf $(VENV) $(LEGACY_VENV) .pytest_cache .ruff_cache .mypy_cache build *.egg-info
 
 # The SQS query protocol as older SDKs speak it: boto3/botocore 1.34.50 and the AWS CLI of
 # that era (awscli 1.32.50) in a virtualenv of their own, for
