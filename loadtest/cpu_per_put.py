@@ -39,29 +39,10 @@ import time
 from typing import Any
 
 from bench_server import BENCH, Target
+from procstat import cpu_seconds, machine_busy_seconds
 from served import cmdline, session_pids
 
-CLK_TCK = os.sysconf("SC_CLK_TCK")
 CORES = os.cpu_count() or 1
-
-
-def _cpu_seconds(pid: int) -> float | None:
-    """utime + stime of ``pid`` (all its threads), or None if it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            data = f.read()
-    except OSError:
-        return None
-    fields = data[data.rindex(")") + 2 :].split()
-    return (int(fields[11]) + int(fields[12])) / CLK_TCK
-
-
-def _machine_busy_seconds() -> float:
-    with open("/proc/stat") as f:
-        fields = [int(x) for x in f.readline().split()[1:]]
-    idle = fields[3] + fields[4]  # idle + iowait
-    steal = fields[7] if len(fields) > 7 else 0
-    return (sum(fields[:8]) - idle - steal) / CLK_TCK
 
 
 def _group(kind: str, pid: int, main_pid: int) -> str:
@@ -76,7 +57,7 @@ def _snapshot(kind: str, main_pid: int, loadgen_pid: int) -> dict[int, tuple[str
     groups += [(pid, "loadgen") for pid in session_pids(loadgen_pid)]
     snap: dict[int, tuple[str, float]] = {}
     for pid, group in groups:
-        cpu = _cpu_seconds(pid)
+        cpu = cpu_seconds(pid)
         if cpu is not None:
             snap[pid] = (group, cpu)
     return snap
@@ -102,11 +83,11 @@ def measure(
             cmd, cwd=BENCH, env=env, start_new_session=True, stdout=subprocess.DEVNULL
         )
         time.sleep(lead)
-        t0, busy0 = time.monotonic(), _machine_busy_seconds()
+        t0, busy0 = time.monotonic(), machine_busy_seconds()
         before = _snapshot(kind, target.proc.pid, loadgen.pid)
         time.sleep(window)
         after = _snapshot(kind, target.proc.pid, loadgen.pid)
-        seconds, busy = time.monotonic() - t0, _machine_busy_seconds() - busy0
+        seconds, busy = time.monotonic() - t0, machine_busy_seconds() - busy0
         if loadgen.wait(120) != 0:
             raise RuntimeError(f"the load generator failed with {loadgen.returncode}")
         with open(os.path.join(results_dir, f"{name}.jsonl")) as f:

@@ -1,0 +1,77 @@
+"""A process's CPU time, resident memory and open descriptors, and the machine's busy CPU
+time, as the load tools account them: read from ``/proc`` (Linux), nothing cached.
+
+Each per-process reading returns None when the process is gone (or its entry cannot be
+read), so a caller summing over a session of processes that come and go decides what a
+missing one counts as. ``loadtest/cpu_per_put.py`` and ``loadtest/watch_swarm.py`` read
+processes only through here.
+
+Imported as a sibling module (``python loadtest/<tool>.py`` puts ``loadtest/`` first on
+``sys.path``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+__all__ = [
+    "CLK_TCK",
+    "PAGE_SIZE",
+    "cpu_seconds",
+    "fd_count",
+    "machine_busy_seconds",
+    "rss_bytes",
+    "total_cpu_seconds",
+]
+
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+PAGE_SIZE = os.sysconf("SC_PAGE_SIZE")
+
+
+def cpu_seconds(pid: int) -> float | None:
+    """utime + stime of ``pid`` (all its threads), or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            data = f.read()
+    except OSError:
+        return None
+    fields = data[data.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK
+
+
+def total_cpu_seconds(pids: Iterable[int]) -> float:
+    """The CPU seconds of ``pids`` together; a process that is gone counts 0."""
+    total = 0.0
+    for pid in pids:
+        cpu = cpu_seconds(pid)
+        if cpu is not None:
+            total += cpu
+    return total
+
+
+def rss_bytes(pid: int) -> int | None:
+    """The resident set size of ``pid`` in bytes (``statm``), or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/statm", "rb") as f:
+            return int(f.read().split()[1]) * PAGE_SIZE
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def fd_count(pid: int) -> int | None:
+    """How many descriptors ``pid`` has open, or None if it is gone (or not ours to see)."""
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return None
+
+
+def machine_busy_seconds() -> float:
+    """CPU seconds the machine's cores have been busy since boot (all users; neither idle,
+    iowait nor steal)."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    idle = fields[3] + fields[4]  # idle + iowait
+    steal = fields[7] if len(fields) > 7 else 0
+    return (sum(fields[:8]) - idle - steal) / CLK_TCK
