@@ -1,6 +1,6 @@
 """loadtest/procstat.py, the one reading of /proc that loadtest/cpu_per_put.py and
 loadtest/watch_swarm.py share: a live process reads as psutil reads it, a process that is
-gone reads None (and counts 0 in a total), and cpu_per_put.py does not read /proc by itself."""
+gone reads None (and counts 0 in a total), and neither tool reads /proc by itself."""
 
 from __future__ import annotations
 
@@ -77,5 +77,6 @@ def _reads_proc(path: Path) -> list[str]:
 
 
 def test_the_tools_read_processes_only_through_procstat() -> None:
-    tools = [LOADTEST / "cpu_per_put.py"]
+    tools = [LOADTEST / "cpu_per_put.py", LOADTEST / "watch_swarm.py"]
+    tools += sorted((LOADTEST / "swarm").glob("*.py"))
     assert [hit for path in tools for hit in _reads_proc(path)] == []
