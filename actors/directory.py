@@ -246,7 +246,7 @@ class RayDirectory(ChannelDirectory):
 
     async def address(self, index: int) -> tuple[str, int]:
         """Where shard ``index`` listens now (it moves when Ray restarts it)."""
-        return await self._call(self.handles[index].address.remote())  # type: ignore[no-any-return]
+        return await self._call(self.handles[index].address.remote())
 
     async def _call(self, ref: Any) -> Any:
         """Await a Ray call; a dead or restarting shard becomes Unavailable."""

@@ -188,7 +188,7 @@ class ShardActor:
         handle = self._handles.get(index)
         if handle is None:
             handle = self._handles[index] = ray.get_actor(shard_name(index), namespace=NAMESPACE)
-        return await handle.execute_many.remote(target, commands)  # type: ignore[no-any-return]
+        return await handle.execute_many.remote(target, commands)
 
 
 def spawn_shards(
@@ -214,7 +214,7 @@ def spawn_shards(
         placement_options["resources"] = {resource: 1}
     handles = []
     for index in range(spec.count):
-        handle = remote.options(  # type: ignore[attr-defined]
+        handle = remote.options(
             name=shard_name(index),
             namespace=NAMESPACE,
             get_if_exists=True,

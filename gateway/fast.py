@@ -76,7 +76,7 @@ def http_date(now_ms: int) -> bytes:
     second = now_ms // 1000
     if second != _date[1]:
         _date[0], _date[1] = formatdate(second, usegmt=True).encode(), second
-    return _date[0]  # type: ignore[no-any-return]
+    return _date[0]
 
 
 class Fast:

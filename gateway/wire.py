@@ -130,12 +130,15 @@ def decode(data: bytes, type_: type[Any], *, msgpack: bool = False) -> Any:
     Raises:
         BadRequest: malformed, wrong types, unknown fields.
     """
-    cache = _msgpack_decoders if msgpack else _json_decoders
-    decoder = cache.get(type_)
-    if decoder is None:
-        decoder = cache[type_] = (msgspec.msgpack.Decoder if msgpack else msgspec.json.Decoder)(
-            type_
-        )
+    decoder: msgspec.msgpack.Decoder[Any] | msgspec.json.Decoder[Any] | None
+    if msgpack:
+        decoder = _msgpack_decoders.get(type_)
+        if decoder is None:
+            decoder = _msgpack_decoders[type_] = msgspec.msgpack.Decoder(type_)
+    else:
+        decoder = _json_decoders.get(type_)
+        if decoder is None:
+            decoder = _json_decoders[type_] = msgspec.json.Decoder(type_)
     if not data:
         data = b"\x80" if msgpack else b"{}"
     try:

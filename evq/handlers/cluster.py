@@ -110,7 +110,7 @@ class RayExecutor:
         self._handler = handler
         self._log = log or LogConfig()
         self._secret = secrets.token_hex(16)  # what a connection to a worker begins with
-        self._class = ray.remote(_Worker).options(  # type: ignore[attr-defined]
+        self._class = ray.remote(_Worker).options(
             max_restarts=0,  # a worker that died is replaced; its chunk's leases expire
             max_task_retries=0,
             **options.ray_options(),
@@ -148,7 +148,7 @@ class RayExecutor:
             WorkerLost: it died.
         """
         try:
-            return tuple(await worker.address.remote())  # type: ignore[return-value]
+            return tuple(await worker.address.remote())
         except rex.RayActorError as exc:
             if getattr(exc, "actor_init_failed", False):
                 raise TaskFailed(_first_line(exc)) from None
@@ -202,7 +202,7 @@ async def _shard_access() -> tuple[int, str] | None:
 async def _shard_address(index: int) -> tuple[str, int]:
     try:
         handle = ray.get_actor(shard_name(index), namespace=NAMESPACE)
-        return await handle.address.remote()  # type: ignore[no-any-return]
+        return await handle.address.remote()
     except (ValueError, rex.RayActorError, rex.ActorUnavailableError) as exc:
         raise Unavailable(f"shard {index} is not reachable: {type(exc).__name__}") from None
 
@@ -325,21 +325,21 @@ class HandlerRun:
 
     def ensure_running(self, timeout: float = 60.0) -> HandlerStats:
         """Make sure the runtime runs (after a restart of its actor, too); its stats."""
-        return ray.get(self.actor.ensure_running.remote(), timeout=timeout)  # type: ignore[no-any-return]
+        return ray.get(self.actor.ensure_running.remote(), timeout=timeout)
 
     def stats(self, timeout: float = 60.0) -> HandlerStats:
         """What it has done so far."""
-        return ray.get(self.actor.stats.remote(), timeout=timeout)  # type: ignore[no-any-return]
+        return ray.get(self.actor.stats.remote(), timeout=timeout)
 
     def drain(self, timeout: float | None = None) -> HandlerStats:
         """Stop taking; wait for running tasks up to ``timeout`` s (default the handler's
         ``drain_timeout``), release the rest; the final stats."""
         wait = (self.handler.options.drain_timeout if timeout is None else timeout) + 60
-        return ray.get(self.actor.drain.remote(timeout), timeout=wait)  # type: ignore[no-any-return]
+        return ray.get(self.actor.drain.remote(timeout), timeout=wait)
 
     def pid(self) -> int:
         """The actor's process id."""
-        return ray.get(self.actor.pid.remote(), timeout=60)  # type: ignore[no-any-return]
+        return ray.get(self.actor.pid.remote(), timeout=60)
 
     def kill(self) -> None:
         """End the actor at once (no drain: leases expire)."""
@@ -401,7 +401,7 @@ def start(
     _init_ray(ray_address)
     actor = (
         ray.remote(HandlerActor)
-        .options(  # type: ignore[attr-defined]
+        .options(
             num_cpus=0,
             max_restarts=-1,
             max_task_retries=-1,

@@ -158,7 +158,7 @@ class WorkerLink:
             raise WorkerLost(f"the worker answered call {reply[0]}, not {rid}")
         if reply[1] is None:
             raise TaskFailed(reply[2])
-        return reply[1]  # type: ignore[no-any-return]
+        return reply[1]
 
     async def _connect(self) -> asyncio.StreamWriter:
         if self._writer is not None and not self._writer.is_closing():
@@ -176,7 +176,7 @@ class WorkerLink:
         (size,) = _LEN.unpack(await self._reader.readexactly(4))
         if size > MAX_FRAME:
             raise ConnectionError(f"frame of {size} bytes over the limit")
-        return pickle.loads(await self._reader.readexactly(size))  # type: ignore[no-any-return]
+        return pickle.loads(await self._reader.readexactly(size))
 
     def close(self) -> None:
         """Drop the connection (a call in flight ends with WorkerLost)."""

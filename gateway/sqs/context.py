@@ -170,7 +170,7 @@ class Context:
     async def take(self, queue: str, take: cmd.Take, wait_s: float) -> list[Any]:
         """Reserve messages, waiting up to ``wait_s`` for the first. Raises: QueueError."""
         if wait_s <= 0:
-            return await self.run(queue, take)  # type: ignore[no-any-return]
+            return await self.run(queue, take)
         # The native API's long poll: one waiting call that the shard answers as soon as
         # a message is ready, bounded per gateway, cancelled with the client's connection.
         return await hot.waiting_take(self.request.app, queue, take, wait_s)

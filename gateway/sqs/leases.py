@@ -119,12 +119,15 @@ async def _change_visibility(
         if vt > 0
     ]
     statuses = [""] * len(changes)
-    for indexed, make in ((releases, cmd.Release), (touches, cmd.Touch)):
-        if indexed:
-            command = make([item for _, item in indexed], lenient)  # type: ignore[arg-type]
-            results = await ctx.run(name, command)
-            for (i, _), result in zip(indexed, results, strict=True):
-                statuses[i] = result.status
+    commands: list[tuple[list[int], cmd.Release | cmd.Touch]] = []
+    if releases:
+        commands.append(([i for i, _ in releases], cmd.Release([r for _, r in releases], lenient)))
+    if touches:
+        commands.append(([i for i, _ in touches], cmd.Touch([t for _, t in touches], lenient)))
+    for indexes, command in commands:
+        results = await ctx.run(name, command)
+        for i, result in zip(indexes, results, strict=True):
+            statuses[i] = result.status
     return statuses
 
 

@@ -122,8 +122,8 @@ def _members(parts: list[str], doc: dict[str, Any], action: str) -> None:
                 _value(parts, entry, action)
                 parts.append(f"</{value_name}></{item}>")
         elif isinstance(value, list):
-            item = _BATCH_ENTRIES.get(action, name) if name == "Successful" else None
-            item = item or _LIST_ITEMS.get(name, name)
+            entries = _BATCH_ENTRIES.get(action, name) if name == "Successful" else None
+            item = entries or _LIST_ITEMS.get(name, name)
             for entry in value:
                 parts.append(f"<{item}>")
                 _value(parts, entry, action)
