@@ -42,7 +42,7 @@ from actors.core.events import (
     QueuePurged,
 )
 from actors.core.ids import IdSource
-from actors.core.state import Message, QueueState
+from actors.core.state import QueuedMessage, QueueState
 from actors.errors import NotReady, QueueError, Unavailable
 from actors.log.shardlog import Batch, ShardLog
 from actors.log.snapshots import encode_state, prune_legacy, prune_snapshots, write_snapshot
@@ -61,7 +61,7 @@ log = logging.getLogger(__name__)
 RELOAD_WAIT_S = 5.0
 
 # Hands dead letters of a queue to its dead-letter queue; must be idempotent per message.
-DeadLetterRouter = Callable[[str, str, list[Message]], Awaitable[None]]
+DeadLetterRouter = Callable[[str, str, list[QueuedMessage]], Awaitable[None]]
 
 
 class QueueHost(Protocol):
@@ -74,7 +74,9 @@ class QueueHost(Protocol):
     wal: ShardLog  # the shard's log now (a new one after each reload)
     log_ready: asyncio.Event  # clear while the shard reloads its log after a failed write
 
-    async def route_dead_letters(self, source: str, target: str, letters: list[Message]) -> None:
+    async def route_dead_letters(
+        self, source: str, target: str, letters: list[QueuedMessage]
+    ) -> None:
         """Put dead letters into ``target`` idempotently. Raises: QueueError."""
         ...
 

@@ -35,7 +35,7 @@ from actors.clock import Clock, SystemClock
 from actors.core import commands as cmd
 from actors.core import replies as rp
 from actors.core.ids import IdSource
-from actors.core.state import Message, QueueState
+from actors.core.state import QueuedMessage, QueueState
 from actors.errors import (
     Fenced,
     NotReady,
@@ -743,7 +743,9 @@ class QueueShard:
 
     # ---------------------------------------------------------------- dead letters
 
-    async def route_dead_letters(self, source: str, target: str, letters: list[Message]) -> None:
+    async def route_dead_letters(
+        self, source: str, target: str, letters: list[QueuedMessage]
+    ) -> None:
         """Put dead letters into ``target``, idempotently (a retry finds them there)."""
         await self.redeliver(target, [_redelivery(source, m) for m in letters])
 
@@ -882,7 +884,7 @@ def resident_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def _redelivery(source: str, m: Message) -> cmd.NewMessage:
+def _redelivery(source: str, m: QueuedMessage) -> cmd.NewMessage:
     """The dead-letter copy of ``m``: the same id (see ``Put.redelivery``), body, attributes
     and group, plus where and when it came from (``evq.source_queue``, ``evq.source_id``,
     ``evq.sent_at``: when it was first put, kept over further moves); an idempotency key so

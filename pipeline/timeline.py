@@ -41,7 +41,7 @@ from actors.core import events as ev
 from actors.core.decide import decide
 from actors.core.ids import SequentialIds
 from actors.core.snapshot import Snapshot
-from actors.core.state import DEAD, DELAYED, READY, RESERVED, Message, QueueState
+from actors.core.state import DEAD, DELAYED, READY, RESERVED, QueuedMessage, QueueState
 from actors.log import keys
 from actors.log.replay import Discarded
 from pipeline.rows import Rows
@@ -241,21 +241,21 @@ class Timeline:
 
     # ---------------------------------------------------------------- transitions
 
-    def made_available(self, m: Message) -> None:
+    def made_available(self, m: QueuedMessage) -> None:
         """The engine makes a message ready."""
         self.activity(m.activate_at_ms)
 
-    def lease_expired(self, m: Message) -> None:
+    def lease_expired(self, m: QueuedMessage) -> None:
         """The engine ends a lease at its deadline."""
         self._row("lease_expired", m, m.deadline_ms, seq=None)
         self.activity(m.deadline_ms)
 
-    def retention_expired(self, m: Message, at_ms: int) -> None:
+    def retention_expired(self, m: QueuedMessage, at_ms: int) -> None:
         """The engine removes a message past retention."""
         self._row("retention_expired", m, at_ms, seq=None, state=_STATE_NAMES.get(m.state))
         self.activity(at_ms)
 
-    def dead_lettered(self, m: Message, lease_deadline_ms: int) -> None:
+    def dead_lettered(self, m: QueuedMessage, lease_deadline_ms: int) -> None:
         """The engine moves a message to the outbox (dead-letter queue next), because its
         last lease ran out at ``lease_deadline_ms`` (0: because it was released)."""
         by_lease = lease_deadline_ms > 0
@@ -263,7 +263,7 @@ class Timeline:
         seq = None if by_lease else self.seq
         self._row("dead_lettered", m, at, seq=seq, state="lease" if by_lease else "release")
 
-    def _row(self, kind: str, m: Message, at_ms: int, **extra: Any) -> None:
+    def _row(self, kind: str, m: QueuedMessage, at_ms: int, **extra: Any) -> None:
         attributes = m.attributes
         source_queue = source_id = None
         if attributes:
@@ -298,7 +298,7 @@ class Timeline:
 
     # ---------------------------------------------------------------- events
 
-    def _in_state(self, kind: str, ids: list[ev.MessageId], state: int) -> list[Message]:
+    def _in_state(self, kind: str, ids: list[ev.MessageId], state: int) -> list[QueuedMessage]:
         """The messages an event names that are in ``state``; the others are orphans."""
         found = []
         messages = self.state.messages
@@ -414,7 +414,7 @@ def damage_rows(out: TimelineRows, queue: str | None, discarded: list[Discarded]
         )
 
 
-def _by_arrival(state: QueueState) -> dict[int, Message]:
+def _by_arrival(state: QueueState) -> dict[int, QueuedMessage]:
     return {m.seq: m for m in [*state.messages.values(), *state.outbox.values()]}
 
 

@@ -37,7 +37,7 @@ import heapq
 import re
 from collections.abc import Callable
 
-from actors.core.state import DELAYED, READY, RESERVED, Message, QueueState
+from actors.core.state import DELAYED, READY, RESERVED, QueuedMessage, QueueState
 from actors.errors import BadRequest
 from actors.settings import MAX_BATCH
 
@@ -50,7 +50,7 @@ SCAN_RATIO = 24
 STATES = {"ready": READY, "delayed": DELAYED, "reserved": RESERVED}
 
 Key = tuple[int, int]
-_HEAPS: dict[int, Callable[[QueueState], list[tuple[int, int, Message]]]] = {
+_HEAPS: dict[int, Callable[[QueueState], list[tuple[int, int, QueuedMessage]]]] = {
     READY: lambda s: s.ready,
     DELAYED: lambda s: s.delayed,
     RESERVED: lambda s: s.reserved,
@@ -61,7 +61,7 @@ _CURSOR = re.compile(r"(ready|delayed|reserved)\.(\d{1,19})\.(\d{1,19})")
 
 def page(
     state: QueueState, which: object, limit: object, after: object
-) -> tuple[list[Message], str | None]:
+) -> tuple[list[QueuedMessage], str | None]:
     """The messages in state ``which`` after cursor ``after``, up to ``limit`` (and
     :data:`PAGE_BYTES`), in the state's order; and the cursor of the next page (None: no
     message follows now).
@@ -76,7 +76,7 @@ def page(
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_BATCH:
         raise BadRequest(f"limit must be 1-{MAX_BATCH}")
     start = _parse(after, str(which))
-    found: list[Message] = []
+    found: list[QueuedMessage] = []
     size = 0
     for m in _ordered(state, code, start, limit + 1):
         if len(found) == limit or (found and size + len(m.body) > PAGE_BYTES):
@@ -86,13 +86,13 @@ def page(
     return found, None
 
 
-def cursor_of(m: Message) -> str:
+def cursor_of(m: QueuedMessage) -> str:
     """The cursor after message ``m`` in the listing of its state."""
     name = "reserved" if m.state == RESERVED else "ready" if m.state == READY else "delayed"
     return f"{name}.{_key(m)[0]}.{m.seq}"
 
 
-def _key(m: Message) -> Key:
+def _key(m: QueuedMessage) -> Key:
     return (m.deadline_ms if m.state == RESERVED else m.activate_at_ms, m.seq)
 
 
@@ -112,7 +112,7 @@ def _parse(after: object, which: str) -> Key | None:
     return int(found.group(2)), int(found.group(3))
 
 
-def _ordered(state: QueueState, code: int, after: Key | None, want: int) -> list[Message]:
+def _ordered(state: QueueState, code: int, after: Key | None, want: int) -> list[QueuedMessage]:
     """The first ``want`` messages in state ``code`` with a key greater than ``after``, in
     key order: from the state's heap while few entries lie before the cursor, else (deep in
     a long heap, or a FIFO queue's ready messages) from a scan of every message."""
@@ -131,8 +131,8 @@ def walk_budget(state: QueueState, want: int) -> int:
 
 
 def _walk(
-    heap: list[tuple[int, int, Message]], code: int, after: Key | None, want: int, budget: int
-) -> list[Message] | None:
+    heap: list[tuple[int, int, QueuedMessage]], code: int, after: Key | None, want: int, budget: int
+) -> list[QueuedMessage] | None:
     """The first ``want`` valid entries of a lazy heap past ``after``, in key order, each
     message once; None when that takes more than ``budget`` steps.
 
@@ -140,7 +140,7 @@ def _walk(
     so a frontier of (key, index) yields the heap in order without changing it. Entries up
     to ``after`` are passed over (their children may lie past it); an entry is valid while
     its message is in ``code`` with that time (see state.py: heaps are lazy)."""
-    found: list[Message] = []
+    found: list[QueuedMessage] = []
     if not heap:
         return found
     reserved = code == RESERVED
@@ -165,7 +165,7 @@ def _walk(
     return found
 
 
-def _scan(state: QueueState, code: int, after: Key | None, want: int) -> list[Message]:
+def _scan(state: QueueState, code: int, after: Key | None, want: int) -> list[QueuedMessage]:
     """The first ``want`` messages in state ``code`` past ``after``, by a scan of them all."""
     if code == RESERVED:
         keyed = ((m.deadline_ms, m.seq, m) for m in state.messages.values() if m.state == code)

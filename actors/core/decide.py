@@ -23,7 +23,7 @@ from actors.core import commands as cmd
 from actors.core import events as ev
 from actors.core import replies as rp
 from actors.core.ids import IdSource
-from actors.core.state import GONE, READY, RESERVED, STATE_NAMES, Message, QueueState
+from actors.core.state import GONE, READY, RESERVED, STATE_NAMES, QueuedMessage, QueueState
 from actors.errors import (
     BadRequest,
     Conflict,
@@ -374,7 +374,7 @@ def _take(
     return [event], deliveries
 
 
-def _peek_ready(state: QueueState, limit: int, consume: bool = False) -> list[Message]:
+def _peek_ready(state: QueueState, limit: int, consume: bool = False) -> list[QueuedMessage]:
     """The next ``limit`` messages ``take`` would hand out, in order: fewer when their bodies
     would pass :data:`MAX_TAKE_BYTES` (always at least one).
 
@@ -382,8 +382,8 @@ def _peek_ready(state: QueueState, limit: int, consume: bool = False) -> list[Me
     messages at once, and their entries are not put back."""
     heap = state.ready
     pop = heapq.heappop
-    popped: list[tuple[int, int, Message]] = []
-    picked: list[Message] = []
+    popped: list[tuple[int, int, QueuedMessage]] = []
+    picked: list[QueuedMessage] = []
     seen: set[int] = set()
     fifo = state.settings.fifo
     size = 0
@@ -412,7 +412,12 @@ def _peek_ready(state: QueueState, limit: int, consume: bool = False) -> list[Me
 
 
 def _run_of_group(
-    state: QueueState, head: Message, limit: int, picked: list[Message], seen: set[int], size: int
+    state: QueueState,
+    head: QueuedMessage,
+    limit: int,
+    picked: list[QueuedMessage],
+    seen: set[int],
+    size: int,
 ) -> int:
     """After a FIFO group's ``head``, the ready messages that follow it in the group, in
     order, up to ``limit`` in all (as SQS hands out several messages of one group in a
@@ -455,7 +460,7 @@ def _peek_ready_cmd(state: QueueState, c: cmd.PeekReady, now: int, ids: IdSource
 # ------------------------------------------------------------------ leases
 
 
-def _lookup(state: QueueState, mid: object) -> Message | None:
+def _lookup(state: QueueState, mid: object) -> QueuedMessage | None:
     """The live message with API id ``mid`` (a string), or None."""
     if type(mid) is not str:
         return None
@@ -467,7 +472,7 @@ def _lookup(state: QueueState, mid: object) -> Message | None:
 
 
 def _lease_status(
-    state: QueueState, m: Message | None, lease: object, lenient: bool = False
+    state: QueueState, m: QueuedMessage | None, lease: object, lenient: bool = False
 ) -> str:
     if m is None:
         return rp.NOT_FOUND
@@ -569,7 +574,7 @@ def _touch(state: QueueState, c: cmd.Touch, now: int, ids: IdSource) -> Decision
 # ------------------------------------------------------------------ single messages
 
 
-def _require(state: QueueState, mid: str, lease: str | None) -> Message:
+def _require(state: QueueState, mid: str, lease: str | None) -> QueuedMessage:
     """The message ``mid``, checking the lease if it is reserved.
 
     Raises:
@@ -602,7 +607,7 @@ def _update(state: QueueState, c: cmd.Update | cmd.Reschedule, now: int, ids: Id
     return [event], _predict_view(m, event, now)
 
 
-def _predict_view(m: Message, e: ev.MessageUpdated, now: int) -> rp.MessageView:
+def _predict_view(m: QueuedMessage, e: ev.MessageUpdated, now: int) -> rp.MessageView:
     """The view of ``m`` once ``e`` is applied."""
     if e.activate_at_ms is None:
         view = _view(m)
@@ -636,7 +641,7 @@ def _replace_body(view: rp.MessageView, body: bytes) -> rp.MessageView:
     )
 
 
-def _view(m: Message) -> rp.MessageView:
+def _view(m: QueuedMessage) -> rp.MessageView:
     return rp.MessageView(
         str(m.id),
         STATE_NAMES[m.state].value,

@@ -16,7 +16,7 @@ import msgspec
 
 from actors.core import events as ev
 from actors.core import replies as rp
-from actors.core.state import DELAYED, READY, RESERVED, Group, Message, QueueState
+from actors.core.state import DELAYED, READY, RESERVED, Group, QueuedMessage, QueueState
 from actors.errors import DataError
 from actors.settings import QueueSettings
 
@@ -43,8 +43,8 @@ class Snapshot(msgspec.Struct, array_like=True, gc=False):
     next_seq: int
     last_id: int
     counters: list[int]  # dead_lettered, expired, acked, enqueued, purged
-    messages: list[Message]
-    outbox: list[Message]
+    messages: list[QueuedMessage]
+    outbox: list[QueuedMessage]
     idem: list[tuple[str, ev.MessageId, int]]
     keys: list[tuple[str, int, Any]] = []  # watch keys of a key partition (appended field)
     move_tasks: list[rp.MoveTask] = []  # the queue's recent move tasks (appended field)
@@ -159,7 +159,7 @@ def restore(snap: Snapshot) -> QueueState:
     return s
 
 
-def _index(s: QueueState, m: Message) -> None:
+def _index(s: QueueState, m: QueuedMessage) -> None:
     """Count ``m`` and add it to its heap (FIFO ready heads are added by _index_groups)."""
     if m.state == READY:
         s.n_ready += 1
@@ -186,5 +186,5 @@ def _index_groups(s: QueueState) -> None:
             s.ready.append((head.activate_at_ms, head.seq, head))
 
 
-def _seq(m: Message) -> int:
+def _seq(m: QueuedMessage) -> int:
     return m.seq

@@ -2,7 +2,7 @@
 
 Indexes (see ``actors/core/README.md`` for the diagram):
 
-- ``messages``: id → :class:`Message`, in arrival order (never re-inserted);
+- ``messages``: id → :class:`QueuedMessage`, in arrival order (never re-inserted);
 - ``ready``: heap of ``(activate_at_ms, seq, msg)`` — what ``take`` hands out; in a FIFO queue
   only the head of each unblocked group is in it;
 - ``delayed``: heap of ``(activate_at_ms, seq, msg)`` — becomes ready by time;
@@ -41,13 +41,13 @@ __all__ = [
     "READY",
     "RESERVED",
     "Group",
-    "Message",
     "MessageState",
     "Observer",
     "QueueState",
+    "QueuedMessage",
 ]
 
-# Message.state values; small ints keep a message cheap. DEAD = in the outbox.
+# QueuedMessage.state values; small ints keep a message cheap. DEAD = in the outbox.
 DELAYED, READY, RESERVED, GONE, DEAD = 0, 1, 2, 3, 4
 
 _COMPACT_SLACK = 4096
@@ -69,8 +69,9 @@ STATE_NAMES = {
 }
 
 
-class Message(msgspec.Struct, array_like=True, gc=False):
-    """One message. Also its snapshot record: fields are only ever appended."""
+class QueuedMessage(msgspec.Struct, array_like=True, gc=False):
+    """One message as the queue's state holds it (clients see a ``replies.MessageView``).
+    Also its snapshot record: fields are only ever appended."""
 
     seq: int
     id: ev.MessageId
@@ -94,7 +95,7 @@ class Group:
     __slots__ = ("busy", "msgs")
 
     def __init__(self) -> None:
-        self.msgs: deque[Message] = deque()
+        self.msgs: deque[QueuedMessage] = deque()
         self.busy = 0
 
 
@@ -103,17 +104,17 @@ class Observer(Protocol):
     consequence of an event — for readers that narrate a log (the pipeline's timeline).
     Called synchronously; must not change the state."""
 
-    def lease_expired(self, m: Message) -> None:
+    def lease_expired(self, m: QueuedMessage) -> None:
         """``m``'s lease runs out at ``m.deadline_ms`` (called before it ends)."""
 
-    def retention_expired(self, m: Message, at_ms: int) -> None:
+    def retention_expired(self, m: QueuedMessage, at_ms: int) -> None:
         """``m`` is removed for being past retention at ``at_ms`` (called before)."""
 
-    def dead_lettered(self, m: Message, lease_deadline_ms: int) -> None:
+    def dead_lettered(self, m: QueuedMessage, lease_deadline_ms: int) -> None:
         """``m`` moved to the outbox because its last lease ran out at
         ``lease_deadline_ms`` (0: because it was released)."""
 
-    def made_available(self, m: Message) -> None:
+    def made_available(self, m: QueuedMessage) -> None:
         """``m`` became ready (at ``m.activate_at_ms``)."""
 
 
@@ -156,17 +157,17 @@ class QueueState:
         self.clock_ms = 0
         self.next_seq = 1
         self.last_id = 0
-        self.messages: dict[ev.MessageId, Message] = {}
-        self.ready: list[tuple[int, int, Message]] = []
-        self.delayed: list[tuple[int, int, Message]] = []
-        self.reserved: list[tuple[int, int, Message]] = []
-        self.arrivals: deque[Message] = deque()
-        # Keyed by ``Message.group``: decide gives every message of a FIFO queue a group,
+        self.messages: dict[ev.MessageId, QueuedMessage] = {}
+        self.ready: list[tuple[int, int, QueuedMessage]] = []
+        self.delayed: list[tuple[int, int, QueuedMessage]] = []
+        self.reserved: list[tuple[int, int, QueuedMessage]] = []
+        self.arrivals: deque[QueuedMessage] = deque()
+        # Keyed by ``QueuedMessage.group``: decide gives every message of a FIFO queue a group,
         # but apply never raises on a logged event, so a message without one has a group too.
         self.groups: dict[str | None, Group] = {}
         self.idem: dict[str, tuple[ev.MessageId, int]] = {}
         self.idem_order: deque[tuple[int, str]] = deque()
-        self.outbox: dict[int, Message] = {}  # by seq
+        self.outbox: dict[int, QueuedMessage] = {}  # by seq
         self.n_ready = self.n_delayed = self.n_reserved = 0
         self.dead_lettered = self.expired_total = self.acked_total = 0
         self.enqueued_total = self.purged_total = 0
@@ -219,7 +220,7 @@ class QueueState:
         last_id = self.last_id
         for it in e.items:
             mid = it.id
-            m = Message(
+            m = QueuedMessage(
                 seq, mid, it.body, at, it.activate_at_ms, DELAYED, 0, 0, 0, it.group, it.attributes
             )
             seq += 1
@@ -430,7 +431,7 @@ class QueueState:
         self._remove(m)
         self.expired_total += 1
 
-    def _expire_lease(self, m: Message) -> None:
+    def _expire_lease(self, m: QueuedMessage) -> None:
         deadline = m.deadline_ms
         if self.observer is not None:
             self.observer.lease_expired(m)
@@ -451,7 +452,7 @@ class QueueState:
 
     # ---------------------------------------------------------------- helpers
 
-    def _schedule(self, m: Message, activate_at_ms: int, now_ms: int) -> None:
+    def _schedule(self, m: QueuedMessage, activate_at_ms: int, now_ms: int) -> None:
         """Put a message that is in no state count back as delayed or ready."""
         m.activate_at_ms = activate_at_ms
         if activate_at_ms <= now_ms:
@@ -463,7 +464,7 @@ class QueueState:
             self.n_delayed += 1
             heapq.heappush(self.delayed, (activate_at_ms, m.seq, m))
 
-    def _make_available(self, m: Message) -> None:
+    def _make_available(self, m: QueuedMessage) -> None:
         """A message just became ready: offer it to ``take`` unless its group holds it back."""
         if self.observer is not None:
             self.observer.made_available(m)
@@ -473,7 +474,7 @@ class QueueState:
                 return
         heapq.heappush(self.ready, (m.activate_at_ms, m.seq, m))
 
-    def _end_lease(self, m: Message) -> None:
+    def _end_lease(self, m: QueuedMessage) -> None:
         """A reserved message stops being reserved (its state is set by the caller)."""
         self.n_reserved -= 1
         m.lease = 0
@@ -489,11 +490,11 @@ class QueueState:
                 if head is not None and head is not m and head.state == READY:
                     heapq.heappush(self.ready, (head.activate_at_ms, head.seq, head))
 
-    def _exhausted(self, m: Message) -> bool:
+    def _exhausted(self, m: QueuedMessage) -> bool:
         limit = self.settings.max_receives
         return limit is not None and m.receive_count >= limit
 
-    def _dead_letter(self, m: Message, lease_deadline_ms: int = 0) -> None:
+    def _dead_letter(self, m: QueuedMessage, lease_deadline_ms: int = 0) -> None:
         """Move a message whose lease just ended (no state count) to the outbox; the lease
         ran out at ``lease_deadline_ms`` (0: it was released)."""
         m.state = DEAD
@@ -505,7 +506,7 @@ class QueueState:
         if self.observer is not None:
             self.observer.dead_lettered(m, lease_deadline_ms)
 
-    def _remove(self, m: Message) -> None:
+    def _remove(self, m: QueuedMessage) -> None:
         """Delete a live message from every index."""
         if m.state == READY:
             self.n_ready -= 1
@@ -518,7 +519,7 @@ class QueueState:
         if self.settings.fifo:
             self._refresh_group(m)
 
-    def _refresh_group(self, gone: Message) -> None:
+    def _refresh_group(self, gone: QueuedMessage) -> None:
         """After ``gone`` left its group: drop the empty group, or offer a new head."""
         group = self.groups[gone.group]
         msgs = group.msgs
@@ -563,7 +564,7 @@ class QueueState:
 _ACTIVATE, _DEADLINE = 0, 1
 
 
-def _valid(entry: tuple[int, int, Message], state: int, key: int) -> bool:
+def _valid(entry: tuple[int, int, QueuedMessage], state: int, key: int) -> bool:
     m = entry[2]
     if m.state != state:
         return False
@@ -571,15 +572,15 @@ def _valid(entry: tuple[int, int, Message], state: int, key: int) -> bool:
 
 
 def _sweep(
-    heap: list[tuple[int, int, Message]], state: int, key: int
-) -> list[tuple[int, int, Message]]:
+    heap: list[tuple[int, int, QueuedMessage]], state: int, key: int
+) -> list[tuple[int, int, QueuedMessage]]:
     """The valid entries of ``heap``, one per message, as a new heap."""
     live = list({e[1]: e for e in heap if _valid(e, state, key)}.values())
     heapq.heapify(live)
     return live
 
 
-def _head(group: Group) -> Message | None:
+def _head(group: Group) -> QueuedMessage | None:
     msgs = group.msgs
     while msgs and msgs[0].state >= GONE:
         msgs.popleft()

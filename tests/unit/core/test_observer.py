@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from actors.core import events as ev
-from actors.core.state import Message, QueueState
+from actors.core.state import QueuedMessage, QueueState
 from actors.settings import QueueSettings
 
 T0 = 1_000_000
@@ -16,16 +16,16 @@ class Recorder:
         self.state = state
         self.calls: list[tuple[object, ...]] = []
 
-    def lease_expired(self, m: Message) -> None:
+    def lease_expired(self, m: QueuedMessage) -> None:
         self.calls.append(("lease_expired", m.id, m.deadline_ms, m.id in self.state.messages))
 
-    def retention_expired(self, m: Message, at_ms: int) -> None:
+    def retention_expired(self, m: QueuedMessage, at_ms: int) -> None:
         self.calls.append(("retention_expired", m.id, at_ms, m.id in self.state.messages))
 
-    def dead_lettered(self, m: Message, lease_deadline_ms: int) -> None:
+    def dead_lettered(self, m: QueuedMessage, lease_deadline_ms: int) -> None:
         self.calls.append(("dead_lettered", m.id, lease_deadline_ms, m.seq in self.state.outbox))
 
-    def made_available(self, m: Message) -> None:
+    def made_available(self, m: QueuedMessage) -> None:
         self.calls.append(("made_available", m.id, m.activate_at_ms))
 
 
