@@ -23,6 +23,7 @@ import zstandard
 
 from actors.core.events import Event
 from actors.errors import DataError
+from actors.log.codec import MAX_RECORD  # one limit for a record of either version
 
 __all__ = [
     "BLOCK_HEADER_SIZE",
@@ -55,7 +56,6 @@ BLOCK_HEADER_SIZE = _BLOCK_HEADER.size  # 32
 MAX_BLOCK = 1 << 30  # a longer block is damage (a put is at most 128 MiB of bodies)
 COMPRESS_MIN = 256  # records smaller than this stay plain
 COMPRESS_GAIN = 0.9  # keep the compressed form only if it is at most 90 % of the plain one
-MAX_RECORD = 256 * 1024 * 1024
 _ZSTD_EXT = 1  # msgpack extension type of a zstd-compressed record
 _ZSTD_LEVEL = 1
 

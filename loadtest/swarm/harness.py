@@ -14,7 +14,7 @@ from served import session_pids
 
 from .common import N_COUNTERS, log, now
 from .coordinator import Client
-from .http_client import Http, Put, timed_put
+from .http_client import Http, TimedPut, timed_put
 from .stats import dist_ms
 
 __all__ = ["Harness"]
@@ -82,7 +82,7 @@ class Harness:
             doc["whole_server_cpu_s"] = round(total_cpu_seconds(self.session()) - w, 3)
         return doc
 
-    async def put(self, key: str, i: int) -> Put:
+    async def put(self, key: str, i: int) -> TimedPut:
         return await timed_put(self.http, key, i)
 
     async def version_of(self, key: str) -> int:
@@ -93,7 +93,7 @@ class Harness:
         ``--burst-max-seconds``; the final versions, PUT rate and latency."""
         jobs = iter([(k, i) for i in range(count) for k in keys])
         final = {k: 0 for k in keys}
-        last = Put(0, 0.0, 0.0, 0.0, 0.0)
+        last = TimedPut(0, 0.0, 0.0, 0.0, 0.0)
         failed = 0
         put_s: list[float] = []
         stop_at = now() + self.args.burst_max_seconds

@@ -11,7 +11,7 @@ from typing import Any, NamedTuple
 
 from .common import now
 
-__all__ = ["Http", "Put", "timed_put"]
+__all__ = ["Http", "TimedPut", "timed_put"]
 
 
 class Http:
@@ -77,7 +77,7 @@ class Http:
         self._idle.clear()
 
 
-class Put(NamedTuple):
+class TimedPut(NamedTuple):
     """One PUT of a key: its version and when it was sent and answered."""
 
     version: int
@@ -87,8 +87,8 @@ class Put(NamedTuple):
     w_answered: float  # wall clock
 
 
-async def timed_put(http: Http, key: str, i: int) -> Put:
+async def timed_put(http: Http, key: str, i: int) -> TimedPut:
     """PUT ``{"value": {"i": i}}`` on ``key``; its version and times."""
     t_sent, w_sent = now(), time.time()
     doc = await http.json("PUT", f"/v1/keys/{key}", {"value": {"i": i}})
-    return Put(int(doc["version"]), t_sent, now(), w_sent, time.time())
+    return TimedPut(int(doc["version"]), t_sent, now(), w_sent, time.time())

@@ -19,7 +19,7 @@ from served import EvqServe
 from .common import C_ARMED, C_EVENTS, KIB, MIB, log, now
 from .coordinator import Client
 from .harness import Harness
-from .http_client import Http, Put
+from .http_client import Http, TimedPut
 from .server import fds, rss, server_processes
 from .stats import dist_ms, median
 
@@ -244,7 +244,7 @@ class Run(Harness):
             "wait", args.wait_timeout + 30, targets=targets, timeout=args.wait_timeout
         )
         cpu = self.cpu_since(mark)
-        last: Put = b.pop("last")
+        last: TimedPut = b.pop("last")
         times, stamps = _arrays(results, "times"), _arrays(results, "stamps")
         handled = dist_ms([t - last.t_answered for t in times])
         b.update(
