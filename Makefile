@@ -31,10 +31,10 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-# mypy with pyproject.toml's [tool.mypy] (strict for actors/core, actors/log, watch/ and
-# evq/__init__.py); evq/ is checked once it exists.
+# mypy with pyproject.toml's [tool.mypy] (strict for actors/core, actors/log, watch/, the
+# watch transports' hub and codec, and evq/__init__.py).
 typecheck: $(STAMP)
-	$(VENV)/bin/mypy actors gateway watch pipeline $(wildcard evq)
+	$(VENV)/bin/mypy actors gateway watch pipeline evq
 
 fmt: $(STAMP)
 	$(VENV)/bin/ruff format .

@@ -24,7 +24,7 @@ __all__ = ["AppOptions", "app_options", "make_app"]
 log = logging.getLogger(__name__)
 
 READY = web.AppKey("ready", list)  # [bool]: once every shard has recovered
-APP_OPTIONS = web.AppKey("app_options", "AppOptions")
+APP_OPTIONS = web.AppKey["AppOptions"]("app_options")
 # More conditions of readiness (e.g. the gateway worker processes listen): () -> bool
 READY_CHECKS = web.AppKey("ready_checks", list)
 

@@ -251,7 +251,7 @@ _RULES: dict[tuple[str, str], tuple[str, str]] = {
     ("PUT", "/v1/keys/{key}"): ("write", "key"),
     ("GET", "/v1/keys/{key}"): ("read", "key"),
     ("GET", "/v1/watch/{key}"): ("read", "key"),
-    ("GET", "/v1/ws"): ("read", "any"),  # each watched key is checked in gateway/watches.py
+    ("GET", "/v1/ws"): ("read", "any"),  # each watched key: gateway/watches/websocket.py
     ("GET", "/v1/status"): ("read", "any"),
     ("GET", "/metrics"): ("read", "any"),
 }

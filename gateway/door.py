@@ -76,7 +76,7 @@ def parse_head(data: bytes) -> Head | None:
 # will answer the request), or None to let aiohttp serve the connection
 Upgrade = Callable[["Doorway", Head, asyncio.Transport], "asyncio.Protocol | None"]
 # {path: Upgrade}; a path ending in "/" takes every path under it
-UPGRADES = web.AppKey("door_upgrades", dict)
+UPGRADES = web.AppKey[dict[str, Upgrade]]("door_upgrades")
 
 
 def _switch(transport: asyncio.Transport, protocol: asyncio.Protocol, data: bytes) -> None:
@@ -172,7 +172,8 @@ class Doorway:
         self.server = server
         self.app = app
         self.fast: Fast | None = app.get(FAST)  # the hot commands' fast path, if installed
-        self._upgrades: dict[str, Upgrade] = dict(app.get(UPGRADES, {}))
+        upgrades = app.get(UPGRADES)
+        self._upgrades: dict[str, Upgrade] = dict(upgrades) if upgrades else {}
         self._prefixes = [f"GET {path}".encode() for path in self._upgrades]
 
     def __call__(self) -> asyncio.Protocol:

@@ -31,6 +31,7 @@ from prometheus_client.core import (
     Metric,
 )
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from prometheus_client.registry import Collector
 
 from actors.metrics import Histogram as PlainHistogram
 from actors.metrics import QueueMetrics
@@ -88,7 +89,7 @@ class GatewayMetrics:
         return generate_latest(self.registry)
 
 
-class _Live:
+class _Live(Collector):
     """Figures read at scrape time."""
 
     def __init__(self, owner: GatewayMetrics) -> None:

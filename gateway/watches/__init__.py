@@ -13,7 +13,7 @@ from __future__ import annotations
 from aiohttp import web
 
 from gateway import limits, metrics, native
-from gateway.door import UPGRADES
+from gateway.door import UPGRADES, Upgrade
 from gateway.watches import keys, longpoll, websocket
 from gateway.watches.hub import Hub
 from gateway.watches.longpoll import PollConn, open_long_poll
@@ -67,7 +67,8 @@ def install(app: web.Application, options: WatchOptions | None = None) -> None:
     watchers = app[WATCHERS] = Watchers()
     # Watchers on aiohttp's connections have a limit of their own, not the HTTP one.
     app.setdefault(limits.EXEMPT, []).append(lambda: watchers.n - watchers.door)
-    app[UPGRADES] = {"/v1/ws": open_websocket, "/v1/watch/": open_long_poll}
+    upgrades: dict[str, Upgrade] = {"/v1/ws": open_websocket, "/v1/watch/": open_long_poll}
+    app[UPGRADES] = upgrades
     app.add_routes(routes)
     metrics.register_gauge(
         app,
