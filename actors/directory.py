@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -167,10 +168,7 @@ class ChannelDirectory:
         self, count: int, secret: str, address: Callable[[int], Awaitable[tuple[str, int]]]
     ) -> None:
         self.count = count
-        self.channels = [
-            ChannelClient(lambda i=i: address(i), secret)  # type: ignore[misc]
-            for i in range(count)
-        ]
+        self.channels = [ChannelClient(functools.partial(address, i), secret) for i in range(count)]
 
     def _channel(self, queue: str) -> ChannelClient:
         return self.channels[placement(queue, self.count)]

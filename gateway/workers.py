@@ -23,7 +23,7 @@ import logging
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any
 
 import aiohttp
@@ -63,7 +63,7 @@ def supervise(
     secret: str,
     shards: int,
     address: Callable[[int], Awaitable[tuple[str, int]]],
-    tokens: list[Token] = (),  # type: ignore[assignment]
+    tokens: Sequence[Token] = (),
 ) -> Callable[[web.Application], AsyncIterator[None]]:
     """A cleanup context for the main app: the control endpoint and N-1 worker processes."""
 

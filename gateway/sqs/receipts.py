@@ -98,8 +98,8 @@ def decode_receipt(handle: object, queue: str | None = None, key: bytes = b"") -
         raise receipt_invalid(handle)
     if queue is not None and fields.queue != queue:
         raise receipt_invalid(handle, "it belongs to another queue")
-    signed = isinstance(fields, _Signed) and bool(key)
-    if signed:
+    signed = False
+    if isinstance(fields, _Signed) and key:
         expected = _mac(key, fields.queue, fields.id, fields.lease)
-        signed = hmac.compare_digest(expected, fields.mac)  # type: ignore[union-attr]
+        signed = hmac.compare_digest(expected, fields.mac)
     return Receipt(fields.queue, fields.id, fields.lease, signed)
