@@ -7,13 +7,12 @@ folded into answers by kind and latency per operation."""
 
 from __future__ import annotations
 
-import os
 import queue as queue_mod
 from collections import Counter
 from typing import Any
 
 from overload_load import KINDS, _load_main, quantile
-from served import session_pids
+from procstat import cmdline, fd_count, rss_bytes, session_pids
 
 __all__ = [
     "EVQ_KINDS",
@@ -21,9 +20,7 @@ __all__ = [
     "Phase",
     "Sampler",
     "Totals",
-    "fd_count",
     "role",
-    "rss_mib",
 ]
 
 MIB = 1024 * 1024
@@ -37,35 +34,19 @@ def role(pid: int, server_pid: int) -> str:
     """What a process of the server's session is: gateway, worker, shard, or ray."""
     if pid == server_pid:
         return "gateway"
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            cmdline = f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
+    command = cmdline(pid)
+    if command is None:
         return "gone"
-    if cmdline.startswith("ray::ShardActor"):
+    if command.startswith("ray::ShardActor"):
         return "shard"
-    if "gateway.workers" in cmdline:
+    if "gateway.workers" in command:
         return "worker"
     return "ray"
 
 
-def rss_mib(pid: int) -> float | None:
-    try:
-        with open(f"/proc/{pid}/statm", "rb") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / MIB
-    except (OSError, ValueError, IndexError):
-        return None
-
-
-def fd_count(pid: int) -> int | None:
-    try:
-        return len(os.listdir(f"/proc/{pid}/fd"))
-    except OSError:
-        return None
-
-
 class Sampler:
-    """RSS (and fds) of every process of the server's session, once a second."""
+    """RSS (and fds) of every process of the server's session, once a second, read
+    through ``procstat``."""
 
     def __init__(self, server_pid: int, fds: bool = False) -> None:
         self.server_pid, self.fds = server_pid, fds
@@ -78,10 +59,10 @@ class Sampler:
         for pid in session_pids(self.server_pid):
             if pid not in self.roles:
                 self.roles[pid] = role(pid, self.server_pid)
-            rss = rss_mib(pid)
-            if rss is None:
+            nbytes = rss_bytes(pid)
+            if nbytes is None:
                 continue
-            now[pid] = rss
+            rss = now[pid] = nbytes / MIB
             self.rss.setdefault(pid, []).append((t, rss))
             if self.fds and (n := fd_count(pid)) is not None:
                 self.fd.setdefault(pid, []).append(n)

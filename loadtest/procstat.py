@@ -1,10 +1,11 @@
-"""A process's CPU time, resident memory and open descriptors, and the machine's busy CPU
-time, as the load tools account them: read from ``/proc`` (Linux), nothing cached.
+"""A process's CPU time, resident memory, open descriptors and command line, the processes
+of a session, and the machine's busy CPU time, as the load tools account them: read from
+``/proc`` (Linux), nothing cached.
 
 Each per-process reading returns None when the process is gone (or its entry cannot be
 read), so a caller summing over a session of processes that come and go decides what a
-missing one counts as. ``loadtest/cpu_per_put.py`` and ``loadtest/watch_swarm.py`` read
-processes only through here.
+missing one counts as. ``loadtest/cpu_per_put.py``, ``loadtest/watch_swarm.py``,
+``loadtest/overload*.py`` and ``loadtest/served.py`` read processes only through here.
 
 Imported as a sibling module (``python loadtest/<tool>.py`` puts ``loadtest/`` first on
 ``sys.path``).
@@ -12,16 +13,19 @@ Imported as a sibling module (``python loadtest/<tool>.py`` puts ``loadtest/`` f
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Iterable
 
 __all__ = [
     "CLK_TCK",
     "PAGE_SIZE",
+    "cmdline",
     "cpu_seconds",
     "fd_count",
     "machine_busy_seconds",
     "rss_bytes",
+    "session_pids",
     "total_cpu_seconds",
 ]
 
@@ -65,6 +69,26 @@ def fd_count(pid: int) -> int | None:
         return len(os.listdir(f"/proc/{pid}/fd"))
     except OSError:
         return None
+
+
+def cmdline(pid: int) -> str | None:
+    """The command line of ``pid``, each argument followed by a space ("" for a zombie or a
+    kernel thread), or None if it is gone."""
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return None
+
+
+def session_pids(sid: int) -> list[int]:
+    """The processes of session ``sid`` (one that ends while they are listed is left out)."""
+    pids = []
+    for entry in os.listdir("/proc"):
+        with contextlib.suppress(OSError, ValueError):
+            if entry.isdigit() and os.getsid(int(entry)) == sid:
+                pids.append(int(entry))
+    return pids
 
 
 def machine_busy_seconds() -> float:

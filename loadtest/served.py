@@ -3,7 +3,8 @@ directory, its output in a log file, SIGTERM at the end and SIGKILL for whatever
 session (Ray's processes) is left.
 
 The tools import this as a sibling module (``python loadtest/<tool>.py`` puts ``loadtest/``
-first on ``sys.path``).
+first on ``sys.path``). It reads processes (a session's pids, a command line) through
+``procstat``.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+import procstat
+from procstat import session_pids  # the tools import it from here too
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -76,23 +80,9 @@ def get_json(url: str, timeout: float = 5) -> Any:
         return None
 
 
-def session_pids(sid: int) -> list[int]:
-    """Processes of session ``sid``."""
-    pids = []
-    for entry in os.listdir("/proc"):
-        with contextlib.suppress(OSError, ValueError):
-            if entry.isdigit() and os.getsid(int(entry)) == sid:
-                pids.append(int(entry))
-    return pids
-
-
 def cmdline(pid: int) -> str:
     """A process's command line ("" when it is gone)."""
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            return f.read().replace(b"\0", b" ").decode(errors="replace")
-    except OSError:
-        return ""
+    return procstat.cmdline(pid) or ""
 
 
 def kill_session(sid: int) -> None:

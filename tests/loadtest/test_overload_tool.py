@@ -1,5 +1,6 @@
 """loadtest/overload.py's arithmetic, without a server: the latency histogram's quantiles,
-the RSS slope, when a recovery counts, what "10x" is, and the lean client's reply parsing.
+the RSS slope, when a recovery counts, what "10x" is, the lean client's reply parsing, and
+the sampler's reading of a session (two idle processes, through loadtest/procstat.py).
 The tool against a real server: tests/integration/test_overload.py."""
 
 from __future__ import annotations
@@ -9,13 +10,14 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import psutil
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "loadtest"))
 
 import overload
 from overload_load import Pool, bucket, quantile
-from overload_sample import MIB
+from overload_sample import MIB, Sampler, role
 from overload_soak import slope_mib_per_hour
 
 
@@ -98,3 +100,21 @@ async def test_the_client_reads_status_retry_after_and_body_across_chunks() -> N
     assert pool.open == 0
     server.close()
     await server.wait_closed()
+
+
+@pytest.mark.integration  # a subprocess
+def test_the_sampler_reads_each_process_of_the_session_in_mib_with_its_role(
+    session: tuple[int, int],
+) -> None:
+    leader, child = session
+    sampler = Sampler(leader, fds=True)
+    now = sampler.sample(1.0)
+    assert sorted(now) == sorted([leader, child])
+    assert sampler.roles == {leader: "gateway", child: "ray"}  # the server, then by cmdline
+    for pid, mib in now.items():
+        process = psutil.Process(pid)
+        assert mib == pytest.approx(process.memory_info().rss / MIB, rel=0.05)
+        assert sampler.rss[pid] == [(1.0, mib)]
+        assert sampler.fd[pid] == [process.num_fds()]
+    assert sampler.judged() == [leader]  # Ray's own (here: anything else) only reported
+    assert role(2**22 + 1, leader) == "gone"  # above Linux's pid_max: never a process
