@@ -2,15 +2,15 @@
 
 For each of ``--profile-kinds``, plain and then under tracemalloc, one at a time: start the
 server side in a fresh interpreter (``watch_swarm.py --profile-server``, ``swarm.memprof_server``),
-hold ``-n`` watchers on it from the swarm's client processes, ask it for the difference, and
-print the breakdowns (:func:`profile_table`) and the JSON.
+wait for it (its control port, and the gateway's ``/readyz``), hold ``-n`` watchers on it from
+the swarm's client processes, ask it for the difference, and print the breakdowns
+(:func:`profile_table`) and the JSON.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import itertools
 import json
 import multiprocessing as mp
@@ -31,6 +31,9 @@ __all__ = ["PROFILE_KEY", "profile_memory", "profile_table"]
 
 PROFILE_KEY = "profile-key"
 ENTRY = ROOT / "loadtest" / "watch_swarm.py"  # the tool's script: --profile-server
+START_TIMEOUT_S = 60.0  # a fresh interpreter importing aiohttp (and the gateway)
+READY_TIMEOUT_S = 60.0  # the gateway's shard recovering its (empty) data directory
+POLL_S = 0.3
 
 
 def profile_memory(args: argparse.Namespace) -> int:
@@ -85,15 +88,7 @@ async def _profile_coordinate(
     for c in clients:
         c.listen(loop)
     http = Http(args.host, args.control_port)
-    t_end = now() + 60
-    while True:  # the server is up
-        if server.poll() is not None or now() > t_end:
-            raise RuntimeError("the profile server did not start")
-        with contextlib.suppress(OSError, ConnectionError, asyncio.IncompleteReadError):
-            status, _ = await http.request("GET", "/_profile/gc")
-            if status == 200:
-                break
-        await asyncio.sleep(0.3)
+    await _await_server(args, http, server)
     puts = args.profile_puts if args.profile_kind == "gateway" and not args.profile_trace else 0
     before: list[dict[str, Any]] = []
     if puts:
@@ -120,6 +115,52 @@ async def _profile_coordinate(
     await asyncio.gather(*(c.call("close", 30) for c in clients))
     http.close()
     return doc
+
+
+async def _await_server(
+    args: argparse.Namespace,
+    ctl: Http,
+    server: subprocess.Popen[bytes],
+    ready_timeout_s: float = READY_TIMEOUT_S,
+) -> None:
+    """Wait until the profile server answers on its control port and, for the gateway, until
+    its ``/readyz`` answers 200: its shard has recovered. The control port answers first, and
+    a PUT before the shard has recovered is a 503 ("shard 0 is still recovering").
+
+    Raises: RuntimeError (the server exited, or was not there in time)."""
+    started = "the profile server did not start"
+    await _await_200(ctl, "/_profile/gc", server, START_TIMEOUT_S, started)
+    if args.profile_kind != "gateway":
+        return  # lean and bare serve only WebSockets: ready once listening
+    gateway = Http(args.host, args.port)
+    try:
+        ready = "the profile server's gateway was not ready"
+        await _await_200(gateway, "/readyz", server, ready_timeout_s, ready)
+    finally:
+        gateway.close()
+
+
+async def _await_200(
+    http: Http, path: str, server: subprocess.Popen[bytes], timeout_s: float, failure: str
+) -> None:
+    """GET ``path`` every POLL_S until it answers 200. Raises: RuntimeError (``failure``:
+    ``server`` exited, or ``timeout_s`` passed; with the last answer)."""
+    t_end = now() + timeout_s
+    while True:
+        if server.poll() is not None:
+            raise RuntimeError(f"{failure}: it exited with {server.returncode}")
+        try:
+            answer = http.request("GET", path)
+            status, body = await asyncio.wait_for(answer, min(5, max(0.1, t_end - now())))
+        except (OSError, asyncio.IncompleteReadError) as exc:  # TimeoutError is an OSError
+            last = repr(exc)
+        else:
+            if status == 200:
+                return
+            last = f"{status} {body[:200]!r}"
+        if now() >= t_end:
+            raise RuntimeError(f"{failure} within {timeout_s:g} s (GET {path}: {last})")
+        await asyncio.sleep(POLL_S)
 
 
 async def _profile_puts(args: argparse.Namespace, ctl: Http, pid: int, n: int) -> dict[str, Any]:

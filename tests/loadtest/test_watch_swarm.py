@@ -1,22 +1,27 @@
 """loadtest/watch_swarm.py (the package loadtest/swarm/ behind a thin script) without
 ``evq serve``: the script's docstring is its ``--help``, the options are checked, a client
-process's swarm arms its watchers on the profiler's lean WebSocket server, the server's
-processes are found by their listening port, and the summary reads as a table (the tests
-that start a process or open sockets are marked ``integration``; each takes well under a
-second).
+process's swarm arms its watchers on the profiler's lean WebSocket server, the memory
+profile's PUTs wait for the gateway's ``/readyz`` (a stand-in gateway recovering), the
+server's processes are found by their listening port, and the summary reads as a table (the
+tests that start a process or open sockets are marked ``integration``; each takes well under
+a second).
 
 The tool against a real server is a documented command (loadtest/RESULTS.md), bounded by
 its own options; it is not part of the suite."""
 
 from __future__ import annotations
 
+import argparse
 import asyncio
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
+from aiohttp import web
+from aiohttp.test_utils import TestServer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "loadtest"))
 
@@ -24,6 +29,7 @@ from swarm import memprof
 from swarm.cli import parse_args
 from swarm.client import Swarm, SwarmSpec
 from swarm.common import C_ARMED, C_CONNECTED, C_FAILED, N_COUNTERS, now
+from swarm.http_client import Http
 from swarm.memprof_server import LeanWs
 from swarm.report import table
 from swarm.server import fds, rss, server_processes
@@ -91,6 +97,118 @@ async def test_a_swarm_arms_every_watcher_on_the_lean_server() -> None:
         await server.wait_closed()
     counters = result["counters"]
     assert (counters[C_CONNECTED], counters[C_ARMED], counters[C_FAILED]) == (20, 20, 0)
+
+
+class Recovering:
+    """A stand-in for the profile server: its control port answers at once; its gateway
+    answers ``/readyz`` 503 until asked ``polls`` times, and a PUT 503 until then, as a
+    gateway whose shard is still recovering does."""
+
+    def __init__(self, polls: int) -> None:
+        self.polls, self.asked, self.versions = polls, 0, 0
+
+    @property
+    def ready(self) -> bool:
+        return self.asked >= self.polls
+
+    async def gc(self, request: web.Request) -> web.Response:
+        return web.json_response([0, 0, 0])
+
+    async def readyz(self, request: web.Request) -> web.Response:
+        self.asked += 1
+        if self.ready:
+            return web.json_response({"status": "ready"})
+        return web.json_response({"status": "recovering"}, status=503)
+
+    async def put(self, request: web.Request) -> web.Response:
+        if not self.ready:
+            return web.json_response({"message": "shard 0 is still recovering"}, status=503)
+        self.versions += 1
+        return web.json_response({"version": self.versions})
+
+    def apps(self) -> tuple[web.Application, web.Application]:
+        control, gateway = web.Application(), web.Application()
+        control.router.add_get("/_profile/gc", self.gc)
+        gateway.router.add_get("/readyz", self.readyz)
+        gateway.router.add_put("/v1/keys/{key}", self.put)
+        return control, gateway
+
+
+Serve = Callable[[web.Application], Awaitable[TestServer]]
+
+
+@pytest.fixture
+def idle_process() -> Iterator[subprocess.Popen[bytes]]:
+    """A live process standing for the profile server's (its pid, its exit status)."""
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=-1)
+    yield proc
+    assert proc.stdin is not None
+    proc.stdin.close()
+    proc.wait(10)
+
+
+async def _profile_args(fake: Recovering, serve: Serve, kind: str) -> argparse.Namespace:
+    control, gateway = fake.apps()
+    ctl, gw = await serve(control), await serve(gateway)
+    return argparse.Namespace(
+        host="127.0.0.1", port=gw.port, control_port=ctl.port, profile_kind=kind
+    )
+
+
+@pytest.mark.integration  # a subprocess or sockets
+async def test_the_profiles_puts_wait_until_the_gateway_has_recovered(
+    aiohttp_server: Any, idle_process: subprocess.Popen[bytes]
+) -> None:
+    fake = Recovering(polls=2)
+    args = await _profile_args(fake, aiohttp_server, "gateway")
+    ctl = Http(args.host, args.control_port)
+    await memprof._await_server(args, ctl, idle_process)
+    run = await memprof._profile_puts(args, ctl, idle_process.pid, 32)  # a 503 would raise
+    assert (fake.versions, run["gc_collections"]) == (32, [0, 0, 0])
+    assert fake.asked == 2  # a 503, then a 200
+    ctl.close()
+
+
+@pytest.mark.integration  # a subprocess or sockets
+async def test_a_gateway_that_never_recovers_is_a_clear_error(
+    aiohttp_server: Any, idle_process: subprocess.Popen[bytes]
+) -> None:
+    args = await _profile_args(Recovering(polls=10**9), aiohttp_server, "gateway")
+    ctl = Http(args.host, args.control_port)
+    with pytest.raises(RuntimeError, match=r"gateway was not ready within 0\.5 s") as exc:
+        await memprof._await_server(args, ctl, idle_process, ready_timeout_s=0.5)
+    assert "GET /readyz: 503" in str(exc.value)
+    assert "recovering" in str(exc.value)
+    ctl.close()
+
+
+@pytest.mark.integration  # a subprocess or sockets
+async def test_only_the_gateway_has_a_readiness_to_wait_for(
+    aiohttp_server: Any, idle_process: subprocess.Popen[bytes]
+) -> None:
+    fake = Recovering(polls=10**9)
+    args = await _profile_args(fake, aiohttp_server, "bare")
+    ctl = Http(args.host, args.control_port)
+    await memprof._await_server(args, ctl, idle_process, ready_timeout_s=0.5)
+    assert fake.asked == 0
+    ctl.close()
+
+
+@pytest.fixture
+def exited_process() -> subprocess.Popen[bytes]:
+    """A process that has exited with 3 (a profile server that failed)."""
+    proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    proc.wait(10)
+    return proc
+
+
+@pytest.mark.integration  # a subprocess or sockets
+async def test_a_profile_server_that_exited_is_a_clear_error(
+    aiohttp_server: Any, exited_process: subprocess.Popen[bytes]
+) -> None:
+    args = await _profile_args(Recovering(polls=1), aiohttp_server, "gateway")
+    with pytest.raises(RuntimeError, match="did not start: it exited with 3"):
+        await memprof._await_server(args, Http(args.host, args.control_port), exited_process)
 
 
 @pytest.fixture
