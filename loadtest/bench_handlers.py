@@ -26,6 +26,7 @@ import argparse
 import contextlib
 import json
 import os
+import secrets
 import statistics
 import sys
 import tempfile
@@ -42,7 +43,7 @@ import ray
 
 from evq.client import Client
 from evq.handlers import Handler, HandlerOptions, Job, start
-from tests.integration.server import Server
+from tests.integration.server import Server, server_env
 
 
 def noop(message: Job) -> None:
@@ -171,7 +172,11 @@ def main() -> None:
     )
     results = []
     with tempfile.TemporaryDirectory() as tmp:
-        server = Server(Path(tmp) / "data", "--ray-address", ray.get_runtime_context().gcs_address)
+        server = Server(
+            Path(tmp) / "data",
+            *("--ray-address", ray.get_runtime_context().gcs_address),
+            env=server_env(EVQ_CLUSTER_SECRET=secrets.token_hex(16)),  # joining needs one
+        )
         server.start()
         try:
             for n in range(args.runs):
