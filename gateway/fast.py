@@ -11,8 +11,11 @@ back to the door with every byte not yet consumed, and from there to aiohttp (or
 every other route and every error of those stays aiohttp's.
 
 One request is served at a time per connection: a pipelining client's next request waits in
-the buffer until the reply before it is written, so replies keep their order. A client that
-hangs up cancels its request (a waiting take must not reserve a message for nobody).
+the buffer until the reply before it is written, so replies keep their order. While a
+request is served, the connection stops reading once ``PIPELINE_BUFFER`` bytes wait behind
+it (TCP then holds the client back), and reads again once they are served: a client that
+pipelines without reading its replies cannot make the gateway hold more than that. A client
+that hangs up cancels its request (a waiting take must not reserve a message for nobody).
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ log = logging.getLogger(__name__)
 
 PREFIX = b"POST /v1/queues/"  # what a fast connection's first request starts with
 HEAD_LIMIT = 8192  # a longer head is aiohttp's to refuse
+PIPELINE_BUFFER = 256 * 1024  # bytes read ahead of the request being served, at most
 _PATH = re.compile(rb"/v1/queues/([A-Za-z0-9_.-]{1,100})/(messages|take|ack|release|touch)")
 # Each verb's route as aiohttp names it (metrics and auth rules), built once.
 _ROUTE = {verb: f"/v1/queues/{{name}}/{verb}" for verb in VERBS}
@@ -140,6 +144,7 @@ class FastHttp(asyncio.Protocol):
         self.buf = bytearray()
         self.task: asyncio.Task[None] | None = None
         self.closing = False
+        self.paused = False  # reading paused: PIPELINE_BUFFER bytes wait behind a request
 
     # ---------------------------------------------------------------- the connection
 
@@ -151,6 +156,21 @@ class FastHttp(asyncio.Protocol):
         self.buf += data
         if self.task is None:
             self._next()
+        self._flow()
+
+    def _flow(self) -> None:
+        """Read while no request is served (the one in the buffer may still be coming) or
+        while less than ``PIPELINE_BUFFER`` waits behind the one served; else pause."""
+        transport = self.transport
+        if transport is None:
+            return
+        full = self.task is not None and len(self.buf) >= PIPELINE_BUFFER
+        if full != self.paused:
+            self.paused = full
+            if full:
+                transport.pause_reading()
+            else:
+                transport.resume_reading()
 
     def eof_received(self) -> bool:
         return False  # the client hung up: close, and cancel its request (as aiohttp does)
@@ -229,6 +249,9 @@ class FastHttp(asyncio.Protocol):
         every byte not consumed yet."""
         transport, self.transport = self.transport, None
         self.app[limits.FAST_CONNECTIONS].discard(self)
+        if transport is not None and self.paused:
+            self.paused = False
+            transport.resume_reading()  # aiohttp reads from here on
         if transport is not None and not transport.is_closing():
             data, self.buf = bytes(self.buf), bytearray()
             self.doorway.reopen(transport, data, fast=False)
@@ -249,6 +272,7 @@ class FastHttp(asyncio.Protocol):
         self.app[METRICS].observe(_ROUTE[verb], "POST", status, time.perf_counter() - started)
         if self.transport is not None and not self.closing:
             self._next()
+            self._flow()
 
     async def _answer(
         self, queue: str, verb: str, head: _Head, body: bytes, msgpack: bool, binary: bool

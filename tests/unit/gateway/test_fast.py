@@ -23,7 +23,7 @@ from actors.log.store import LocalDirStore
 from gateway import limits
 from gateway.app import AppOptions
 from gateway.auth import Token
-from gateway.fast import FastHttp
+from gateway.fast import PIPELINE_BUFFER, FastHttp
 from gateway.hot import WAITING_TAKES
 from gateway.limits import FAST_CONNECTIONS, IN_FLIGHT
 from tests.unit.gateway.conftest import JSON, MSGPACK, Api, GatedStore, Serve, until
@@ -329,6 +329,33 @@ async def test_nothing_pipelined_after_connection_close_is_served(
     assert len(last.doc["messages"]) == 4
     assert await conn.closed()
     assert (await api.stats("q"))["enqueued"] == 4
+
+
+async def test_a_client_pipelining_without_reading_cannot_fill_the_gateways_memory(
+    api: Api, connect: Connect
+) -> None:
+    # While a take waits, the client pipelines 16 MiB of puts and reads nothing: the gateway
+    # stops reading at PIPELINE_BUFFER (TCP holds the rest back), then serves every put, in
+    # order, once the take is answered.
+    await api.create("q")
+    conn = await connect(api)
+    body = "x" * (64 * 1024)
+    puts = [put("q", body) for _ in range(256)]
+    conn.send(take("q", 1, wait=1.0), *puts)
+    await until(lambda: server_side(api, conn) is not None)
+    fast = server_side(api, conn)
+    assert fast is not None
+    await until(lambda: fast.paused)
+    await asyncio.sleep(0.2)  # what the kernel still had for it has arrived by now
+    assert fast.task is not None  # still the take
+    assert len(fast.buf) < PIPELINE_BUFFER + 256 * 1024  # + one read of the transport
+    took = await conn.reply()
+    assert ok(took)["messages"] == []
+    answers = [await conn.reply() for _ in puts]
+    assert all(len(ok(a)["results"]) == 1 for a in answers)
+    assert not fast.paused
+    assert (await api.stats("q"))["enqueued"] == len(puts)
+    conn.close()
 
 
 # ------------------------------------------------------------------ formats, errors
