@@ -17,7 +17,6 @@ from pathlib import Path
 from actors.channel import IN_FLIGHT_PER_CONNECTION
 from actors.core import commands as cmd
 from actors.errors import Overloaded
-from actors.log.store import LocalDirStore
 from actors.settings import QueueSettings
 from actors.shard import MemoryBudget, QueueShard, _malloc_trim, resident_bytes
 
@@ -66,27 +65,22 @@ def test_no_budget_is_never_over() -> None:
     assert not MemoryBudget(None).over()
 
 
-async def test_puts_let_in_between_two_readings_count_against_the_budget(tmp_path: Path) -> None:
+async def test_puts_let_in_between_two_readings_count_against_the_budget(
+    budgeted_shard: QueueShard,
+) -> None:
     # RSS is read at most every 200 ms, and a batch from the gateway carries up to 1000
     # puts: decided together, they all went in on one reading under the budget (found by
     # loadtest/overload.py: shards 18 % past a 250 MiB budget). Now each put let in counts
     # until the next reading, so a batch stops at the budget.
-    store = LocalDirStore(tmp_path)
-    shard = QueueShard(0, 1, store, memory_budget_bytes=1 << 40)
-    await shard.start()
-    try:
-        await shard.create("q", QueueSettings(), [])
-        body = b"x" * MIB
-        puts = [cmd.Put([cmd.NewMessage(body=body)]) for _ in range(64)]
-        shard.memory.budget = resident_bytes() + 16 * MIB
-        shard.memory._checked = 0.0
-        results = await shard.execute_many("q", puts)
-        refused = [r for r in results if isinstance(r, Overloaded)]
-        assert len(results) - len(refused) <= 16, len(refused)
-        assert len(refused) >= 48
-    finally:
-        await shard.close()
-        await store.close()
+    shard = budgeted_shard
+    body = b"x" * MIB
+    puts = [cmd.Put([cmd.NewMessage(body=body)]) for _ in range(64)]
+    shard.memory.budget = resident_bytes() + 16 * MIB
+    shard.memory._checked = 0.0
+    results = await shard.execute_many("q", puts)
+    refused = [r for r in results if isinstance(r, Overloaded)]
+    assert len(results) - len(refused) <= 16, len(refused)
+    assert len(refused) >= 48
 
 
 def test_a_shard_just_under_its_budget_with_freed_memory_kept_lets_puts_in() -> None:
@@ -120,38 +114,31 @@ def test_a_shard_just_under_its_budget_with_freed_memory_kept_lets_puts_in() -> 
 
 
 async def test_room_for_each_queues_next_snapshot_counts_against_the_budget(
-    tmp_path: Path,
+    budgeted_shard: QueueShard,
 ) -> None:
     # Found by loadtest/overload.py: shards 17-20 % past the budget while consumers drained
     # a backlog, when a queue wrote a snapshot (then encoded whole, and decompressed again
     # to check it). A snapshot is now written in parts, and the budget keeps room for twice
     # the last snapshot object of each queue.
-    store = LocalDirStore(tmp_path)
-    shard = QueueShard(0, 1, store, memory_budget_bytes=1 << 40)
-    await shard.start()
-    try:
-        await shard.create("q", QueueSettings(), [])
-        bodies = [os.urandom(1000) for _ in range(16_000)]  # incompressible: kept plain
-        puts = [
-            cmd.Put([cmd.NewMessage(body=b) for b in bodies[i : i + 1000]])
-            for i in range(0, 16_000, 1000)
-        ]
-        assert not any(isinstance(r, Exception) for r in await shard.execute_many("q", puts))
-        assert await shard.queues["q"].snapshot() is not None
-        written = shard.queues["q"].snapshot_bytes
-        assert written > 16_000_000
-        one = [cmd.Put([cmd.NewMessage(body=b"x")])]
-        _malloc_trim()
-        shard.memory.budget = resident_bytes() + written  # room for one copy, not two
-        shard.memory._checked = 0.0
-        assert isinstance((await shard.execute_many("q", one))[0], Overloaded)
-        await shard.delete("q")  # its room goes with it
-        await shard.create("r", QueueSettings(), [])
-        shard.memory._checked = 0.0
-        assert not isinstance((await shard.execute_many("r", one))[0], Exception)
-    finally:
-        await shard.close()
-        await store.close()
+    shard = budgeted_shard
+    bodies = [os.urandom(1000) for _ in range(16_000)]  # incompressible: kept plain
+    puts = [
+        cmd.Put([cmd.NewMessage(body=b) for b in bodies[i : i + 1000]])
+        for i in range(0, 16_000, 1000)
+    ]
+    assert not any(isinstance(r, Exception) for r in await shard.execute_many("q", puts))
+    assert await shard.queues["q"].snapshot() is not None
+    written = shard.queues["q"].snapshot_bytes
+    assert written > 16_000_000
+    one = [cmd.Put([cmd.NewMessage(body=b"x")])]
+    _malloc_trim()
+    shard.memory.budget = resident_bytes() + written  # room for one copy, not two
+    shard.memory._checked = 0.0
+    assert isinstance((await shard.execute_many("q", one))[0], Overloaded)
+    await shard.delete("q")  # its room goes with it
+    await shard.create("r", QueueSettings(), [])
+    shard.memory._checked = 0.0
+    assert not isinstance((await shard.execute_many("r", one))[0], Exception)
 
 
 def test_room_for_the_puts_on_their_way_in_counts_against_the_budget() -> None:

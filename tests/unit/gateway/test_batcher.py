@@ -5,14 +5,11 @@ from __future__ import annotations
 
 import asyncio
 import random
-from pathlib import Path
 
 import pytest
 
 from actors.core import commands as cmd
 from actors.errors import BadRequest, Overloaded, QueueError, Unavailable
-from actors.log.store import LocalDirStore
-from actors.settings import QueueSettings
 from actors.shard import QueueShard
 from gateway.batcher import SHED_S, Batcher, Batchers
 
@@ -174,40 +171,33 @@ async def test_batchers_carry_the_queues_of_a_shard_together_and_drop_idle_ones(
 
 
 async def test_a_shards_memory_refusal_of_a_put_stands_for_its_puts_a_moment(
-    tmp_path: Path,
+    budgeted_shard: QueueShard,
 ) -> None:
     # Found by loadtest/overload.py: under 10x overload every refused put still carried its
     # bodies to the shard, which decoded them only to refuse them (~500 MB/s), and the
     # shards crept past their budget plus the requests in flight.
-    store = LocalDirStore(tmp_path)
-    shard = QueueShard(0, 1, store, memory_budget_bytes=1 << 40)
-    await shard.start()
-    try:
-        await shard.create("q", QueueSettings(), [])
-        sent: list[object] = []
+    shard = budgeted_shard
+    sent: list[object] = []
 
-        async def send(index: int, items: list[tuple[str, object]]) -> list[object]:
-            sent.extend(c for _, c in items)
-            return [(await shard.execute_many(q, [c]))[0] for q, c in items]
+    async def send(index: int, items: list[tuple[str, object]]) -> list[object]:
+        sent.extend(c for _, c in items)
+        return [(await shard.execute_many(q, [c]))[0] for q, c in items]
 
-        batchers = Batchers(send, lambda queue: 0)
-        put = cmd.Put([cmd.NewMessage(body=b"x")])
-        assert not isinstance(await batchers.submit("q", put), Exception)
-        shard.memory.budget, shard.memory._checked = 1, 0.0  # over it from now on
-        with pytest.raises(Overloaded) as refused:
-            await batchers.submit("q", put)
-        assert len(sent) == 2
-        with pytest.raises(Overloaded) as again:  # refused in the gateway, not sent
-            await batchers.submit("q", put)
-        assert len(sent) == 2
-        assert again.value.message == refused.value.message
-        assert again.value.fields["queue"] == "q"
-        await batchers.submit("q", cmd.Take(max=1))  # other commands still go
-        assert len(sent) == 3
-        shard.memory.budget, shard.memory._checked = 1 << 40, 0.0
-        await asyncio.sleep(SHED_S)
-        assert not isinstance(await batchers.submit("q", put), Exception)  # sent, let in
-        assert len(sent) == 4
-    finally:
-        await shard.close()
-        await store.close()
+    batchers = Batchers(send, lambda queue: 0)
+    put = cmd.Put([cmd.NewMessage(body=b"x")])
+    assert not isinstance(await batchers.submit("q", put), Exception)
+    shard.memory.budget, shard.memory._checked = 1, 0.0  # over it from now on
+    with pytest.raises(Overloaded) as refused:
+        await batchers.submit("q", put)
+    assert len(sent) == 2
+    with pytest.raises(Overloaded) as again:  # refused in the gateway, not sent
+        await batchers.submit("q", put)
+    assert len(sent) == 2
+    assert again.value.message == refused.value.message
+    assert again.value.fields["queue"] == "q"
+    await batchers.submit("q", cmd.Take(max=1))  # other commands still go
+    assert len(sent) == 3
+    shard.memory.budget, shard.memory._checked = 1 << 40, 0.0
+    await asyncio.sleep(SHED_S)
+    assert not isinstance(await batchers.submit("q", put), Exception)  # sent, let in
+    assert len(sent) == 4
