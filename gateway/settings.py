@@ -48,6 +48,10 @@ class ServerSettings(msgspec.Struct, kw_only=True):
     store: str | None = None  # a URL (s3://bucket/prefix, …); overrides data
     endpoint: str | None = None  # object-store endpoint override (S3-compatible servers)
     region: str | None = None
+    # An object store's request timeout and how long a call is retried (obstore); None: the
+    # store's defaults (actors/log/obstore_store.py: 10 s and 15 s).
+    s3_request_timeout_ms: Annotated[int, msgspec.Meta(gt=0)] | None = None
+    s3_retry_timeout_ms: Annotated[int, msgspec.Meta(gt=0)] | None = None
     host: str = "127.0.0.1"
     port: int = 8700
     workers: int = 1  # gateway processes sharing the port (SO_REUSEPORT)
@@ -142,6 +146,10 @@ class ServerSettings(msgspec.Struct, kw_only=True):
             options["endpoint"] = self.endpoint
         if self.store and self.region:
             options["region"] = self.region
+        if self.store and self.s3_request_timeout_ms is not None:
+            options["request_timeout_ms"] = self.s3_request_timeout_ms
+        if self.store and self.s3_retry_timeout_ms is not None:
+            options["retry_timeout_ms"] = self.s3_retry_timeout_ms
         return options
 
     def shard_memory_bytes(self) -> int:
@@ -197,6 +205,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add("--endpoint", metavar="URL", help="object-store endpoint override")
     add("--region")
+    add(
+        "--s3-request-timeout-ms",
+        type=int,
+        metavar="MS",
+        help="an object-store request's timeout (default 10000)",
+    )
+    add(
+        "--s3-retry-timeout-ms",
+        type=int,
+        metavar="MS",
+        help="how long an object-store call is retried (default 15000)",
+    )
     add("--host", help="address to listen on (default 127.0.0.1)")
     add("--port", type=int, help="port to listen on (default 8700)")
     add(

@@ -127,3 +127,26 @@ def test_the_archive_retention_reaches_the_shards_log_settings(
     assert (log.archive, log.archive_retention_days) == (archive, days)
     with pytest.raises(BadRequest):
         load_settings(argparse.Namespace(), {"EVQ_ARCHIVE_RETENTION_DAYS": "-1"})
+
+
+def test_the_object_stores_timeouts_are_server_options(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from datetime import timedelta
+
+    from actors.log.obstore_store import s3_limits
+
+    store = ("--store", "s3://bucket/prefix")
+    assert "request_timeout_ms" not in _settings({}, *store).store_options()  # the store's
+    flags = ("--s3-request-timeout-ms", "2500", "--s3-retry-timeout-ms", "4000")
+    options = _settings({}, *store, *flags).store_options()
+    assert options == {"request_timeout_ms": 2500, "retry_timeout_ms": 4000}
+    client, retry = s3_limits({}, dict(options))
+    assert client["timeout"] == timedelta(milliseconds=2500)
+    assert retry["retry_timeout"] == timedelta(milliseconds=4000)
+    env = {"EVQ_S3_REQUEST_TIMEOUT_MS": "700", "EVQ_STORE": "s3://b/p"}
+    assert _settings(env).store_options() == {"request_timeout_ms": 700}
+    config = tmp_path / "evq.toml"
+    config.write_text('[evq]\nstore = "s3://b/p"\ns3_retry_timeout_ms = 9000\n')
+    assert _settings({}, "--config", str(config)).store_options() == {"retry_timeout_ms": 9000}
+    assert _settings({}, *flags).store_options() == {}  # a local directory has no such thing
+    with pytest.raises(BadRequest, match="s3_request_timeout_ms"):
+        _settings({}, *store, "--s3-request-timeout-ms", "0")
