@@ -103,6 +103,7 @@ class Names(msgspec.Struct, array_like=True, tag=True):
 
 class Status(msgspec.Struct, array_like=True, tag=True):
     rid: int
+    brief: bool = False  # appended: without the queues' recovery reports
 
 
 class Metrics(msgspec.Struct, array_like=True, tag=True):
@@ -279,7 +280,7 @@ class Service(Protocol):
     ) -> tuple[bool, QueueSettings]: ...
     async def delete(self, name: str) -> None: ...
     async def names(self) -> list[str]: ...
-    def status(self) -> ShardStatus: ...
+    def status(self, brief: bool = False) -> ShardStatus: ...
     async def watch_key(self, key: str, version: int) -> rp.KeyView: ...
     async def metrics(self) -> list[QueueMetrics]: ...
 
@@ -414,7 +415,7 @@ class _ServerConnection(asyncio.Protocol):
         if isinstance(request, Names):
             return [await service.names()]
         if isinstance(request, Status):
-            return [service.status()]
+            return [service.status(request.brief)]
         if isinstance(request, Metrics):
             return [await service.metrics()]
         raise _errors.BadRequest(f"unknown request {type(request).__name__}")
@@ -492,10 +493,12 @@ class ChannelClient:
         rid = next(self._rids)
         return await self._one_or_raise(rid, Names(rid))
 
-    async def status(self) -> ShardStatus:
-        """The shard's readiness. Raises: QueueError."""
+    async def status(self, brief: bool = False) -> ShardStatus:
+        """The shard's readiness (``brief``: without the queues' recovery reports).
+
+        Raises: QueueError."""
         rid = next(self._rids)
-        return await self._one_or_raise(rid, Status(rid))
+        return await self._one_or_raise(rid, Status(rid, brief))
 
     async def metrics(self) -> list[QueueMetrics]:
         """Every queue's figures. Raises: QueueError."""

@@ -73,8 +73,9 @@ class Directory(Protocol):
         """Every queue, sorted."""
         ...
 
-    async def status(self) -> list[ShardStatus]:
-        """Every shard's readiness."""
+    async def status(self, brief: bool = False) -> list[ShardStatus]:
+        """Every shard's readiness (``brief``: without each queue's recovery report, for
+        probes and scrapes)."""
         ...
 
     async def start(self) -> None:
@@ -148,8 +149,8 @@ class LocalDirectory:
             names.extend(await shard.names())
         return sorted(names)
 
-    async def status(self) -> list[ShardStatus]:
-        return [s.status() for s in self.shards]
+    async def status(self, brief: bool = False) -> list[ShardStatus]:
+        return [s.status(brief) for s in self.shards]
 
     async def start(self) -> None:
         if self._started is None:
@@ -212,8 +213,9 @@ class ChannelDirectory:
         lists = await asyncio.gather(*(c.names() for c in self.channels))
         return sorted(n for names in lists for n in names)
 
-    async def status(self) -> list[ShardStatus]:
-        results = await asyncio.gather(*(c.status() for c in self.channels), return_exceptions=True)
+    async def status(self, brief: bool = False) -> list[ShardStatus]:
+        calls = (c.status(brief) for c in self.channels)
+        results = await asyncio.gather(*calls, return_exceptions=True)
         statuses = []
         for index, result in enumerate(results):
             if isinstance(result, QueueError):

@@ -266,14 +266,15 @@ class QueueShard:
         self.queues[queue.name] = queue
         queue.start()
 
-    def status(self) -> ShardStatus:
-        """Readiness and recovery reports."""
+    def status(self, brief: bool = False) -> ShardStatus:
+        """Readiness and recovery reports (``brief``: without each queue's report, for
+        probes and scrapes: a shard of many queues has as many reports)."""
         return ShardStatus(
             self.index,
             self._ready,
             sum(1 for n, q in self.queues.items() if q.state.created and not is_partition(n)),
             self._recovering,
-            list(self.reports),
+            [] if brief else list(self.reports),
             self._failed,
             self.report,
             LogWrites(

@@ -132,10 +132,10 @@ class ShardActor:
             return f"shard {self.index} of this Ray cluster serves another store: {self.spec.store}"
         return None
 
-    async def status(self) -> ShardStatus:
-        """Readiness without waiting for it."""
+    async def status(self, brief: bool = False) -> ShardStatus:
+        """Readiness without waiting for it (``brief``: as :meth:`QueueShard.status`)."""
         self._ensure_started()
-        return self.shard.status()
+        return self.shard.status(brief)
 
     async def execute_many(self, name: str, commands: list[object]) -> list[Any]:
         """See :meth:`QueueShard.execute_many`."""

@@ -189,7 +189,7 @@ async def readyz(request: web.Request) -> web.Response:
     if not request.app[READY][0] and not all(check() for check in request.app[READY_CHECKS]):
         doc: dict[str, object] = {"status": "starting"}
         return web.json_response(doc, status=503, headers={"Retry-After": "1"})
-    statuses = await request.app[native.DIRECTORY].status()
+    statuses = await request.app[native.DIRECTORY].status(brief=True)
     failed = [s for s in statuses if s.log_failed]
     if failed:
         doc = {

@@ -321,7 +321,7 @@ async def metrics_middleware(request: web.Request, handler: Handler) -> web.Stre
 
 async def metrics_page(request: web.Request) -> web.Response:
     directory = request.app[native.DIRECTORY]
-    queues, shards = await asyncio.gather(directory.metrics(), directory.status())
+    queues, shards = await asyncio.gather(directory.metrics(), directory.status(brief=True))
     body = request.app[METRICS].render(request.app, queues, shards)
     return web.Response(body=body, headers={"Content-Type": CONTENT_TYPE_LATEST})
 

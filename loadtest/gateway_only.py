@@ -56,7 +56,7 @@ class InstantDirectory:
     async def names(self) -> list[str]:
         return []
 
-    async def status(self) -> list[ShardStatus]:
+    async def status(self, brief: bool = False) -> list[ShardStatus]:
         return [ShardStatus(0, True, 0, 0, [], {})]
 
     async def start(self) -> None:

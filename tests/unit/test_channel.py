@@ -344,3 +344,36 @@ def test_a_client_used_from_a_new_event_loop_connects_again(tmp_path: Path) -> N
         stop.set()
         thread.join(30)
         gc.collect()
+
+
+async def test_a_brief_status_leaves_out_each_queues_recovery_report(tmp_path: Path) -> None:
+    # /readyz and /metrics ask every shard on each probe and scrape: a shard of many queues
+    # has a recovery report per queue, which only the dashboard's status page shows.
+    import msgspec
+
+    from actors import channel
+
+    store = LocalDirStore(tmp_path)
+    first = QueueShard(0, 1, store)
+    await first.start()
+    for name in ("a", "b", "c"):
+        await first.create(name, QueueSettings(), [])
+    await first.close()
+    shard = QueueShard(0, 1, store)
+    await shard.start()
+    rig = Rig(shard)
+    rig.address = await rig.server.start("127.0.0.1")
+    client = rig.client()
+    try:
+        full, brief = await client.status(), await client.status(brief=True)
+        assert sorted(r.queue for r in full.reports) == ["a", "b", "c"]
+        assert brief.reports == []
+        assert (brief.ready, brief.queues, brief.log) == (full.ready, 3, full.log)
+        # A gateway of before asks with no brief field: the whole status, as it expects.
+        old = msgspec.msgpack.encode(["Status", 7])
+        assert msgspec.msgpack.decode(old, type=channel.Status) == channel.Status(7, False)
+    finally:
+        await client.close()
+        await rig.server.close()
+        await shard.close()
+        await store.close()
