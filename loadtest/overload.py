@@ -137,12 +137,8 @@ def overload(args: argparse.Namespace) -> int:
     server_args = ["--shards", str(args.shards), "--workers", str(args.workers)]
     server_args += ["--shard-memory-mb", str(args.shard_memory_mb)]
     server_args += ["--max-requests", str(args.max_requests)]
-    run = Run(args, server_args)
-    try:
+    with Run(args, server_args) as run:
         return _overload(run, args)
-    finally:
-        run.emit({"server_stop": run.stop()})
-        run.close()
 
 
 def _overload(run: Run, args: argparse.Namespace) -> int:

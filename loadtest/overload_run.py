@@ -130,3 +130,14 @@ class Run:
         if self.out_file is not None:
             self.out_file.close()
             self.out_file = None
+
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        """Stop the server (its last line says how) and close ``--out``, however the run
+        ended."""
+        try:
+            self.emit({"server_stop": self.stop()})
+        finally:
+            self.close()

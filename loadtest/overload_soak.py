@@ -21,12 +21,8 @@ def soak(args: argparse.Namespace) -> int:
     server_args += ["--max-requests", str(args.max_requests)]
     if args.shard_memory_mb:
         server_args += ["--shard-memory-mb", str(args.shard_memory_mb)]
-    run = Run(args, server_args)
-    try:
+    with Run(args, server_args) as run:
         return _soak(run, args)
-    finally:
-        run.emit({"server_stop": run.stop()})
-        run.close()
 
 
 def _soak(run: Run, args: argparse.Namespace) -> int:
