@@ -103,11 +103,16 @@ def encode_snapshot_parts(
             if size >= part_bytes or i == len(value) - 1:
                 part = value[start : i + 1]
                 # the part's own array header goes: its elements continue the whole list's
-                yield memoryview(_encoder.encode(part))[len(_array_header(len(part))) :]
+                yield memoryview(_encoder.encode(part))[_header_size(len(part)) :]
                 start, size = i + 1, 0
 
 
 _STREAMED = frozenset({"messages", "outbox"})
+
+
+def _header_size(length: int) -> int:
+    """Bytes of :func:`_array_header` for ``length`` elements."""
+    return 1 if length < 16 else 3 if length < 1 << 16 else 5
 
 
 def _array_header(length: int) -> bytes:
