@@ -1,0 +1,397 @@
+"""Deep queues (issue 22, "100 million queued messages on one machine: bodies on disk, a
+compact index in memory"): fill, measure and restart ``evq serve`` at a row of depths.
+
+It starts a fresh ``evq serve`` (its defaults; the data directory in a temporary directory
+under ``--dir``), creates ``--queues`` queues and measures the base: the RSS of every process
+of the server's session (the gateway, the shards and Ray's own) with the queues empty.
+Then, for each depth of ``--depths`` in turn, it
+
+1. fills the queues to that depth, evenly: ``--producers`` producers in ``--procs``
+   processes, ``--batch`` messages of ``--size`` random base64 characters per put, a
+   ``progress`` line every ``--progress`` s (depth, rate, the server's RSS);
+2. measures the fill rate since the previous depth; the server's RSS per message (the
+   session's RSS less the base, over the depth); the data directory's bytes per message
+   (st_blocks of its files, as du counts); ``--takes`` takes of ``--take-max`` messages
+   from one client, one at a time, each followed at once by a release of what it took (so
+   the depth stays): p50/p99 of the takes alone;
+3. with ``--restart`` (the default) stops the server (SIGTERM) and starts it again on the
+   same data directory, timing until every queue's stats count its whole share of the
+   depth; the fill goes on on the restarted server.
+
+Output: JSON lines (``run``: the machine, the commit, the command; ``base``; ``progress``;
+``depth``, one per depth; ``stopped``), then a Markdown table of the depths.
+
+The memory guard: before a fill, and every second of a fill or a restart, it projects the
+server's RSS at the next depth from the cost per message measured so far (once 100k
+messages are in) and stops when that would pass ``--max-rss-gib`` (default: 75 % of the
+machine's memory) or need more than the memory the machine has available, less 1 GiB; it
+also stops when the RSS itself passes ``--max-rss-gib``. It then says why, reports the
+depth reached and exits 3. (Exit 1: an error, e.g. the server refused puts for 60 s.)
+
+    .venv/bin/python loadtest/bench_depth.py [--depths 1M 10M] [--queues 1] [--procs 1]
+        [--producers 16] [--takes 300] [--no-restart] [--max-rss-gib G] [--dir /work]
+        [--serve-arg=--shards --serve-arg=2]
+
+The issue's runs: the defaults (1 queue, 1M then 10M: ~1.5 min, ~6 GiB), and
+``--queues 100 --depths 1M``. One producer process is enough: it uses ~15 % of a core
+while the server, at ~1 core, sets the rate (``client_cpu_pct``, ``server_cpu_pct``).
+Depths are counts, with k, M or G allowed (1M, 10M, 100M). The load side (producer
+processes, the API client, the takes) and the readings are ``loadtest/bench_depth_load.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import tempfile
+import time
+from concurrent.futures import FIRST_EXCEPTION, Future, wait
+from pathlib import Path
+from typing import Any
+
+import psutil
+from bench_depth_load import (
+    Api,
+    Filler,
+    disk_bytes,
+    plan,
+    run_info,
+    session_rss,
+    settled_rss,
+    share,
+    take_latencies,
+)
+from procstat import total_cpu_seconds
+from served import EvqServe, get_json, session_pids
+
+MIB, GIB = 2**20, 2**30
+PROJECT_FROM = 100_000  # messages in before their cost is projected (below: noise)
+HEADROOM = GIB  # what the machine keeps available whatever the projection
+STOP_TIMEOUT_S = 600.0  # SIGTERM to exit: the server finishes its writes and snapshots first
+
+
+class MemoryGuard(Exception):
+    """Going on would run the machine out of memory."""
+
+
+def emit(doc: dict[str, Any]) -> None:
+    print(json.dumps(doc), flush=True)
+
+
+def count(text: str) -> int:
+    """A number of messages: 250000, 50k, 1M, 100M."""
+    scale = {"k": 10**3, "K": 10**3, "M": 10**6, "G": 10**9}.get(text[-1:])
+    try:
+        n = round(float(text[:-1]) * scale) if scale else int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a count: {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError("a depth is 1 or more")
+    return n
+
+
+def over_memory(
+    rss: int, base: int, depth: int, target: int, limit: int, available: int
+) -> str | None:
+    """Why filling from ``depth`` to ``target`` would run the machine out of memory, or None.
+
+    ``rss``: the server's now; ``base``: its RSS empty; ``available``: the machine's."""
+    if rss > limit:
+        return f"the server's RSS, {rss / GIB:.2f} GiB, is past --max-rss-gib {limit / GIB:.1f}"
+    if depth < PROJECT_FROM:
+        return None
+    per_message = max(rss - base, 0) / depth
+    more = per_message * (target - depth)
+    if rss + more > limit:
+        return (
+            f"at {per_message:.0f} B of RSS per message, {target:,} messages would take the "
+            f"server to {(rss + more) / GIB:.1f} GiB, past --max-rss-gib {limit / GIB:.1f}"
+        )
+    if more > available - HEADROOM:
+        return (
+            f"at {per_message:.0f} B of RSS per message, {target:,} messages would need "
+            f"{more / GIB:.1f} GiB more; the machine has {available / GIB:.1f} GiB available"
+        )
+    return None
+
+
+# ------------------------------------------------------------------ the run
+
+
+class Bench:
+    """One run: the server, the producer processes, the depth reached, the rows measured."""
+
+    def __init__(self, args: argparse.Namespace, tmp: Path) -> None:
+        self.args, self.tmp, self.data = args, tmp, tmp / "data"
+        self.names = [f"depth-{i}" for i in range(args.queues)]
+        self.limit = int(args.max_rss_gib * GIB)
+        self.server: EvqServe | None = None
+        self.filler: Filler | None = None
+        self.depth = 0
+        self.base: dict[str, Any] = {}
+        self.rows: list[dict[str, Any]] = []
+
+    @property
+    def live(self) -> EvqServe:
+        assert self.server is not None
+        return self.server
+
+    def run(self) -> int:
+        """Every depth in turn; 3 when the memory guard stopped the run."""
+        self.begin()
+        try:
+            for target in self.args.depths:
+                self.rows.append(self.step(target))
+                emit({"depth": self.rows[-1]})
+        except MemoryGuard as e:
+            reached = {"reason": str(e), "depth_reached": self.depth}
+            emit({"stopped": {**reached, "depths_measured": [r["depth"] for r in self.rows]}})
+            print(f"bench_depth: stopped at depth {self.depth:,}: {e}", file=sys.stderr)
+            return 3
+        finally:
+            print(table(self.rows, self.base, self.args), flush=True)
+        return 0
+
+    def begin(self) -> None:
+        """The fresh server, its empty queues, the base, the producer processes."""
+        started = time.monotonic()
+        self.server = EvqServe(self.data, self.tmp / "serve.log", self.args.serve_arg)
+        self.live.wait_ready(self.args.start_timeout)
+        ready_s = time.monotonic() - started
+        api = Api(self.live.port)
+        for name in self.names:
+            status, doc, _ = api.call("PUT", f"/v1/queues/{name}", {})
+            if status not in (200, 201):
+                raise RuntimeError(f"creating {name} answered {status}: {doc}")
+        api.close()
+        rss = settled_rss(self.live.pid, self.args.settle)
+        self.base = {"rss_bytes": rss["total"], "processes": rss["processes"]}
+        self.base |= {"rss_mib": _mib(rss), "ready_s": round(ready_s, 2)}
+        self.base["disk_bytes"] = disk_bytes(self.data)  # the log's preallocated files
+        emit({"base": self.base})
+        self.filler = Filler(self.args.procs, self.args.producers, self.args.size)
+
+    def step(self, target: int) -> dict[str, Any]:
+        """Fill to ``target``, measure, restart: the depth's row."""
+        self.guard(target)
+        row = {"depth": target, "queues": len(self.names), **self.fill(target)}
+        row |= self.measure(target)
+        if self.args.restart:
+            row["restart"] = self.restart(target)
+        return row
+
+    def guard(self, target: int) -> None:
+        """Raises: MemoryGuard (filling to ``target`` would run the machine out of memory)."""
+        rss = session_rss(self.live.pid)["total"]
+        available = psutil.virtual_memory().available
+        why = over_memory(rss, self.base["rss_bytes"], self.depth, target, self.limit, available)
+        if why is not None:
+            raise MemoryGuard(why)
+
+    def fill(self, target: int) -> dict[str, Any]:
+        """Put the messages from the depth reached to ``target``: rate, time, CPU."""
+        assert self.filler is not None
+        start, puts = self.depth, plan(self.depth, target, len(self.names), self.args.batch)
+        pids = session_pids(self.live.pid)
+        server_cpu = total_cpu_seconds(pids)
+        started = time.monotonic()
+        futures = self.filler.start(self.live.port, self.names, puts)
+        self.watch(futures, start, target, started)
+        seconds = time.monotonic() - started
+        done = [f.result() for f in futures]  # raises a producer's error
+        self.depth = start + sum(n for n, _ in done)
+        server_cpu = total_cpu_seconds(pids) - server_cpu
+        return {
+            "fill_msgs_per_s": round((target - start) / seconds),
+            "fill_s": round(seconds, 2),
+            "client_cpu_pct": round(100 * sum(cpu for _, cpu in done) / seconds),
+            "server_cpu_pct": round(100 * server_cpu / seconds),
+        }
+
+    def watch(self, futures: list[Future], start: int, target: int, started: float) -> None:
+        """Until the producers are done: the guard every second, progress every --progress s.
+
+        Raises: MemoryGuard (then the producers are stopped and the depth is counted)."""
+        assert self.filler is not None
+        last, last_put = started, 0
+        while True:
+            done, pending = wait(futures, timeout=1.0, return_when=FIRST_EXCEPTION)
+            if not pending or any(f.exception() for f in done):
+                return
+            rss, put, now = session_rss(self.live.pid), self.filler.put, time.monotonic()
+            available = psutil.virtual_memory().available
+            base = self.base["rss_bytes"]
+            why = over_memory(rss["total"], base, start + put, target, self.limit, available)
+            if why is not None:
+                self.filler.stop.set()
+                wait(futures)
+                self.depth = self.count()
+                raise MemoryGuard(why)
+            if now - last >= self.args.progress:
+                rate = round((put - last_put) / (now - last))
+                doc = {"depth": start + put, "target": target, "msgs_per_s": rate}
+                emit({"progress": doc | {"rss_mib": _mib(rss), "s": round(now - started, 1)}})
+                last, last_put = now, put
+
+    def measure(self, target: int) -> dict[str, Any]:
+        """RSS and disk per message, and the takes, at ``target``."""
+        rss = settled_rss(self.live.pid, self.args.settle)
+        disk = disk_bytes(self.data)
+        api = Api(self.live.port)
+        try:
+            takes = take_latencies(api, self.names, self.args.takes, self.args.take_max)
+        finally:
+            api.close()
+        return {
+            "rss_per_msg": round((rss["total"] - self.base["rss_bytes"]) / target, 1),
+            "rss_mib": _mib(rss),
+            "disk_per_msg": round(disk / target, 1),
+            "disk_bytes": disk,
+            "take": takes,
+        }
+
+    def restart(self, target: int) -> dict[str, Any]:
+        """Stop the server, start it on the same data: seconds until the whole depth is back."""
+        stopped = self.live.stop(STOP_TIMEOUT_S)
+        started = time.monotonic()
+        self.server = EvqServe(self.data, self.tmp / "serve.log", self.args.serve_arg)
+        ready_s, stats = self.wait_full(target, started)
+        seconds = time.monotonic() - started
+        rss = settled_rss(self.live.pid, self.args.settle)
+        return {
+            "seconds": round(seconds, 2),
+            "ready_s": None if ready_s is None else round(ready_s, 2),
+            "stats": stats,
+            "stop": stopped,
+            "rss_per_msg_after": round((rss["total"] - self.base["rss_bytes"]) / target, 1),
+        }
+
+    def wait_full(self, target: int, started: float) -> tuple[float | None, dict[str, int]]:
+        """Poll until every queue's stats count its share of ``target``: (seconds until
+        /readyz answered, or None if the stats were first; the stats summed)."""
+        api, ready_s, next_guard = Api(self.live.port, timeout=10), None, 0.0
+        try:
+            while time.monotonic() - started < self.args.restart_timeout:
+                if self.live.proc.poll() is not None:
+                    raise RuntimeError(f"evq serve exited with {self.live.proc.returncode}")
+                if time.monotonic() >= next_guard:
+                    self.guard(self.depth)  # the RSS alone: nothing more to put
+                    next_guard = time.monotonic() + 1
+                if ready_s is None and get_json(f"{self.live.url}/readyz", 2) is not None:
+                    ready_s = time.monotonic() - started
+                stats = self._full_stats(api, target)
+                if stats is not None:
+                    return ready_s, stats
+                time.sleep(0.1)
+        finally:
+            api.close()
+        raise RuntimeError(f"the depth was not back within {self.args.restart_timeout} s")
+
+    def _full_stats(self, api: Api, target: int) -> dict[str, int] | None:
+        """The queues' stats summed once each counts its share of ``target``, else None."""
+        summed = dict.fromkeys(("total", "ready", "reserved", "delayed"), 0)
+        for index, name in enumerate(self.names):
+            stats = api.stats(name)
+            if stats is None or stats["total"] != share(target, len(self.names), index):
+                return None
+            for key in summed:
+                summed[key] += stats[key]
+        return summed
+
+    def count(self) -> int:
+        """The messages the queues hold, as their stats say."""
+        api = Api(self.live.port)
+        try:
+            return sum((api.stats(name) or {"total": 0})["total"] for name in self.names)
+        finally:
+            api.close()
+
+    def close(self) -> None:
+        if self.filler is not None:
+            self.filler.stop.set()
+        if self.server is not None:
+            self.server.stop()
+        if self.filler is not None:
+            self.filler.close()
+
+
+def _mib(rss: dict[str, int]) -> dict[str, float]:
+    return {k: round(v / MIB, 1) for k, v in rss.items() if k != "processes"}
+
+
+# ------------------------------------------------------------------ the report
+
+
+def table(rows: list[dict[str, Any]], base: dict[str, Any], args: argparse.Namespace) -> str:
+    """The depths as a Markdown table, under a line on the base."""
+    lines = [
+        f"base: {base['rss_mib']['total']:,.1f} MiB of RSS in {base['processes']} processes, "
+        f"ready in {base['ready_s']} s, {base['disk_bytes'] / MIB:,.1f} MiB on disk; "
+        f"{args.queues} queue(s), {args.producers} producers in "
+        f"{args.procs} process(es), {args.batch} messages of {args.size} B per put",
+        "",
+        "| depth | fill msg/s | RSS B/msg | disk B/msg | take p50 ms | take p99 ms "
+        "| restart s | RSS B/msg after restart |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        restart = r.get("restart") or {}
+        cells = [f"{r['depth']:,}", f"{r['fill_msgs_per_s']:,}", r["rss_per_msg"]]
+        cells += [r["disk_per_msg"], r["take"]["p50_ms"], r["take"]["p99_ms"]]
+        cells += [restart.get("seconds", "—"), restart.get("rss_per_msg_after", "—")]
+        lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    return "\n".join(lines)
+
+
+def parse(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add = p.add_argument
+    add("--depths", type=count, nargs="+", default=[10**6, 10**7], help="in all, growing")
+    add("--queues", type=int, default=1, help="the depth is spread evenly over them")
+    add("--producers", type=int, default=16)
+    add("--procs", type=int, default=1, help="producer processes")
+    add("--batch", type=int, default=1000, help="messages per put (1..1000)")
+    add("--size", type=int, default=100, help="bytes of each message's body")
+    add("--takes", type=int, default=300, help="timed takes at each depth (2 or more)")
+    add("--take-max", type=int, default=100, help="messages per take")
+    add("--restart", action=argparse.BooleanOptionalAction, default=True)
+    mem_gib = psutil.virtual_memory().total / GIB
+    add("--max-rss-gib", type=float, default=round(0.75 * mem_gib, 1), help="the server's")
+    add("--progress", type=float, default=5.0, help="seconds between progress lines")
+    add("--settle", type=float, default=1.0, help="seconds before reading the RSS")
+    add("--dir", default="/work", help="where the data directory goes (a temporary one)")
+    add("--start-timeout", type=float, default=180.0)
+    add("--restart-timeout", type=float, default=1800.0)
+    add("--serve-arg", action="append", default=[], help="one more argument for evq serve")
+    args = p.parse_args(argv)
+    if args.depths != sorted(set(args.depths)):
+        p.error("--depths must grow")
+    if args.takes < 2 or not 1 <= args.batch <= 1000 or not 1 <= args.procs <= args.producers:
+        p.error("--takes >= 2, --batch 1..1000, --procs 1..--producers")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    # SIGTERM (a test's timeout) unwinds, so the server's session is stopped on the way out.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    emit({"run": run_info(args)})
+    with tempfile.TemporaryDirectory(prefix="evq-depth-", dir=args.dir) as tmp:
+        bench = Bench(args, Path(tmp))
+        try:
+            return bench.run()
+        except Exception:
+            log = Path(tmp) / "serve.log"  # gone with the directory: its end goes to stderr
+            if log.exists():
+                print(log.read_text(errors="replace")[-3000:], file=sys.stderr)
+            raise
+        finally:
+            bench.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

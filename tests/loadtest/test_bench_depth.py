@@ -1,0 +1,114 @@
+"""loadtest/bench_depth.py (issue 22): how the puts are spread over the queues, the memory
+guard's arithmetic, and the tool end to end at a small scale against a real ``evq serve``
+(20k and 50k messages, on 1 queue and on 10, restarting at each depth): every depth reached
+exactly, and its numbers sane. The real runs (1M and 10M messages, 100 queues) are the
+commands of the tool's docstring, not part of the suite."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "loadtest"))
+
+from bench_depth import GIB, count, over_memory
+from bench_depth_load import plan, put_body, share
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPTHS = (20_000, 50_000)  # below ~10k messages the RSS they add is lost in Ray's noise
+
+
+def test_the_puts_fill_each_queue_to_its_share_round_robin() -> None:
+    assert [share(10, 3, i) for i in range(3)] == [4, 3, 3]
+    puts = plan(10, 2510, 3, 500)  # from 4, 3, 3 to 837, 837, 836
+    assert puts[:3] == [(0, 500), (1, 500), (2, 500)]
+    for index in range(3):
+        put = sum(n for i, n in puts if i == index)
+        assert put == share(2510, 3, index) - share(10, 3, index)
+    assert max(n for _, n in puts) == 500
+    assert plan(7, 7, 5, 1000) == []
+
+
+def test_a_put_body_holds_distinct_bodies_of_the_size_asked() -> None:
+    bodies = [m["body"] for m in json.loads(put_body(1000, 100))["messages"]]
+    assert len(bodies) == 1000
+    assert {len(b) for b in bodies} == {100}
+    assert len(set(bodies)) == 1000
+
+
+def test_depths_take_suffixes() -> None:
+    assert [count(x) for x in ("2000", "50k", "1M", "10M", "100M", "1.5M")] == [
+        2000,
+        50_000,
+        10**6,
+        10**7,
+        10**8,
+        1_500_000,
+    ]
+
+
+def test_the_guard_projects_the_cost_per_message_to_the_next_depth() -> None:
+    base, limit, plenty = GIB, 18 * GIB, 20 * GIB
+    at_1m = base + 500 * 10**6  # 500 B per message
+    assert over_memory(at_1m, base, 10**6, 10**7, limit, plenty) is None  # 5.9 GiB at 10M
+    why = over_memory(at_1m, base, 10**6, 10**8, limit, plenty)  # 47.5 GiB at 100M
+    assert why is not None
+    assert "500 B" in why
+    assert "--max-rss-gib 18.0" in why
+    assert "available" in str(over_memory(at_1m, base, 10**6, 10**7, limit, 4 * GIB))
+    assert over_memory(at_1m, base, 50_000, 10**8, limit, plenty) is None  # too few to project
+    assert "past" in str(over_memory(limit + 1, base, 0, 1, limit, plenty))
+
+
+def _run(tmp_path: Path, queues: int) -> tuple[subprocess.CompletedProcess[str], list[Any]]:
+    command = [
+        sys.executable, str(ROOT / "loadtest" / "bench_depth.py"),
+        "--depths", *map(str, DEPTHS), "--queues", str(queues), "--takes", "30",
+        "--settle", "0.5", "--dir", str(tmp_path),
+    ]  # fmt: skip
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = proc.communicate(timeout=150)
+    except subprocess.TimeoutExpired:
+        proc.terminate()  # the tool stops its server on SIGTERM (a kill would leave it)
+        out, err = proc.communicate(timeout=60)
+    lines = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
+    return subprocess.CompletedProcess(command, proc.returncode, out, err), lines
+
+
+@pytest.mark.integration  # starts evq serve three times: ~20 s each
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("queues", [1, 10])
+def test_the_tool_fills_measures_and_restarts_at_each_depth(tmp_path: Path, queues: int) -> None:
+    done, lines = _run(tmp_path, queues)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    run = next(x["run"] for x in lines if "run" in x)
+    assert run["machine"]["cpus"] >= 1
+    assert len(run["commit"]) == 40
+    assert "bench_depth.py --depths" in run["command"]
+    base = next(x["base"] for x in lines if "base" in x)
+    assert base["rss_bytes"] > 100 * 2**20  # the gateway, Ray and a shard at least
+
+    rows = [x["depth"] for x in lines if "depth" in x]
+    assert [r["depth"] for r in rows] == list(DEPTHS)
+    for row in rows:
+        assert row["queues"] == queues
+        assert row["fill_msgs_per_s"] > 0
+        assert 0 < row["rss_per_msg"] < 20_000, row
+        assert row["disk_per_msg"] > 50  # 100 random base64 characters a message, compressed
+        take = row["take"]
+        assert take["takes"] == 30
+        assert take["messages_per_take"] == 100
+        assert 0 < take["p50_ms"] <= take["p99_ms"] <= take["max_ms"]
+        restart = row["restart"]
+        assert restart["seconds"] > 0
+        assert restart["stop"]["exit_code"] == 0
+        stats = restart["stats"]
+        assert stats["total"] == stats["ready"] == row["depth"]  # the whole depth back
+    assert "| depth | fill msg/s |" in done.stdout
+    assert f"| {DEPTHS[-1]:,} |" in done.stdout
