@@ -51,7 +51,7 @@ from concurrent.futures import FIRST_EXCEPTION, Future, wait
 from pathlib import Path
 from typing import Any
 
-import psutil
+import procstat
 from bench_depth_load import (
     Api,
     Filler,
@@ -185,7 +185,7 @@ class Bench:
     def guard(self, target: int) -> None:
         """Raises: MemoryGuard (filling to ``target`` would run the machine out of memory)."""
         rss = session_rss(self.live.pid)["total"]
-        available = psutil.virtual_memory().available
+        available = procstat.memory_bytes()["available"]
         why = over_memory(rss, self.base["rss_bytes"], self.depth, target, self.limit, available)
         if why is not None:
             raise MemoryGuard(why)
@@ -221,7 +221,7 @@ class Bench:
             if not pending or any(f.exception() for f in done):
                 return
             rss, put, now = session_rss(self.live.pid), self.filler.put, time.monotonic()
-            available = psutil.virtual_memory().available
+            available = procstat.memory_bytes()["available"]
             base = self.base["rss_bytes"]
             why = over_memory(rss["total"], base, start + put, target, self.limit, available)
             if why is not None:
@@ -359,7 +359,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     add("--takes", type=int, default=300, help="timed takes at each depth (2 or more)")
     add("--take-max", type=int, default=100, help="messages per take")
     add("--restart", action=argparse.BooleanOptionalAction, default=True)
-    mem_gib = psutil.virtual_memory().total / GIB
+    mem_gib = procstat.memory_bytes()["total"] / GIB
     add("--max-rss-gib", type=float, default=round(0.75 * mem_gib, 1), help="the server's")
     add("--progress", type=float, default=5.0, help="seconds between progress lines")
     add("--settle", type=float, default=1.0, help="seconds before reading the RSS")

@@ -34,7 +34,7 @@ from concurrent.futures import Future, ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import psutil
+import procstat
 from overload_load import Conn
 from procstat import rss_bytes
 from served import ROOT, cmdline, session_pids
@@ -321,7 +321,7 @@ def run_info(args: argparse.Namespace) -> dict[str, Any]:
 
     machine = {
         "cpus": os.cpu_count(),
-        "mem_total_gib": round(psutil.virtual_memory().total / GIB, 1),
+        "mem_total_gib": round(procstat.memory_bytes()["total"] / GIB, 1),
         "kernel": platform.release(),
         "python": platform.python_version(),
         "load_avg": [round(x, 2) for x in os.getloadavg()],

@@ -24,6 +24,7 @@ __all__ = [
     "cpu_seconds",
     "fd_count",
     "machine_busy_seconds",
+    "memory_bytes",
     "rss_bytes",
     "session_pids",
     "total_cpu_seconds",
@@ -99,3 +100,14 @@ def machine_busy_seconds() -> float:
     idle = fields[3] + fields[4]  # idle + iowait
     steal = fields[7] if len(fields) > 7 else 0
     return (sum(fields[:8]) - idle - steal) / CLK_TCK
+
+
+def memory_bytes() -> dict[str, int]:
+    """The machine's memory from ``/proc/meminfo``: ``total`` and ``available`` (what can be
+    used without swapping: free, and caches the kernel can drop), in bytes."""
+    fields = {}
+    with open("/proc/meminfo") as f:
+        for line in f:
+            name, _, value = line.partition(":")
+            fields[name] = int(value.split()[0]) * 1024  # kB
+    return {"total": fields["MemTotal"], "available": fields["MemAvailable"]}

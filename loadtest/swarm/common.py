@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any
 
-import psutil
+import procstat
 
 __all__ = [
     "C_ARMED",
@@ -48,7 +48,7 @@ def log(msg: str) -> None:
 def machine() -> dict[str, Any]:
     return {
         "nproc": os.cpu_count(),
-        "mem_total_gib": round(psutil.virtual_memory().total / 1024**3, 1),
+        "mem_total_gib": round(procstat.memory_bytes()["total"] / 1024**3, 1),
         "load_start": [round(x, 2) for x in os.getloadavg()],
         "python": platform.python_version(),
         "kernel": platform.release(),

@@ -36,6 +36,9 @@ def test_a_live_process_reads_as_psutil_reads_it() -> None:
     assert cpu == pytest.approx(times.user + times.system, abs=0.05)
     assert procstat.rss_bytes(pid) == pytest.approx(me.memory_info().rss, rel=0.05)
     assert procstat.fd_count(pid) == me.num_fds()
+    memory, machine = procstat.memory_bytes(), psutil.virtual_memory()
+    assert memory["total"] == machine.total
+    assert memory["available"] == pytest.approx(machine.available, rel=0.05)
 
 
 @pytest.mark.integration  # a subprocess
@@ -110,6 +113,7 @@ def _reads_proc(path: Path) -> list[str]:
             "cpu_times",
             "memory_info",
             "num_fds",
+            "virtual_memory",
         ):
             found.append(f"{path.name}:{node.lineno}: .{node.attr}")
     return found
@@ -117,7 +121,7 @@ def _reads_proc(path: Path) -> list[str]:
 
 def test_the_tools_read_processes_only_through_procstat() -> None:
     tools = [LOADTEST / "cpu_per_put.py", LOADTEST / "watch_swarm.py", LOADTEST / "served.py"]
-    tools += sorted(LOADTEST.glob("overload*.py"))
+    tools += sorted(LOADTEST.glob("overload*.py")) + sorted(LOADTEST.glob("bench_depth*.py"))
     tools += sorted((LOADTEST / "swarm").glob("*.py"))
     assert {"overload.py", "overload_sample.py", "overload_soak.py"} <= {p.name for p in tools}
     assert [hit for path in tools for hit in _reads_proc(path)] == []
