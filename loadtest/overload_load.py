@@ -260,7 +260,9 @@ class Load:
             self.flush()
 
     def flush(self) -> None:
-        doc = {op: t.report() for op, t in self.tallies.items()}
+        doc: dict[str, dict[str, Any] | int | float] = {
+            op: t.report() for op, t in self.tallies.items()
+        }
         doc["not_sent"], self.not_sent = self.not_sent, 0
         doc["t"] = time.monotonic()
         self.out.put(doc)
