@@ -72,8 +72,8 @@ Usage (the long runs of the issue; each starts and stops its own server)::
 The tool's modules (in loadtest/): ``overload_load.py``, the load processes (a lean HTTP
 client, producers and consumers, the latency buckets); ``overload_sample.py``, the server's
 processes sampled, load phases and their totals; ``overload_run.py``, the server, the output
-and the calibration; ``overload_soak.py``, the soak; this one, the overload's phases and
-verdict and the command line.
+and the calibration; ``overload_judge.py``, the overload's verdict; ``overload_soak.py``, the
+soak; this one, the overload's phases and the command line.
 """
 
 from __future__ import annotations
@@ -85,15 +85,15 @@ import time
 from collections import Counter
 from typing import Any
 
-from overload_load import put_request
+from overload_judge import judge
 from overload_run import Run
-from overload_sample import EVQ_KINDS, MIB, Phase, Totals
+from overload_sample import Phase, Totals
 from overload_soak import soak, soak_phase
 
 # ------------------------------------------------------------------ the overload
 
 
-def baseline(run: Run) -> dict[str, dict[str, float]]:
+def baseline(run: Run) -> dict[str, float]:
     """Idle RSS of every process (median of three samples)."""
     samples: dict[int, list[float]] = {}
     for _ in range(3):
@@ -267,91 +267,6 @@ def _recovered(seconds: dict[int, Counter[str]], rate: float, window: int) -> fl
         if all(s + k in good for k in range(window)):
             return float(s)
     return None
-
-
-def judge(
-    run: Run,
-    args: argparse.Namespace,
-    base: dict[str, float],
-    sustainable: dict[str, Any],
-    offered: dict[str, Any],
-    over: dict[str, Any],
-    recovery: dict[str, Any],
-) -> dict[str, Any]:
-    """The verdict: memory, timeouts, Retry-After, recovery."""
-    sampler = run.sampler
-    memory = {}
-    failures = []
-    allowances = allowances_mib(args)
-    for pid in sampler.judged():
-        name, kind = sampler.name(pid), sampler.roles[pid]
-        if kind == "shard":
-            limit = args.shard_memory_mb + allowances["shard_mib"]
-        else:
-            limit = base.get(name, sampler.rss[pid][0][1]) + allowances["gateway_mib"]
-        limit = round(limit, 1)
-        peak = sampler.peak(pid)
-        memory[name] = {"base_mib": base.get(name), "peak_mib": round(peak, 1), "limit_mib": limit}
-        if peak > limit:
-            failures.append(f"{name} peaked at {peak:.0f} MiB > {limit:.0f} MiB")
-    if not any(sampler.roles[p] == "shard" for p in sampler.judged()):
-        failures.append("no shard process was sampled")
-    for label, doc in (("overload", over), ("recovery", recovery)):
-        for op in ("put", "take", "ack"):
-            counts = doc.get(op, {})
-            if counts.get("timeout"):
-                failures.append(f"{label}: {counts['timeout']} {op}s timed out")
-            if counts.get("conn_error"):
-                failures.append(f"{label}: {counts['conn_error']} {op}s: connection failed")
-            if counts.get("r429_no_retry_after"):
-                failures.append(
-                    f"{label}: {counts['r429_no_retry_after']} 429s without Retry-After"
-                )
-    if not over.get("put", {}).get("r429"):
-        failures.append("overload: no 429 at all (was the server overloaded?)")
-    if not recovery["recovered"]:
-        failures.append(f"no recovery within {recovery['limit_s']} s")
-    return {
-        "ok": not failures,
-        "failures": failures,
-        "sustainable": sustainable,
-        "offered": offered,
-        "overload": over,
-        "recovery": recovery,
-        "memory": memory,
-        "allowances": allowances,
-        "other_processes_peak_mib": {
-            sampler.name(p): round(sampler.peak(p), 1)
-            for p in sampler.rss
-            if sampler.roles.get(p) not in EVQ_KINDS
-        },
-    }
-
-
-def allowances_mib(args: argparse.Namespace) -> dict[str, Any]:
-    """What a process may hold past its budget (shards) or its idle size (gateways), in
-    MiB: as given, else from the bounds that hold those bytes (stated in the summary)."""
-    request = len(put_request("ovl-0", args.batch * args.overload_batch_factor, args.size))
-    in_flight = args.max_requests * args.workers * request / MIB
-    shard = args.shard_allowance_mb
-    if shard is None:
-        shard = 16 + in_flight
-    gateway = args.gateway_allowance_mb
-    if gateway is None:
-        gateway = 64 + (args.procs * args.max_conns + 3 * args.max_requests) * request / MIB
-    return {
-        "shard_mib": round(shard, 1),
-        "gateway_mib": round(gateway, 1),
-        "request_bytes": request,
-        "rule": "shard peak <= --shard-memory-mb + shard allowance; gateway (and worker) "
-        "peak <= its idle RSS (baseline) + gateway allowance",
-        "shard_default": "16 MiB (1-s sampling, allocator) + the requests the gateways let in "
-        "at once (--max-requests x --workers x request bytes): their bodies reach a shard "
-        "before it can refuse them",
-        "gateway_default": "64 MiB (allocator, buffers) + request bytes x (the client's "
-        "connections, each with a request read, + 3 x --max-requests: those in flight "
-        "decoded, and twice in a frame toward a shard)",
-    }
 
 
 # ------------------------------------------------------------------ command line

@@ -16,6 +16,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "loadtest"))
 
 import overload
+import overload_judge
 from overload_load import Pool, bucket, quantile
 from overload_sample import MIB, Sampler, role
 from overload_soak import slope_mib_per_hour
@@ -67,7 +68,7 @@ def test_ten_times_is_said_in_messages_bytes_and_requests() -> None:
 
 def test_the_shard_allowance_is_the_requests_in_flight_plus_slack() -> None:
     args = overload.parse(["overload", "--max-requests", "100", "--workers", "2"])
-    allowances = overload.allowances_mib(args)
+    allowances = overload_judge.allowances_mib(args)
     request = allowances["request_bytes"]
     assert request > 50 * 1000  # 50 bodies of 1000 bytes, as JSON
     assert allowances["shard_mib"] == round(16 + 200 * request / MIB, 1)
