@@ -95,10 +95,38 @@ def soak_summary(
     minutes: dict[int, Totals],
     seconds: float,
 ) -> dict[str, Any]:
+    """The soak's verdict: RSS slopes and fds per process, p99 per minute, failed requests."""
     sampler = run.sampler
-    processes, failures = {}, []
     # A slope over a few minutes is the warm-up's, not a leak's: judged from 10 minutes on.
     slope_judged = seconds - args.warmup >= args.min_slope_minutes * 60
+    processes, failures = _processes(sampler, args, slope_judged)
+    per_minute = {
+        op: [quantile(minutes[m].hist[op], 0.99) for m in sorted(minutes)]
+        for op in ("put", "take", "ack")
+    }
+    failures += _request_failures(totals)
+    roles = Counter(sampler.roles[p] for p in sampler.rss)
+    return {
+        "ok": not failures,
+        "failures": failures,
+        "seconds": round(seconds, 1),
+        "processes": processes,
+        "roles": dict(roles),
+        "p99_ms_per_minute": per_minute,
+        "p99_ms_first_vs_last_10_min": {
+            op: {"first": v[:10], "last": v[-10:]} for op, v in per_minute.items()
+        },
+        "totals": totals.summary(seconds),
+        "thresholds": _thresholds(args, slope_judged),
+    }
+
+
+def _processes(
+    sampler: Sampler, args: argparse.Namespace, slope_judged: bool
+) -> tuple[dict[str, Any], list[str]]:
+    """Each process's RSS (start, end, slope after the warm-up) and fds (start, end); the
+    gateway and shard processes whose RSS grew too fast or whose fds grew too much."""
+    processes, failures = {}, []
     for pid, points in sampler.rss.items():
         name, kind = sampler.name(pid), sampler.roles.get(pid)
         kept = [(t, r) for t, r in points if t >= args.warmup]
@@ -118,32 +146,25 @@ def soak_summary(
             failures.append(f"{name}: RSS grows {slope} MiB/h > {args.max_rss_slope}")
         if fds and fds[-1] - fds[0] > args.max_fd_growth:
             failures.append(f"{name}: fds {fds[0]} -> {fds[-1]} (> +{args.max_fd_growth})")
-    per_minute = {
-        op: [quantile(minutes[m].hist[op], 0.99) for m in sorted(minutes)]
-        for op in ("put", "take", "ack")
-    }
+    return processes, failures
+
+
+def _request_failures(totals: Totals) -> list[str]:
+    """Requests that timed out or whose connection failed."""
+    failures = []
     for op in ("put", "take", "ack"):
         for kind in ("timeout", "conn_error"):
             if totals.kinds[op].get(kind):
                 failures.append(f"{totals.kinds[op][kind]} {op}s: {kind}")
-    roles = Counter(sampler.roles[p] for p in sampler.rss)
+    return failures
+
+
+def _thresholds(args: argparse.Namespace, slope_judged: bool) -> dict[str, Any]:
     return {
-        "ok": not failures,
-        "failures": failures,
-        "seconds": round(seconds, 1),
-        "processes": processes,
-        "roles": dict(roles),
-        "p99_ms_per_minute": per_minute,
-        "p99_ms_first_vs_last_10_min": {
-            op: {"first": v[:10], "last": v[-10:]} for op, v in per_minute.items()
-        },
-        "totals": totals.summary(seconds),
-        "thresholds": {
-            "rss_slope_mib_per_hour": args.max_rss_slope,
-            "rss_slope_judged": slope_judged,
-            "rss_slope_judged_from_minutes": args.min_slope_minutes,
-            "fd_growth": args.max_fd_growth,
-            "judged": list(EVQ_KINDS),
-            "warmup_s": args.warmup,
-        },
+        "rss_slope_mib_per_hour": args.max_rss_slope,
+        "rss_slope_judged": slope_judged,
+        "rss_slope_judged_from_minutes": args.min_slope_minutes,
+        "fd_growth": args.max_fd_growth,
+        "judged": list(EVQ_KINDS),
+        "warmup_s": args.warmup,
     }
