@@ -158,27 +158,7 @@ def main(argv: list[str] | None = None, description: str | None = None) -> int:
     if args.profile_memory:
         return profile_memory(args)
     doc: dict[str, Any] = {"machine": machine()}
-    doc["config"] = {
-        k: v
-        for k, v in vars(args).items()
-        if k
-        in (
-            "n",
-            "mode",
-            "keys",
-            "procs",
-            "sources",
-            "burst",
-            "unwatched_burst",
-            "singles",
-            "put_concurrency",
-            "workers",
-            "serve",
-            "connect_concurrency",
-            "key_list",
-            "client_nice",
-        )
-    }
+    doc["config"] = {k: v for k, v in vars(args).items() if k in _CONFIG}
     deadline = now() + args.max_seconds
     # Client processes first (fork before this process has threads or a loop).
     ctx = mp.get_context("fork")
@@ -187,43 +167,88 @@ def main(argv: list[str] | None = None, description: str | None = None) -> int:
     args.serve_proc = None
     ok = False
     try:
-        if args.serve:
-            args.serve_proc = serve_process(args, workdir)
-            args.host, args.port = "127.0.0.1", args.serve_proc.port
-            args.server_pid = args.serve_proc.pid
-            log(f"started: {' '.join(args.serve_proc.command)} (pid {args.serve_proc.pid})")
-        doc["server"] = {"url": f"http://{args.host}:{args.port}", "started_by_tool": args.serve}
-        if args.serve:
-            doc["server"]["command"] = " ".join(args.serve_proc.command[1:])
-        clients = start_clients(args, ctx, shared, deadline)
-        try:
-            timeout = max(1.0, deadline - now())
-            result = asyncio.run(asyncio.wait_for(coordinate(args, clients, shared), timeout))
-            doc.update(result)
-            ok = bool(doc.get("correctness", {}).get("ok"))
-        except (TimeoutError, RuntimeError, ConnectionError, OSError) as exc:
-            doc.update(getattr(args, "partial", {}) or {})
-            doc["failure"] = f"{type(exc).__name__}: {exc}"
-            log(f"run failed: {doc['failure']}")
-        finally:
-            codes = [c.stop() for c in clients]
-            doc["client_exit_codes"] = codes
+        _start_server(args, workdir, doc)
+        ok = _swarm(args, ctx, shared, deadline, doc)
     finally:
-        if args.serve_proc is not None:
-            log("stopping the server (SIGTERM)…")
-            doc["server_stop"] = args.serve_proc.stop(120)
-            log(f"  {doc['server_stop']}")
-            ok = ok and doc["server_stop"]["exit_code"] == 0
-            if args.keep_dir:
-                doc["server"]["workdir"] = str(workdir)
-        if not args.keep_dir:
-            import shutil
-
-            shutil.rmtree(workdir, ignore_errors=True)
+        ok = _stop_server(args, workdir, doc, ok)
     doc["machine"]["load_end"] = [round(x, 2) for x in os.getloadavg()]
+    _print(args, doc)
+    return 0 if ok else 1
+
+
+# The options that go into the summary's "config".
+_CONFIG = (
+    "n",
+    "mode",
+    "keys",
+    "procs",
+    "sources",
+    "burst",
+    "unwatched_burst",
+    "singles",
+    "put_concurrency",
+    "workers",
+    "serve",
+    "connect_concurrency",
+    "key_list",
+    "client_nice",
+)
+
+
+def _start_server(args: argparse.Namespace, workdir: Path, doc: dict[str, Any]) -> None:
+    """With ``--serve``, start ``evq serve`` (its port and pid go into ``args``)."""
+    if args.serve:
+        args.serve_proc = serve_process(args, workdir)
+        args.host, args.port = "127.0.0.1", args.serve_proc.port
+        args.server_pid = args.serve_proc.pid
+        log(f"started: {' '.join(args.serve_proc.command)} (pid {args.serve_proc.pid})")
+    doc["server"] = {"url": f"http://{args.host}:{args.port}", "started_by_tool": args.serve}
+    if args.serve:
+        doc["server"]["command"] = " ".join(args.serve_proc.command[1:])
+
+
+def _swarm(
+    args: argparse.Namespace, ctx: Any, shared: Any, deadline: float, doc: dict[str, Any]
+) -> bool:
+    """The client processes and the coordinator's phases: whether the run was correct."""
+    ok = False
+    clients = start_clients(args, ctx, shared, deadline)
+    try:
+        timeout = max(1.0, deadline - now())
+        result = asyncio.run(asyncio.wait_for(coordinate(args, clients, shared), timeout))
+        doc.update(result)
+        ok = bool(doc.get("correctness", {}).get("ok"))
+    except (TimeoutError, RuntimeError, ConnectionError, OSError) as exc:
+        doc.update(getattr(args, "partial", {}) or {})
+        doc["failure"] = f"{type(exc).__name__}: {exc}"
+        log(f"run failed: {doc['failure']}")
+    finally:
+        codes = [c.stop() for c in clients]
+        doc["client_exit_codes"] = codes
+    return ok
+
+
+def _stop_server(args: argparse.Namespace, workdir: Path, doc: dict[str, Any], ok: bool) -> bool:
+    """Stop a server started here (``ok`` only if it exits 0) and remove the directory
+    unless ``--keep-dir``."""
+    if args.serve_proc is not None:
+        log("stopping the server (SIGTERM)…")
+        doc["server_stop"] = args.serve_proc.stop(120)
+        log(f"  {doc['server_stop']}")
+        ok = ok and doc["server_stop"]["exit_code"] == 0
+        if args.keep_dir:
+            doc["server"]["workdir"] = str(workdir)
+    if not args.keep_dir:
+        import shutil
+
+        shutil.rmtree(workdir, ignore_errors=True)
+    return ok
+
+
+def _print(args: argparse.Namespace, doc: dict[str, Any]) -> None:
+    """The summary: a table, then JSON (also to ``--json-out``)."""
     print(table(doc))
     text = json.dumps(doc, indent=2, default=str)
     print(text)
     if args.json_out:
         args.json_out.write_text(text + "\n")
-    return 0 if ok else 1

@@ -7,6 +7,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from typing import Any
 
 from procstat import total_cpu_seconds
@@ -92,54 +94,65 @@ class Harness:
         """``count`` PUTs per key, ``--put-concurrency`` at once, for at most
         ``--burst-max-seconds``; the final versions, PUT rate and latency."""
         jobs = iter([(k, i) for i in range(count) for k in keys])
-        final = {k: 0 for k in keys}
-        last = TimedPut(0, 0.0, 0.0, 0.0, 0.0)
-        failed = 0
-        put_s: list[float] = []
-        stop_at = now() + self.args.burst_max_seconds
-
-        async def lane() -> None:
-            nonlocal last, failed
-            lane_http = Http(self.args.host, self.args.port)
-            try:
-                for key, i in jobs:
-                    if now() > stop_at:
-                        break
-                    try:
-                        done = await timed_put(lane_http, key, i)
-                    except (RuntimeError, OSError, ConnectionError):
-                        failed += 1
-                        continue
-                    put_s.append(done.t_answered - done.t_sent)
-                    final[key] = max(final[key], done.version)
-                    if done.t_answered > last.t_answered:
-                        last = done
-            finally:
-                lane_http.close()
-
-        async def progress() -> None:
-            t0 = now()
-            while True:
-                await asyncio.sleep(self.args.progress_every * 5)
-                n = len(put_s)
-                log(f"  {n} PUTs answered in {now() - t0:.0f} s ({n / (now() - t0):.1f}/s)")
-
+        state = _Burst(jobs, {k: 0 for k in keys}, now() + self.args.burst_max_seconds)
         mark = self.cpu_mark()
-        ticker = asyncio.ensure_future(progress())
+        ticker = asyncio.ensure_future(self._burst_progress(state))
         try:
-            await asyncio.gather(*(lane() for _ in range(self.args.put_concurrency)))
+            await asyncio.gather(*(self._lane(state) for _ in range(self.args.put_concurrency)))
         finally:
             ticker.cancel()
-        cpu = self.cpu_since(mark)
-        puts = len(put_s)
-        return {
-            "puts": puts,
-            "planned": count * len(keys),
-            "failed": failed,
-            "seconds": cpu["wall_s"],
-            "puts_per_s": round(puts / cpu["wall_s"], 1) if cpu["wall_s"] > 0 else math.nan,
-            "put_latency": dist_ms(put_s),
-            "cpu": cpu,
-            "final": final,
-            "last": last,
-        }
+        return _burst_doc(state, count * len(keys), self.cpu_since(mark))
+
+    async def _lane(self, state: _Burst) -> None:
+        """One keep-alive connection sending the burst's PUTs, until none are left or the
+        time is up."""
+        lane_http = Http(self.args.host, self.args.port)
+        try:
+            for key, i in state.jobs:
+                if now() > state.stop_at:
+                    break
+                try:
+                    done = await timed_put(lane_http, key, i)
+                except (RuntimeError, OSError, ConnectionError):
+                    state.failed += 1
+                    continue
+                state.put_s.append(done.t_answered - done.t_sent)
+                state.final[key] = max(state.final[key], done.version)
+                if done.t_answered > state.last.t_answered:
+                    state.last = done
+        finally:
+            lane_http.close()
+
+    async def _burst_progress(self, state: _Burst) -> None:
+        t0 = now()
+        while True:
+            await asyncio.sleep(self.args.progress_every * 5)
+            n = len(state.put_s)
+            log(f"  {n} PUTs answered in {now() - t0:.0f} s ({n / (now() - t0):.1f}/s)")
+
+
+@dataclass
+class _Burst:
+    """A burst's PUTs still to send (shared by its lanes) and what the lanes measured."""
+
+    jobs: Iterator[tuple[str, int]]
+    final: dict[str, int]  # each key's highest version answered
+    stop_at: float
+    last: TimedPut = field(default_factory=lambda: TimedPut(0, 0.0, 0.0, 0.0, 0.0))
+    failed: int = 0
+    put_s: list[float] = field(default_factory=list)
+
+
+def _burst_doc(state: _Burst, planned: int, cpu: dict[str, float]) -> dict[str, Any]:
+    puts = len(state.put_s)
+    return {
+        "puts": puts,
+        "planned": planned,
+        "failed": state.failed,
+        "seconds": cpu["wall_s"],
+        "puts_per_s": round(puts / cpu["wall_s"], 1) if cpu["wall_s"] > 0 else math.nan,
+        "put_latency": dist_ms(state.put_s),
+        "cpu": cpu,
+        "final": state.final,
+        "last": state.last,
+    }

@@ -70,7 +70,26 @@ class Run(Harness):
         log(f"connecting {n} {args.mode} watchers from {p} client process(es)…")
         t0 = now()
         mark = self.cpu_mark()
-        calls = [
+        calls = self._connect_calls(shares, firsts, version)
+        progress = await self._connect_progress(calls, t0)
+        results = [c.result() for c in calls]  # raises the clients' errors here
+        counts = await self.counts()
+        t_connected = max(r["t_connected"] for r in results) - t0
+        t_armed = max(r["t_armed"] for r in results) - t0
+        doc = _connect_doc(n, counts, t_connected, t_armed, self.cpu_since(mark), progress)
+        self.out["connect"] = doc
+        connected, armed = doc["connected"], doc["armed"]
+        log(
+            f"  {connected} connected in {t_connected:.2f} s ({connected / t_connected:.0f}/s), "
+            f"{armed} armed after {t_armed:.2f} s"
+        )
+
+    def _connect_calls(
+        self, shares: list[int], firsts: list[int], version: int
+    ) -> list[asyncio.Future[Any]]:
+        """Each client process connects its share of the watchers (numbered from its first)."""
+        args = self.args
+        return [
             asyncio.ensure_future(
                 c.call(
                     "connect",
@@ -83,10 +102,15 @@ class Run(Harness):
             )
             for c, s, f in zip(self.clients, shares, firsts, strict=True)
         ]
+
+    async def _connect_progress(
+        self, calls: list[asyncio.Future[Any]], t0: float
+    ) -> list[dict[str, Any]]:
+        """A progress line every ``--progress-every`` s until every client has answered."""
         progress: list[dict[str, Any]] = []
         pending = set(calls)
         while pending:
-            _, pending = await asyncio.wait(pending, timeout=args.progress_every)
+            _, pending = await asyncio.wait(pending, timeout=self.args.progress_every)
             connected, armed, failed, lost, _, errors = self.totals()
             elapsed = now() - t0
             progress.append({"t": round(elapsed, 1), "connected": connected, "armed": armed})
@@ -94,26 +118,7 @@ class Run(Harness):
                 f"  {elapsed:6.1f} s: {connected} connected, {armed} armed, {failed} failed, "
                 f"{lost} lost, {errors} errors ({connected / max(elapsed, 1e-9):.0f}/s)"
             )
-        results = [c.result() for c in calls]  # raises the clients' errors here
-        connected, armed, failed, lost, _, errors = await self.counts()
-        t_connected = max(r["t_connected"] for r in results) - t0
-        t_armed = max(r["t_armed"] for r in results) - t0
-        self.out["connect"] = {
-            "watchers": n,
-            "connected": connected,
-            "armed": armed,
-            "failed": failed,
-            "lost": lost,
-            "connect_seconds": round(t_connected, 2),
-            "connect_rate_per_s": round(connected / t_connected, 1) if t_connected else math.nan,
-            "armed_seconds": round(t_armed, 2),
-            "cpu": self.cpu_since(mark),
-            "progress": progress,
-        }
-        log(
-            f"  {connected} connected in {t_connected:.2f} s ({connected / t_connected:.0f}/s), "
-            f"{armed} armed after {t_armed:.2f} s"
-        )
+        return progress
 
     async def memory(self, before: list[int], after: list[int]) -> None:
         armed = (await self.counts())[C_ARMED]
@@ -187,43 +192,7 @@ class Run(Harness):
         return now() - t0
 
     async def singles(self) -> dict[str, Any]:
-        runs = []
-        for r in range(self.args.singles):
-            await asyncio.sleep(self.args.single_pause)
-            await self.quiet()
-            events0 = (await self.counts())[C_EVENTS]
-            mark = self.cpu_mark()
-            done = await asyncio.gather(*(self.put(k, 10_000 + r) for k in self.keys))
-            targets = {i: d.version for i, d in enumerate(done)}
-            last = max(done, key=lambda d: d.t_answered)
-            results = await self.all_clients(
-                "wait", self.args.wait_timeout + 30, targets=targets, timeout=self.args.wait_timeout
-            )
-            cpu = self.cpu_since(mark)
-            times, stamps = _arrays(results, "times"), _arrays(results, "stamps")
-            first = min(done, key=lambda d: d.t_sent)
-            d = {
-                # the kernel's receive time at the watcher's socket (what the server did) and
-                # the time the client process handled it, after the PUT was sent and answered
-                "arrived_sent": dist_ms([k - first.w_sent for k in stamps]),
-                "handled_sent": dist_ms([t - first.t_sent for t in times]),
-                "arrived_answered": dist_ms([k - last.w_answered for k in stamps]),
-                "handled_answered": dist_ms([t - last.t_answered for t in times]),
-                "reached": len(times),
-                "short": sum(x["short"] for x in results),
-                "put_ms": round((last.t_answered - first.t_sent) * 1000, 1),
-                "events": (await self.counts())[C_EVENTS] - events0,
-                "cpu": cpu,
-            }
-            runs.append(d)
-            a, h = d["arrived_sent"], d["handled_sent"]
-            log(
-                f"one change {r + 1}/{self.args.singles} (ms after the PUT was sent): in the "
-                f"socket p50 {a['p50_ms']} / p99 {a['p99_ms']} / max {a['max_ms']}, handled "
-                f"p50 {h['p50_ms']} / p99 {h['p99_ms']} / max {h['max_ms']}; PUT answered after "
-                f"{d['put_ms']}; {d['reached']} reached, {d['short']} short; CPU s gateway "
-                f"{cpu['server_cpu_s']:.2f}, client {cpu['client_cpu_s']:.2f}"
-            )
+        runs = [await self._single(r) for r in range(self.args.singles)]
         return {
             "runs": runs,
             "median": {
@@ -232,6 +201,48 @@ class Run(Harness):
                 for q in ("p50_ms", "p99_ms", "max_ms")
             },
         }
+
+    async def _single(self, r: int) -> dict[str, Any]:
+        """The ``r``-th single change (one PUT per key, after a quiet pause): when the
+        watchers' sockets got it and when the client processes handled it."""
+        await asyncio.sleep(self.args.single_pause)
+        await self.quiet()
+        events0 = (await self.counts())[C_EVENTS]
+        mark = self.cpu_mark()
+        done = await asyncio.gather(*(self.put(k, 10_000 + r) for k in self.keys))
+        targets = {i: d.version for i, d in enumerate(done)}
+        last = max(done, key=lambda d: d.t_answered)
+        results = await self.all_clients(
+            "wait", self.args.wait_timeout + 30, targets=targets, timeout=self.args.wait_timeout
+        )
+        cpu = self.cpu_since(mark)
+        times, stamps = _arrays(results, "times"), _arrays(results, "stamps")
+        first = min(done, key=lambda d: d.t_sent)
+        d = {
+            # the kernel's receive time at the watcher's socket (what the server did) and
+            # the time the client process handled it, after the PUT was sent and answered
+            "arrived_sent": dist_ms([k - first.w_sent for k in stamps]),
+            "handled_sent": dist_ms([t - first.t_sent for t in times]),
+            "arrived_answered": dist_ms([k - last.w_answered for k in stamps]),
+            "handled_answered": dist_ms([t - last.t_answered for t in times]),
+            "reached": len(times),
+            "short": sum(x["short"] for x in results),
+            "put_ms": round((last.t_answered - first.t_sent) * 1000, 1),
+            "events": (await self.counts())[C_EVENTS] - events0,
+            "cpu": cpu,
+        }
+        self._log_single(r, d)
+        return d
+
+    def _log_single(self, r: int, d: dict[str, Any]) -> None:
+        a, h, cpu = d["arrived_sent"], d["handled_sent"], d["cpu"]
+        log(
+            f"one change {r + 1}/{self.args.singles} (ms after the PUT was sent): in the "
+            f"socket p50 {a['p50_ms']} / p99 {a['p99_ms']} / max {a['max_ms']}, handled "
+            f"p50 {h['p50_ms']} / p99 {h['p99_ms']} / max {h['max_ms']}; PUT answered after "
+            f"{d['put_ms']}; {d['reached']} reached, {d['short']} short; CPU s gateway "
+            f"{cpu['server_cpu_s']:.2f}, client {cpu['client_cpu_s']:.2f}"
+        )
 
     async def watched_burst(self) -> dict[str, Any]:
         args = self.args
@@ -296,6 +307,29 @@ class Run(Harness):
         }
         log(f"correctness: {at_final}/{self.args.n} at the final version; {lost} lost")
         return doc
+
+
+def _connect_doc(
+    n: int,
+    counts: list[int],
+    t_connected: float,
+    t_armed: float,
+    cpu: dict[str, float],
+    progress: list[dict[str, Any]],
+) -> dict[str, Any]:
+    connected, armed, failed, lost, _, _errors = counts
+    return {
+        "watchers": n,
+        "connected": connected,
+        "armed": armed,
+        "failed": failed,
+        "lost": lost,
+        "connect_seconds": round(t_connected, 2),
+        "connect_rate_per_s": round(connected / t_connected, 1) if t_connected else math.nan,
+        "armed_seconds": round(t_armed, 2),
+        "cpu": cpu,
+        "progress": progress,
+    }
 
 
 def _arrays(results: list[dict[str, Any]], name: str) -> list[float]:
