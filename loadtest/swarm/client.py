@@ -271,6 +271,7 @@ async def _client_loop(spec: SwarmSpec, conn: Any, counters: Any) -> None:
 
 async def _serve_call(swarm: Swarm, conn: Any, msg: dict[str, Any]) -> None:
     op = msg["op"]
+    result: dict[str, Any] | list[int]
     if op == "connect":
         result = await swarm.connect(msg["n"], msg["first"], msg["version"], msg["timeout"])
     elif op == "wait":
