@@ -14,8 +14,11 @@ One request is served at a time per connection: a pipelining client's next reque
 the buffer until the reply before it is written, so replies keep their order. While a
 request is served, the connection stops reading once ``PIPELINE_BUFFER`` bytes wait behind
 it (TCP then holds the client back), and reads again once they are served: a client that
-pipelines without reading its replies cannot make the gateway hold more than that. A client
-that hangs up cancels its request (a waiting take must not reserve a message for nobody).
+pipelines without reading its replies cannot make the gateway hold more than that and one
+read of the socket. A client that hangs up cancels its request (a waiting take must not
+reserve a message for nobody); one that hangs up while reading is paused, with that much
+pipelined behind its request, is noticed once the request is answered. A request that fails
+unexpectedly is answered 500, and the connection goes on.
 """
 
 from __future__ import annotations
@@ -260,12 +263,16 @@ class FastHttp(asyncio.Protocol):
         queue, verb, _, keep_alive = route
         started = time.perf_counter()  # for the latency histogram, as aiohttp's middleware
         msgpack = head.content_type in _MSGPACK
-        binary = prefers_msgpack(head.accept.decode("latin-1"), head.content_type.decode())
-        status, payload, extra = 200, b"", b""
+        binary = prefers_msgpack(head.accept.decode("latin-1"), head.content_type.decode("latin-1"))
         try:
             status, payload, extra = await self._answer(queue, verb, head, body, msgpack, binary)
         except asyncio.CancelledError:
             return  # the client hung up
+        except Exception:
+            # Whatever failed, the client gets an answer and the connection goes on to the
+            # next request: it must not stay busy (or paused) with nothing left to wake it.
+            log.exception("unhandled error in POST /v1/queues/%s/%s", queue, verb)
+            status, payload, extra = 500, _INTERNAL[binary], b""
         finally:
             self.task = None
         self._write(status, payload, binary, extra, keep_alive)
@@ -299,8 +306,7 @@ class FastHttp(asyncio.Protocol):
             return _error(exc, binary)
         except Exception:
             log.exception("unhandled error in POST /v1/queues/%s/%s", queue, verb)
-            doc = {"error": {"code": "InternalError", "message": "internal error"}}
-            return 500, _encode(doc, binary), b""
+            return 500, _INTERNAL[binary], b""
         finally:
             counter[0] -= 1
         return 200, _encode(doc, binary), b""
@@ -345,6 +351,10 @@ def may_be_fast(data: bytes | bytearray) -> bool:
 
 def _encode(doc: Any, binary: bool) -> bytes:
     return _msgpack.encode(doc) if binary else _json.encode(doc)
+
+
+_INTERNAL_DOC = {"error": {"code": "InternalError", "message": "internal error"}}
+_INTERNAL = {False: msgspec.json.encode(_INTERNAL_DOC), True: msgspec.msgpack.encode(_INTERNAL_DOC)}
 
 
 def _error(exc: QueueError, binary: bool) -> tuple[int, bytes, bytes]:

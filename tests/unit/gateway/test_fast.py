@@ -358,6 +358,40 @@ async def test_a_client_pipelining_without_reading_cannot_fill_the_gateways_memo
     conn.close()
 
 
+async def test_a_request_that_fails_unexpectedly_is_answered_and_the_connection_goes_on(
+    api: Api, connect: Connect, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A failure outside the verbs' own error handling (here: encoding a take's answer)
+    # used to leave the request unanswered and the connection busy for good; with reading
+    # paused behind it, not even a hang-up would be noticed (found in review).
+    from gateway import fast as fast_module
+
+    await api.create("q")
+    real_encode, failures = fast_module._encode, [1]
+
+    def encode(doc: Any, binary: bool) -> bytes:
+        if failures and "messages" in doc:
+            failures.pop()
+            raise RuntimeError("boom")
+        return real_encode(doc, binary)
+
+    monkeypatch.setattr(fast_module, "_encode", encode)
+    conn = await connect(api)
+    puts = [put("q", "x" * (64 * 1024)) for _ in range(8)]
+    conn.send(take("q", 1, wait=0.5), *puts)
+    await until(lambda: server_side(api, conn) is not None)
+    fast = server_side(api, conn)
+    assert fast is not None
+    await until(lambda: fast.paused)  # 512 KiB behind the waiting take
+    failed = await conn.reply()
+    assert (failed.status, failed.code) == (500, "InternalError")
+    answers = [await conn.reply() for _ in puts]
+    assert all(len(ok(a)["results"]) == 1 for a in answers)
+    assert not fast.paused
+    assert (await api.stats("q"))["enqueued"] == len(puts)
+    conn.close()
+
+
 # ------------------------------------------------------------------ formats, errors
 
 
