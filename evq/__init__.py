@@ -7,7 +7,7 @@
         client.put("mail", "hello", delay=60)
         for message in client.take("mail", max=10):
             ...
-            client.ack("mail", [message])
+            client.ack("mail", message)
 
     from evq import Job, Send, handler
 
@@ -22,58 +22,67 @@ docs/API.md). Everything else — ``actors``, ``gateway``, ``watch``, ``pipeline
 server's inside and may change between releases. The ``evq`` command is :mod:`evq.cli`.
 
 The base install (``pip install evq``) needs neither Ray nor Spark: :func:`run` and
-:func:`start` load Ray when called (the ``server`` extra).
+:func:`start` load Ray when called (the ``server`` extra). Each name is imported on first
+use (PEP 562), so a process that imports one part of ``evq`` (a handler's worker imports
+``evq.handlers``) does not load the others (the HTTP client, aiohttp).
 """
 
-from actors.errors import (
-    BadRequest,
-    Conflict,
-    DataError,
-    ErrorKind,
-    Fenced,
-    Forbidden,
-    InternalError,
-    MessageNotFound,
-    NotReady,
-    Overloaded,
-    QueueError,
-    QueueExists,
-    QueueNotFound,
-    StaleLease,
-    TaskNotFound,
-    TooLarge,
-    Unauthorized,
-    Unavailable,
-)
-from evq.client import DEFAULT_URL, AsyncClient, Client
-from evq.client_wire import (
-    ItemResult,
-    KeyValue,
-    Message,
-    MessagePage,
-    NewMessage,
-    PutResult,
-    QueueConfig,
-    QueueInfo,
-    QueueStats,
-    Resend,
-    RetryPolicy,
-    TransportError,
-)
-from evq.handlers import (
-    Backoff,
-    Handler,
-    HandlerOptions,
-    HandlerStats,
-    Job,
-    Reschedule,
-    Retry,
-    Send,
-    handler,
-    load_handler,
-    run,
-    start,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from actors.errors import (
+        BadRequest,
+        Conflict,
+        DataError,
+        ErrorKind,
+        Fenced,
+        Forbidden,
+        InternalError,
+        MessageNotFound,
+        NotReady,
+        Overloaded,
+        QueueError,
+        QueueExists,
+        QueueNotFound,
+        StaleLease,
+        TaskNotFound,
+        TooLarge,
+        Unauthorized,
+        Unavailable,
+    )
+    from evq.client import AsyncClient, Client
+    from evq.client_wire import (
+        DEFAULT_URL,
+        ItemResult,
+        KeyValue,
+        Message,
+        MessagePage,
+        NewMessage,
+        PutResult,
+        QueueConfig,
+        QueueInfo,
+        QueueStats,
+        Resend,
+        RetryPolicy,
+        TransportError,
+    )
+    from evq.handlers import (
+        Backoff,
+        Handler,
+        HandlerOptions,
+        HandlerStats,
+        Job,
+        Reschedule,
+        Retry,
+        Send,
+        handler,
+        load_handler,
+        run,
+        start,
+    )
 
 __all__ = [
     "DEFAULT_URL",
@@ -122,3 +131,79 @@ __all__ = [
     "run",
     "start",
 ]
+
+# Where each public name is defined.
+_HOME = {
+    **dict.fromkeys(
+        (
+            "BadRequest",
+            "Conflict",
+            "DataError",
+            "ErrorKind",
+            "Fenced",
+            "Forbidden",
+            "InternalError",
+            "MessageNotFound",
+            "NotReady",
+            "Overloaded",
+            "QueueError",
+            "QueueExists",
+            "QueueNotFound",
+            "StaleLease",
+            "TaskNotFound",
+            "TooLarge",
+            "Unauthorized",
+            "Unavailable",
+        ),
+        "actors.errors",
+    ),
+    **dict.fromkeys(("AsyncClient", "Client"), "evq.client"),
+    **dict.fromkeys(
+        (
+            "DEFAULT_URL",
+            "ItemResult",
+            "KeyValue",
+            "Message",
+            "MessagePage",
+            "NewMessage",
+            "PutResult",
+            "QueueConfig",
+            "QueueInfo",
+            "QueueStats",
+            "Resend",
+            "RetryPolicy",
+            "TransportError",
+        ),
+        "evq.client_wire",
+    ),
+    **dict.fromkeys(
+        (
+            "Backoff",
+            "Handler",
+            "HandlerOptions",
+            "HandlerStats",
+            "Job",
+            "Reschedule",
+            "Retry",
+            "Send",
+            "handler",
+            "load_handler",
+            "run",
+            "start",
+        ),
+        "evq.handlers",
+    ),
+}
+
+
+def __getattr__(name: str) -> Any:
+    home = _HOME.get(name)
+    if home is None:
+        raise AttributeError(f"module 'evq' has no attribute {name!r}")
+    value = getattr(importlib.import_module(home), name)
+    globals()[name] = value  # found at once next time
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

@@ -51,6 +51,7 @@ import aiohttp
 from actors.errors import QueueError
 from evq import client_wire as wire
 from evq.client_wire import (
+    DEFAULT_URL,
     Body,
     ItemResult,
     KeyValue,
@@ -88,7 +89,6 @@ __all__ = [
 T = TypeVar("T")
 P = ParamSpec("P")
 F = TypeVar("F", bound=Callable[..., Any])
-DEFAULT_URL = "http://127.0.0.1:8700"
 
 
 @dataclass(frozen=True)
@@ -105,9 +105,10 @@ class _Endpoint(Generic[P, T]):
     """One call of the API, defined once for both clients.
 
     ``build`` turns a call's arguments into its request (a pure :class:`client_wire.Call`);
-    on a client the attribute is a method that sends it with the client's retries and
-    servers: a coroutine function on :class:`AsyncClient`, a blocking one on
-    :class:`Client`. Both carry ``build``'s name, docstring and signature.
+    each client class gets a function that sends it with the client's retries and servers
+    (``_Base.__init_subclass__``): a coroutine function on :class:`AsyncClient`, a blocking
+    one on :class:`Client`. Both carry ``build``'s name, docstring and signature. The
+    descriptor's overloads are what a type checker sees.
     """
 
     def __init__(self, build: Callable[Concatenate[Any, P], _Call[T]]) -> None:
@@ -127,7 +128,7 @@ class _Endpoint(Generic[P, T]):
         self.__doc__, self.__name__ = build.__doc__, build.__name__
 
     @overload
-    def __get__(self, client: None, owner: type[Any]) -> Self: ...
+    def __get__(self, client: None, owner: type[Any]) -> Callable[..., Any]: ...
     @overload
     def __get__(
         self, client: AsyncClient, owner: type[Any]
@@ -135,8 +136,9 @@ class _Endpoint(Generic[P, T]):
     @overload
     def __get__(self, client: Client, owner: type[Any]) -> Callable[P, T]: ...
     def __get__(self, client: Any, owner: type[Any]) -> Any:
+        # Only reached on _Base itself: each client class holds the functions (see above).
         if client is None:
-            return self
+            return self._awaiting if issubclass(owner, AsyncClient) else self._blocking
         method = self._awaiting if isinstance(client, AsyncClient) else self._blocking
         return MethodType(method, client)
 
@@ -151,6 +153,16 @@ def _dressed(method: F, build: Callable[..., Any], signature: inspect.Signature)
 class _Base:
     """What both clients share: their settings, retries and servers, and every call of the
     API, each defined once (:class:`_Endpoint`); a client adds only its transport."""
+
+    _awaits = False  # a client's calls are coroutine functions
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Give the client each call as a plain function of its own kind: a method like
+        any other for ``inspect``, ``unittest.mock.create_autospec`` and subclasses."""
+        super().__init_subclass__(**kwargs)
+        for name, value in vars(_Base).items():
+            if isinstance(value, _Endpoint):
+                setattr(cls, name, value._awaiting if cls._awaits else value._blocking)
 
     def __init__(
         self,
@@ -353,8 +365,7 @@ class _Base:
         Raises:
             QueueNotFound: no such queue.
         """
-        call = wire.release(queue, items, delay, activate_at)
-        return call if items else _Answer([])
+        return wire.release(queue, items, delay, activate_at) if items else _Answer([])
 
     @_Endpoint
     def touch(
@@ -365,8 +376,7 @@ class _Base:
         Raises:
             QueueNotFound: no such queue.
         """
-        call = wire.touch(queue, items, visibility_timeout)
-        return call if items else _Answer([])
+        return wire.touch(queue, items, visibility_timeout) if items else _Answer([])
 
     @_Endpoint
     def get_message(self, queue: str, message_id: str) -> _Call[Message]:
@@ -532,6 +542,8 @@ def _update(
 
 class AsyncClient(_Base):
     """Asyncio client on one aiohttp session; use ``async with`` or call :meth:`close`."""
+
+    _awaits = True
 
     def __init__(
         self,

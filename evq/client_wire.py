@@ -39,6 +39,7 @@ from actors.errors import (
 )
 
 __all__ = [
+    "DEFAULT_URL",
     "JSON",
     "MSGPACK",
     "Body",
@@ -89,6 +90,8 @@ __all__ = [
     "update_queue",
     "watch",
 ]
+
+DEFAULT_URL = "http://127.0.0.1:8700"  # where clients look for a server by default
 
 T = TypeVar("T")
 

@@ -23,7 +23,7 @@ import msgspec
 from actors.clock import SystemClock
 from actors.errors import QueueError
 from actors.logsetup import add_log_arguments, config_of, setup_logging
-from evq.client import DEFAULT_URL
+from evq.client_wire import DEFAULT_URL
 from evq.handlers.api import Backoff, Handler, load_handler, resolve
 
 __all__ = ["add_arguments", "main"]

@@ -44,7 +44,7 @@ import ray.exceptions as rex
 from actors.errors import Unavailable
 from actors.logsetup import LogConfig, configure, forward_ray_output
 from actors.spawn import NAMESPACE, shard_name
-from evq.client import DEFAULT_URL
+from evq.client_wire import DEFAULT_URL  # not evq.client: no aiohttp in workers
 from evq.handlers.api import Handler, Job
 from evq.handlers.executor import Running, TaskFailed, WorkerLost
 from evq.handlers.link import WorkerPool, WorkerServer

@@ -155,8 +155,37 @@ def test_the_public_face_offers_the_clients_the_handler_sdk_and_the_errors() -> 
 
     assert {"Client", "AsyncClient", "handler", "Job", "Send", "run"} <= set(evq.__all__)
     assert set(errors.__all__) <= set(evq.__all__)
+    assert set(evq._HOME) == set(evq.__all__) == set(dir(evq)) - set(vars(evq))
     for name in evq.__all__:
         assert getattr(evq, name) is not None, name
+    with pytest.raises(AttributeError):
+        evq.NoSuchName  # noqa: B018
+
+
+def test_importing_part_of_evq_loads_nothing_else() -> None:
+    """The face loads each name on first use: a handler's worker imports evq.handlers and
+    must not pay for the HTTP client (aiohttp), nor a client script for the handler SDK."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, {0}; "
+        "print(sorted(m for m in ('aiohttp', 'evq.client', 'evq.handlers') if m in sys.modules))"
+    )
+
+    def loaded(module: str) -> str:
+        done = subprocess.run(
+            [sys.executable, "-c", probe.format(module)],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=ROOT,
+        )
+        return done.stdout.strip()
+
+    assert loaded("evq") == "[]"
+    assert loaded("evq.handlers.cluster") == "['evq.handlers']"
+    assert loaded("evq.client") == "['aiohttp', 'evq.client']"
 
 
 def _tree(root: Path, files: dict[str, str]) -> Path:

@@ -812,8 +812,11 @@ async def test_a_put_resent_to_the_next_server_keeps_its_idempotency_keys(
 def test_each_call_is_defined_once_for_both_clients() -> None:
     """The blocking and the asyncio client share one definition of every call: same name,
     signature and docstring; only iterating (browse_all, watch_loop) and the transport are
-    each client's own."""
+    each client's own. Each call is a plain function on its client class, so
+    ``Client.put(client, ...)`` and ``unittest.mock.create_autospec`` work as for any
+    method."""
     import inspect
+    from unittest import mock
 
     from evq.client import AsyncClient as Async
     from evq.client import Client as Blocking
@@ -823,15 +826,21 @@ def test_each_call_is_defined_once_for_both_clients() -> None:
     assert len(shared) >= 20
     public = {n for n in dir(Blocking) if not n.startswith("_")} - {"close"}
     assert public == {n for n in dir(Async) if not n.startswith("_")} - {"close"}
-    own = {n for n in public if n in vars(Blocking) or n in vars(Async)}
-    assert own == {"browse_all", "watch_loop"}
-    assert public - own == shared
+    assert public - shared == {"browse_all", "watch_loop"}
     blocking, awaiting = Blocking(), Async()
     for name in shared:
+        built = vars(_Base)[name]
+        assert vars(Blocking)[name].__wrapped__ is vars(Async)[name].__wrapped__, name
+        assert inspect.iscoroutinefunction(getattr(Async, name)), name
+        assert not inspect.iscoroutinefunction(getattr(Blocking, name)), name
         sync_method, async_method = getattr(blocking, name), getattr(awaiting, name)
-        assert inspect.iscoroutinefunction(async_method), name
-        assert not inspect.iscoroutinefunction(sync_method), name
         assert inspect.signature(sync_method) == inspect.signature(async_method), name
         assert "_Call" not in str(inspect.signature(sync_method)), name
         assert sync_method.__doc__, name
-        assert sync_method.__doc__ == async_method.__doc__, name
+        assert sync_method.__doc__ == async_method.__doc__ == built.__doc__, name
+    fake = mock.create_autospec(Blocking, instance=True)
+    fake.put("q", "body", delay=5)
+    fake.put.assert_called_once_with("q", "body", delay=5)
+    with pytest.raises(TypeError):
+        fake.put("q", "body", no_such_option=1)
+    assert Blocking().release("") == []  # nothing to release: no request, no checks
