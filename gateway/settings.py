@@ -9,8 +9,11 @@ import argparse
 import ipaddress
 import os
 import tomllib
+import types
+import typing
 from pathlib import Path
 from typing import Annotated, Any
+from urllib.parse import urlsplit
 
 import msgspec
 
@@ -146,9 +149,10 @@ class ServerSettings(msgspec.Struct, kw_only=True):
             options["endpoint"] = self.endpoint
         if self.store and self.region:
             options["region"] = self.region
-        if self.store and self.s3_request_timeout_ms is not None:
+        s3 = bool(self.store) and urlsplit(self.store or "").scheme.lower() in ("s3", "s3a")
+        if s3 and self.s3_request_timeout_ms is not None:
             options["request_timeout_ms"] = self.s3_request_timeout_ms
-        if self.store and self.s3_retry_timeout_ms is not None:
+        if s3 and self.s3_retry_timeout_ms is not None:
             options["retry_timeout_ms"] = self.s3_retry_timeout_ms
         return options
 
@@ -181,7 +185,22 @@ class ServerSettings(msgspec.Struct, kw_only=True):
         return max(1, min(cpus, by_memory))
 
 
+def _types_of(annotation: Any) -> set[Any]:
+    """The types a field's annotation allows (``Annotated[int, …] | None`` → {int, NoneType})."""
+    origin = typing.get_origin(annotation)
+    if origin is Annotated:
+        return _types_of(typing.get_args(annotation)[0])
+    if origin in (typing.Union, types.UnionType):
+        return set().union(*(_types_of(a) for a in typing.get_args(annotation)))
+    return {annotation}
+
+
 _FIELDS = ServerSettings.__struct_fields__
+# Settings that are not text: an empty EVQ_* variable leaves them unset (manifests often
+# declare a variable and leave it empty) instead of failing to parse.
+_NOT_TEXT = frozenset(
+    f.name for f in msgspec.structs.fields(ServerSettings) if str not in _types_of(f.type)
+)
 
 
 class _RefuseSecret(argparse.Action):
@@ -316,7 +335,7 @@ def load_settings(
         merged.update(section)
     for field in _FIELDS:
         value = environ.get(f"EVQ_{field.upper()}")
-        if value is not None:
+        if value is not None and not (value == "" and field in _NOT_TEXT):
             merged[field] = value
     for field in _FIELDS:
         value = getattr(args, field, None)

@@ -148,5 +148,15 @@ def test_the_object_stores_timeouts_are_server_options(tmp_path) -> None:  # typ
     config.write_text('[evq]\nstore = "s3://b/p"\ns3_retry_timeout_ms = 9000\n')
     assert _settings({}, "--config", str(config)).store_options() == {"retry_timeout_ms": 9000}
     assert _settings({}, *flags).store_options() == {}  # a local directory has no such thing
+    for other in ("memory://", "gs://bucket/prefix", "file:///tmp/evq"):  # S3's options only
+        assert (
+            _settings({"EVQ_S3_REQUEST_TIMEOUT_MS": "700", "EVQ_STORE": other}).store_options()
+            == {}
+        )
+    # An empty variable is no setting (as the store read it before), for every non-text one.
+    empty = {"EVQ_S3_REQUEST_TIMEOUT_MS": "", "EVQ_PORT": "", "EVQ_STORE": "s3://b/p"}
+    assert _settings(empty).store_options() == {}
+    assert _settings(empty).port == 8700
+    assert _settings({"EVQ_LOG_LEVEL": "debug", "EVQ_DATA": ""}).data == ""  # text stays text
     with pytest.raises(BadRequest, match="s3_request_timeout_ms"):
         _settings({}, *store, "--s3-request-timeout-ms", "0")
