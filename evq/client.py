@@ -137,10 +137,8 @@ class _Endpoint(Generic[P, T]):
     def __get__(self, client: Client, owner: type[Any]) -> Callable[P, T]: ...
     def __get__(self, client: Any, owner: type[Any]) -> Any:
         # Only reached on _Base itself: each client class holds the functions (see above).
-        if client is None:
-            return self._awaiting if issubclass(owner, AsyncClient) else self._blocking
-        method = self._awaiting if isinstance(client, AsyncClient) else self._blocking
-        return MethodType(method, client)
+        function = self._awaiting if issubclass(owner, AsyncClient) else self._blocking
+        return function if client is None else MethodType(function, client)
 
 
 def _dressed(method: F, build: Callable[..., Any], signature: inspect.Signature) -> F:
@@ -164,16 +162,20 @@ class _Base:
             if isinstance(value, _Endpoint):
                 setattr(cls, name, value._awaiting if cls._awaits else value._blocking)
 
+    # The client's transports, hot commands apart (client_wire.Call.hot): [other, hot].
+    _links: list[Any]
+
     def __init__(
         self,
-        base_url: str | Sequence[str],
+        base_url: str | Sequence[str] = DEFAULT_URL,
         *,
-        timeout: float,
-        retries: int | RetryPolicy,
-        token: str | None,
-        binary: bool,
-        rng: random.Random | None,
+        timeout: float = 30.0,
+        retries: int | RetryPolicy = 3,
+        token: str | None = None,
+        binary: bool = False,
+        rng: random.Random | None = None,
     ) -> None:
+        self._links = [None, None]  # opened on first use
         self.servers = _servers(base_url)
         self._use(0)
         self.timeout = timeout
@@ -544,22 +546,7 @@ class AsyncClient(_Base):
     """Asyncio client on one aiohttp session; use ``async with`` or call :meth:`close`."""
 
     _awaits = True
-
-    def __init__(
-        self,
-        base_url: str | Sequence[str] = DEFAULT_URL,
-        *,
-        timeout: float = 30.0,
-        retries: int | RetryPolicy = 3,
-        token: str | None = None,
-        binary: bool = False,
-        rng: random.Random | None = None,
-    ) -> None:
-        super().__init__(
-            base_url, timeout=timeout, retries=retries, token=token, binary=binary, rng=rng
-        )
-        # Hot commands on sessions of their own (client_wire.Call.hot): [other, hot]
-        self._sessions: list[aiohttp.ClientSession | None] = [None, None]
+    _links: list[aiohttp.ClientSession | None]  # hot commands on a session of their own
 
     async def __aenter__(self) -> Self:
         self._open()
@@ -572,15 +559,15 @@ class AsyncClient(_Base):
 
     async def close(self) -> None:
         """Close the sessions and their connections."""
-        for i, session in enumerate(self._sessions):
+        for i, session in enumerate(self._links):
             if session is not None:
                 await session.close()
-            self._sessions[i] = None
+            self._links[i] = None
 
     def _open(self, hot: bool = False) -> aiohttp.ClientSession:
-        session = self._sessions[hot]
+        session = self._links[hot]
         if session is None or session.closed:
-            session = self._sessions[hot] = aiohttp.ClientSession()
+            session = self._links[hot] = aiohttp.ClientSession()
         return session
 
     async def _exchange(
@@ -657,21 +644,7 @@ class AsyncClient(_Base):
 class Client(_Base):
     """Blocking client on one keep-alive http.client connection; one per thread."""
 
-    def __init__(
-        self,
-        base_url: str | Sequence[str] = DEFAULT_URL,
-        *,
-        timeout: float = 30.0,
-        retries: int | RetryPolicy = 3,
-        token: str | None = None,
-        binary: bool = False,
-        rng: random.Random | None = None,
-    ) -> None:
-        super().__init__(
-            base_url, timeout=timeout, retries=retries, token=token, binary=binary, rng=rng
-        )
-        # Hot commands on a connection of their own (client_wire.Call.hot): [other, hot]
-        self._conns: list[http.client.HTTPConnection | None] = [None, None]
+    _links: list[http.client.HTTPConnection | None]  # hot commands on a connection of their own
 
     def __enter__(self) -> Self:
         return self
@@ -690,14 +663,14 @@ class Client(_Base):
         self.close()  # its connections lead to the server that failed
 
     def _drop(self, hot: bool) -> None:
-        conn = self._conns[hot]
+        conn = self._links[hot]
         if conn is not None:
             conn.close()
-            self._conns[hot] = None
+            self._links[hot] = None
 
     def _connection(self, hot: bool) -> http.client.HTTPConnection:
         """The open connection, or a new one (the old one dropped if the server closed it)."""
-        conn = self._conns[hot]
+        conn = self._links[hot]
         if conn is not None and conn.sock is not None:
             # Readable while idle means EOF (or junk): the server closed it; do not send on it.
             readable, _, _ = select.select([conn.sock], [], [], 0)
@@ -715,7 +688,7 @@ class Client(_Base):
         except OSError as e:
             conn.close()
             raise TransportError(f"cannot connect to {self.base_url}: {e}", sent=False) from e
-        self._conns[hot] = conn
+        self._links[hot] = conn
         return conn
 
     def _exchange(

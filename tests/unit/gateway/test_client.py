@@ -719,7 +719,7 @@ async def test_the_sync_client_reconnects_when_the_server_closed_the_idle_connec
     try:
         await asyncio.to_thread(c.create_queue, "q")
         await asyncio.to_thread(c.put, "q", "job")
-        hot = c._conns[True]  # puts and takes go on the connection for hot commands
+        hot = c._links[True]  # puts and takes go on the connection for hot commands
         assert hot is not None
         assert hot.sock is not None
         peer = hot.sock.getsockname()
@@ -727,7 +727,7 @@ async def test_the_sync_client_reconnects_when_the_server_closed_the_idle_connec
         await asyncio.sleep(0.05)
         taken = await asyncio.to_thread(c.take, "q")  # a take is never resent: must not fail
         assert [m.body for m in taken] == [b"job"]
-        again = c._conns[True]
+        again = c._links[True]
         assert again is not None
         assert again.sock is not None
         assert again.sock.getsockname() != peer
