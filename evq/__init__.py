@@ -22,9 +22,10 @@ docs/API.md). Everything else — ``actors``, ``gateway``, ``watch``, ``pipeline
 server's inside and may change between releases. The ``evq`` command is :mod:`evq.cli`.
 
 The base install (``pip install evq``) needs neither Ray nor Spark: :func:`run` and
-:func:`start` load Ray when called (the ``server`` extra). Each name is imported on first
-use (PEP 562), so a process that imports one part of ``evq`` (a handler's worker imports
-``evq.handlers``) does not load the others (the HTTP client, aiohttp).
+:func:`start` load Ray when called (the ``server`` extra). The clients and the handler SDK
+are imported on first use (PEP 562), so a process that imports one part of ``evq`` (a
+handler's worker imports ``evq.handlers``) does not load the other (the HTTP client,
+aiohttp); the errors and the clients' types are light and imported at once.
 """
 
 from __future__ import annotations
@@ -32,43 +33,44 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from actors.errors import (
+    BadRequest,
+    Conflict,
+    DataError,
+    ErrorKind,
+    Fenced,
+    Forbidden,
+    InternalError,
+    MessageNotFound,
+    NotReady,
+    Overloaded,
+    QueueError,
+    QueueExists,
+    QueueNotFound,
+    StaleLease,
+    TaskNotFound,
+    TooLarge,
+    Unauthorized,
+    Unavailable,
+)
+from evq.client_wire import (
+    DEFAULT_URL,
+    ItemResult,
+    KeyValue,
+    Message,
+    MessagePage,
+    NewMessage,
+    PutResult,
+    QueueConfig,
+    QueueInfo,
+    QueueStats,
+    Resend,
+    RetryPolicy,
+    TransportError,
+)
+
 if TYPE_CHECKING:
-    from actors.errors import (
-        BadRequest,
-        Conflict,
-        DataError,
-        ErrorKind,
-        Fenced,
-        Forbidden,
-        InternalError,
-        MessageNotFound,
-        NotReady,
-        Overloaded,
-        QueueError,
-        QueueExists,
-        QueueNotFound,
-        StaleLease,
-        TaskNotFound,
-        TooLarge,
-        Unauthorized,
-        Unavailable,
-    )
     from evq.client import AsyncClient, Client
-    from evq.client_wire import (
-        DEFAULT_URL,
-        ItemResult,
-        KeyValue,
-        Message,
-        MessagePage,
-        NewMessage,
-        PutResult,
-        QueueConfig,
-        QueueInfo,
-        QueueStats,
-        Resend,
-        RetryPolicy,
-        TransportError,
-    )
     from evq.handlers import (
         Backoff,
         Handler,
@@ -132,50 +134,9 @@ __all__ = [
     "start",
 ]
 
-# Where each public name is defined.
+# Where each name imported on first use is defined.
 _HOME = {
-    **dict.fromkeys(
-        (
-            "BadRequest",
-            "Conflict",
-            "DataError",
-            "ErrorKind",
-            "Fenced",
-            "Forbidden",
-            "InternalError",
-            "MessageNotFound",
-            "NotReady",
-            "Overloaded",
-            "QueueError",
-            "QueueExists",
-            "QueueNotFound",
-            "StaleLease",
-            "TaskNotFound",
-            "TooLarge",
-            "Unauthorized",
-            "Unavailable",
-        ),
-        "actors.errors",
-    ),
     **dict.fromkeys(("AsyncClient", "Client"), "evq.client"),
-    **dict.fromkeys(
-        (
-            "DEFAULT_URL",
-            "ItemResult",
-            "KeyValue",
-            "Message",
-            "MessagePage",
-            "NewMessage",
-            "PutResult",
-            "QueueConfig",
-            "QueueInfo",
-            "QueueStats",
-            "Resend",
-            "RetryPolicy",
-            "TransportError",
-        ),
-        "evq.client_wire",
-    ),
     **dict.fromkeys(
         (
             "Backoff",
