@@ -92,7 +92,8 @@ from chaos_check import GUARANTEES, Rec, by_fault, check, unavailability
 from chaos_deploy import ClusterDeployment, Deployment, wait_answering
 from chaos_env import Disk, ObjectStore, kind_sequence, known_kinds, parse_disks
 from chaos_faults import CLUSTER_KINDS, KINDS, Faults
-from chaos_workload import DLQ, FIFO, MAX_RECEIVES, SRC, History, Workload
+from chaos_ops import DLQ, FIFO, MAX_RECEIVES, SRC, History
+from chaos_workload import Workload
 
 
 def say(doc: dict[str, Any]) -> None:

@@ -22,7 +22,8 @@ import time
 from chaos_check import Rec
 from chaos_deploy import ClusterDeployment, Deployment, readyz, wait_answering
 from chaos_env import Disk, ObjectStore, failed_shards, s3_fault
-from chaos_workload import RETRIES, VT, History, _probe_queues, now_ms
+from chaos_ops import RETRIES, VT, History, now_ms
+from chaos_workload import _probe_queues
 from served import ROOT, session_pids
 
 sys.path.insert(0, str(ROOT))

@@ -4,7 +4,7 @@ watchers, one probe per shard), stops them, reads the keys' final versions and d
 queues at the end. The loops are in ``chaos_workers.py``; the recorded operations, the
 :class:`History` they record into (a :class:`chaos_check.Rec` per operation) and the
 workload's constants (queue names, lease, ``max_receives``, FIFO groups, keys, the clients'
-retries) in ``chaos_ops.py``, re-exported here.
+retries) in ``chaos_ops.py``.
 
 Imported as a sibling module (``python loadtest/chaos.py`` puts ``loadtest/`` first on
 ``sys.path``).
@@ -22,10 +22,8 @@ from chaos_check import Rec
 from chaos_ops import (
     DLQ,
     FIFO,
-    GROUPS,
     MAX_RECEIVES,
     QUEUE_KEYS,
-    RETRIES,
     SRC,
     STD,
     USER_KEYS,
@@ -38,21 +36,7 @@ from chaos_workers import Workers
 from actors.log.shard_recovery import placement
 from evq.client import Client
 
-__all__ = [
-    "DLQ",
-    "FIFO",
-    "GROUPS",
-    "MAX_RECEIVES",
-    "QUEUE_KEYS",
-    "RETRIES",
-    "SRC",
-    "STD",
-    "USER_KEYS",
-    "VT",
-    "History",
-    "Workload",
-    "now_ms",
-]
+__all__ = ["Workload"]
 
 
 class Workload(Workers):
