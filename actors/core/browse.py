@@ -36,6 +36,7 @@ from __future__ import annotations
 import heapq
 import re
 from collections.abc import Callable
+from itertools import islice
 
 from actors.core.state import DELAYED, READY, RESERVED, QueuedMessage, QueueState
 from actors.errors import BadRequest
@@ -116,12 +117,17 @@ def _ordered(state: QueueState, code: int, after: Key | None, want: int) -> list
     """The first ``want`` messages in state ``code`` with a key greater than ``after``, in
     key order: from the state's heap while few entries lie before the cursor, else (deep in
     a long heap, or a FIFO queue's ready messages) from a scan of every message."""
+    found = None
     if not (code == READY and state.settings.fifo):
         heap = _HEAPS[code](state)
         found = _walk(heap, code, after, want, walk_budget(state, want))
-        if found is not None:
-            return found
-    return _scan(state, code, after, want)
+    if found is None:
+        found = _scan(state, code, after, want)
+    if code == READY and state.spilled:
+        # spilled messages (runs.py) are ready, in the same key order: merged in
+        found = list(heapq.merge(found, islice(state.spilled_after(after), want), key=_key))
+        del found[want:]
+    return found
 
 
 def walk_budget(state: QueueState, want: int) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import msgspec
@@ -135,7 +135,7 @@ def _describe(state: QueueState, c: cmd.Describe, now: int, ids: IdSource) -> De
 
 
 def _purge(state: QueueState, c: cmd.Purge, now: int, ids: IdSource) -> Decision:
-    n = len(state.messages)
+    n = state.total
     return ([ev.QueuePurged(now)] if n else []), n
 
 
@@ -145,7 +145,7 @@ def _stats(state: QueueState, c: cmd.Stats, now: int, ids: IdSource) -> Decision
         ready=state.n_ready,
         delayed=state.n_delayed,
         reserved=state.n_reserved,
-        total=len(state.messages),
+        total=state.total,
         oldest_ready_age_ms=None if oldest is None else now - oldest,
         dead_lettered=state.dead_lettered,
         dead_letter_pending=len(state.outbox),
@@ -216,10 +216,10 @@ def _put(state: QueueState, c: cmd.Put, now: int, ids: IdSource) -> Decision:
         items.append(ev.PutItem(mid, m.body, activate, key, group, m.attributes))
         results.append(rp.PutResult(str(mid), rp.CREATED))
     limit = s.max_messages
-    full = limit is not None and len(state.messages) + len(items) > limit
+    full = limit is not None and state.total + len(items) > limit
     if full and items and not c.redelivery:
         raise Overloaded(
-            f"queue {state.name} is full ({len(state.messages)} of max_messages {limit})",
+            f"queue {state.name} is full ({state.total} of max_messages {limit})",
             queue=state.name,
         )
     return ([ev.MessagesPut(now, items)] if items else []), results
@@ -234,7 +234,7 @@ def _kept_id(
     if mid is None or not mid.isascii() or not mid.isdigit() or len(mid) > 19:
         return None
     value = int(mid)
-    if not 0 < value < 2**63 or value in state.messages or value in batch_ids:
+    if not 0 < value < 2**63 or state.holds(value) or value in batch_ids:
         return None
     return value
 
@@ -380,35 +380,58 @@ def _peek_ready(state: QueueState, limit: int, consume: bool = False) -> list[Qu
 
     The heap is left as it was, unless ``consume``: then the caller promises to reserve the
     messages at once, and their entries are not put back."""
-    heap = state.ready
-    pop = heapq.heappop
     popped: list[tuple[int, int, QueuedMessage]] = []
     picked: list[QueuedMessage] = []
     seen: set[int] = set()
     fifo = state.settings.fifo
     size = 0
-    while heap and len(picked) < limit:
-        entry = pop(heap)
-        m = entry[2]
-        if m.state != READY or m.activate_at_ms != entry[0]:
-            continue  # stale: dropping it changes nothing
+    for entry, m in _in_take_order(state):
         if m.seq not in seen:
             size += len(m.body)
             if size > MAX_TAKE_BYTES and picked:
-                heapq.heappush(heap, entry)  # for the next take: a reply stays bounded
+                if entry is not None:
+                    heapq.heappush(state.ready, entry)  # for the next take: a reply stays bounded
                 break
             seen.add(m.seq)
             picked.append(m)
-            if fifo:
+            if fifo:  # a run stopped at a message that would not fit ends the take
                 size = _run_of_group(state, m, limit, picked, seen, size)
-                if size > MAX_TAKE_BYTES:
-                    popped.append(entry)
-                    break  # the run stopped at a message that would not fit
-        popped.append(entry)
+        if entry is not None:
+            popped.append(entry)
+        if len(picked) >= limit or size > MAX_TAKE_BYTES:
+            break
     if not consume:
         for entry in popped:
-            heapq.heappush(heap, entry)
+            heapq.heappush(state.ready, entry)
     return picked
+
+
+def _in_take_order(
+    state: QueueState,
+) -> Iterator[tuple[tuple[int, int, QueuedMessage] | None, QueuedMessage]]:
+    """The ready messages in take order, each with its heap entry, popped (None: a spilled
+    message, runs.py, merged in by its key; the take's event materializes it). Stale heap
+    entries are dropped on the way: that changes nothing."""
+    heap = state.ready
+    pop = heapq.heappop
+    spilled = state.spilled_after(None) if state.spilled else iter(())
+    run_m = next(spilled, None)
+    while True:
+        while heap and not _valid_ready(heap[0]):
+            pop(heap)
+        if run_m is not None and (not heap or (run_m.activate_at_ms, run_m.seq) < heap[0][:2]):
+            yield None, run_m
+            run_m = next(spilled, None)
+        elif heap:
+            entry = pop(heap)
+            yield entry, entry[2]
+        else:
+            return
+
+
+def _valid_ready(entry: tuple[int, int, QueuedMessage]) -> bool:
+    m = entry[2]
+    return m.state == READY and m.activate_at_ms == entry[0]
 
 
 def _run_of_group(
@@ -467,7 +490,9 @@ def _lookup(state: QueueState, mid: object) -> QueuedMessage | None:
     if state.settings.id_mode == "server":
         if len(mid) > 20 or not mid.isdigit() or not mid.isascii():
             return None
-        return state.messages.get(int(mid))
+        key = int(mid)
+        m = state.messages.get(key)
+        return m if m is not None or not state.spilled else state.spilled_message(key)
     return state.messages.get(mid)
 
 

@@ -2,7 +2,8 @@
 
 A snapshot holds only logical state (messages with their state, lease and deadline; the
 outbox; idempotency keys; counters; the clock). Indexes are rebuilt on restore, so a restored
-state continues exactly like the state it was taken from.
+state continues exactly like the state it was taken from. A spilling state's runs (runs.py)
+are kept as runs: where their bodies are in the log, not the bodies.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import msgspec
 
 from actors.core import events as ev
 from actors.core import replies as rp
+from actors.core.runs import Run, RunRecord
 from actors.core.state import DELAYED, READY, RESERVED, Group, QueuedMessage, QueueState
 from actors.errors import DataError
 from actors.settings import QueueSettings
@@ -48,6 +50,7 @@ class Snapshot(msgspec.Struct, array_like=True, gc=False):
     idem: list[tuple[str, ev.MessageId, int]]
     keys: list[tuple[str, int, Any]] = []  # watch keys of a key partition (appended field)
     move_tasks: list[rp.MoveTask] = []  # the queue's recent move tasks (appended field)
+    runs: list[RunRecord] = []  # runs with spilled messages (appended field)
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -70,11 +73,13 @@ def snapshot(state: QueueState) -> Snapshot:
             state.enqueued_total,
             state.purged_total,
         ],
-        list(state.messages.values()),
+        # a spilling state materializes messages out of arrival order
+        sorted(state.messages.values(), key=_seq) if state.runs else list(state.messages.values()),
         list(state.outbox.values()),
         [(key, mid, at) for key, (mid, at) in state.idem.items()],
         [(key, version, value) for key, (version, value) in state.keys.items()],
         list(state.move_tasks),
+        [run.record() for run in state.runs[state.run_front :] if run.left],
     )
 
 
@@ -153,6 +158,11 @@ def restore(snap: Snapshot) -> QueueState:
     if s.settings.fifo:
         _index_groups(s)
     s.arrivals = deque(s.messages.values())
+    if snap.runs:
+        s.runs = [Run.from_record(r) for r in snap.runs]
+        s.spilled = sum(run.left for run in s.runs)
+        s.n_ready += s.spilled
+        s.arrivals = deque(heapq.merge(s.arrivals, s.runs, key=_seq))
     for heap in (s.ready, s.delayed, s.reserved):
         heapq.heapify(heap)
     s.outbox = {m.seq: m for m in snap.outbox}
@@ -191,5 +201,5 @@ def _index_groups(s: QueueState) -> None:
             s.ready.append((head.activate_at_ms, head.seq, head))
 
 
-def _seq(m: QueuedMessage) -> int:
+def _seq(m: QueuedMessage | Run) -> int:
     return m.seq

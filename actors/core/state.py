@@ -10,7 +10,11 @@ Indexes (see ``actors/core/README.md`` for the diagram):
 - ``arrivals``: messages in arrival order, for retention;
 - ``groups``: FIFO group → :class:`Group` (messages in order, and whether one is reserved);
 - ``idem``: idempotency key → (message id, put time), expiring after the window;
-- ``outbox``: dead letters (by seq) waiting for the shell to hand them to the dead-letter queue.
+- ``outbox``: dead letters (by seq) waiting for the shell to hand them to the dead-letter queue;
+- ``runs``: in a state that spills (``spill``), puts held as :class:`~actors.core.runs.Run`
+  objects, their bodies in the log: their slots count as ready messages and ``take`` reaches
+  them in the same order (see runs.py). ``arrivals`` holds a run where it would hold its
+  messages.
 
 Heaps are lazy: an entry is valid only while its message is still in that state with that
 key; stale entries are skipped when they surface and swept when they outnumber live ones.
@@ -24,14 +28,16 @@ from __future__ import annotations
 
 import enum
 import heapq
+from bisect import bisect_right
 from collections import deque
-from collections.abc import Callable
-from typing import Any, Protocol
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol, cast
 
 import msgspec
 
 from actors.core import events as ev
 from actors.core import replies as rp
+from actors.core.runs import BodyReader, Run
 from actors.settings import QueueSettings
 
 __all__ = [
@@ -145,10 +151,16 @@ class QueueState:
         "observer",
         "outbox",
         "purged_total",
+        "read",
         "ready",
         "reserved",
+        "run_front",
+        "runs",
         "settings",
+        "spill",
+        "spilled",
         "transitions",
+        "unplaced",
     )
 
     def __init__(self) -> None:
@@ -161,7 +173,7 @@ class QueueState:
         self.ready: list[tuple[int, int, QueuedMessage]] = []
         self.delayed: list[tuple[int, int, QueuedMessage]] = []
         self.reserved: list[tuple[int, int, QueuedMessage]] = []
-        self.arrivals: deque[QueuedMessage] = deque()
+        self.arrivals: deque[QueuedMessage | Run] = deque()
         # Keyed by ``QueuedMessage.group``: decide gives every message of a FIFO queue a group,
         # but apply never raises on a logged event, so a message without one has a group too.
         self.groups: dict[str | None, Group] = {}
@@ -178,6 +190,13 @@ class QueueState:
         # A shell's list to learn each acked message's time in the queue (ms from its put to
         # its ack), which it drains; None: nobody asks. Not part of snapshots.
         self.ack_waits: list[int] | None = None
+        # Spilling (runs.py): set by a shell; like the observer, not part of snapshots.
+        self.spill = False
+        self.read: BodyReader | None = None  # reads a placed run's bodies back
+        self.runs: list[Run] = []  # runs with spilled slots (and dead ones before run_front)
+        self.run_front = 0
+        self.spilled = 0  # slots of runs, all ready
+        self.unplaced: list[Run] = []  # new runs, for the shell to place once written
 
     @property
     def active_move(self) -> rp.MoveTask | None:
@@ -212,6 +231,9 @@ class QueueState:
         self.settings = e.settings
 
     def _apply_put(self, e: ev.MessagesPut) -> None:
+        if self.spill and self._runnable(e):
+            self._put_run(e)
+            return
         at = e.at_ms
         seq = self.next_seq
         messages = self.messages
@@ -252,6 +274,8 @@ class QueueState:
         n = 0
         for mid, lease in zip(e.ids, e.leases, strict=True):
             m = messages.get(mid)
+            if m is None and self.spilled:
+                m = self._unspill(mid, offer=False)
             if m is None or m.state != READY:
                 continue
             m.state = RESERVED
@@ -298,7 +322,7 @@ class QueueState:
                 heapq.heappush(self.reserved, (deadline, m.seq, m))
 
     def _apply_updated(self, e: ev.MessageUpdated) -> None:
-        m = self.messages.get(e.id)
+        m = self.find(e.id)
         if m is None:
             return
         if e.body is not None:
@@ -315,7 +339,7 @@ class QueueState:
 
     def _apply_deleted(self, e: ev.MessagesDeleted) -> None:
         for mid in e.ids:
-            m = self.messages.get(mid)
+            m = self.find(mid)
             if m is not None:
                 self._remove(m)
         self._maybe_compact()
@@ -323,8 +347,10 @@ class QueueState:
     def _apply_purged(self, e: ev.QueuePurged) -> None:
         for m in self.messages.values():
             m.state = GONE
-        self.purged_total += len(self.messages)
+        self.purged_total += len(self.messages) + self.spilled
+        self.n_ready -= self.spilled
         self.messages = {}
+        self.runs, self.run_front, self.spilled = [], 0, 0
         self.ready, self.delayed, self.reserved = [], [], []
         self.arrivals = deque()
         self.groups = {}
@@ -359,9 +385,9 @@ class QueueState:
         self._update_move(e.task, status=e.status, reason=e.reason)
 
     def _apply_dropped(self, e: ev.QueueDeleted) -> None:
-        observer, waits = self.observer, self.ack_waits
+        observer, waits, spill, read = self.observer, self.ack_waits, self.spill, self.read
         QueueState.__init__(self)  # a deleted queue is as if it never was
-        self.observer, self.ack_waits = observer, waits
+        self.observer, self.ack_waits, self.spill, self.read = observer, waits, spill, read
 
     # ---------------------------------------------------------------- time
 
@@ -418,14 +444,21 @@ class QueueState:
 
     def _next_retention(self) -> int | None:
         arrivals = self.arrivals
-        while arrivals and arrivals[0].state >= GONE:
+        while arrivals:
+            head = arrivals[0]
+            if isinstance(head, Run):
+                if head.alive():
+                    return head.at_ms + self.settings.retention_ms
+            elif head.state < GONE:
+                return head.enqueued_at_ms + self.settings.retention_ms
             arrivals.popleft()
-        if not arrivals:
-            return None
-        return arrivals[0].enqueued_at_ms + self.settings.retention_ms
+        return None
 
     def _expire_retention(self) -> None:
         m = self.arrivals.popleft()
+        if isinstance(m, Run):
+            self._expire_run(m)
+            return
         if self.observer is not None:
             self.observer.retention_expired(m, m.enqueued_at_ms + self.settings.retention_ms)
         self._remove(m)
@@ -543,6 +576,20 @@ class QueueState:
             while heap and not _valid(heap[0], state, key):
                 heapq.heappop(heap)
 
+    def _expire_run(self, run: Run) -> None:
+        """Retention ends every message of ``run`` (all were put at once)."""
+        n = run.left
+        run.left, run.next = 0, run.count
+        run.out.clear()
+        self.spilled -= n
+        self.n_ready -= n
+        self.expired_total += n
+        for m in run.mat:
+            if m.state < GONE:
+                self._remove(cast(QueuedMessage, m))
+                self.expired_total += 1
+        run.mat.clear()
+
     def _maybe_compact(self) -> None:
         """Sweep stale index entries once they outnumber the live ones."""
         if len(self.ready) > 2 * self.n_ready + _COMPACT_SLACK:
@@ -551,17 +598,176 @@ class QueueState:
             self.delayed = _sweep(self.delayed, DELAYED, _ACTIVATE)
         if len(self.reserved) > 2 * self.n_reserved + _COMPACT_SLACK:
             self.reserved = _sweep(self.reserved, RESERVED, _DEADLINE)
-        if len(self.arrivals) > 2 * len(self.messages) + _COMPACT_SLACK:
-            self.arrivals = deque(m for m in self.arrivals if m.state < GONE)
+        if len(self.arrivals) > 2 * (len(self.messages) + len(self.runs)) + _COMPACT_SLACK:
+            self.arrivals = deque(m for m in self.arrivals if _live(m))
+        if self.run_front > _COMPACT_SLACK and 2 * self.run_front > len(self.runs):
+            self.runs = [r for r in self.runs[self.run_front :] if r.left]
+            self.run_front = 0
 
     def oldest_ready_ms(self) -> int | None:
         """Activation time of the next message ``take`` would hand out."""
         while self.ready and not _valid(self.ready[0], READY, _ACTIVATE):
             heapq.heappop(self.ready)
-        return self.ready[0][0] if self.ready else None
+        oldest = self.ready[0][0] if self.ready else None
+        run = self.front_run()
+        if run is not None and (oldest is None or run.at_ms < oldest):
+            return run.at_ms
+        return oldest
+
+    # ---------------------------------------------------------------- runs (runs.py)
+
+    @property
+    def total(self) -> int:
+        """Messages in the queue (not counting the outbox)."""
+        return len(self.messages) + self.spilled
+
+    def _runnable(self, e: ev.MessagesPut) -> bool:
+        """Whether a put can be held as a run: ready at once, server ids in a row after
+        every run's, no group, attributes or observer (which wants each message)."""
+        items = e.items
+        first = items[0].id
+        if self.settings.fifo or self.observer is not None or type(first) is not int:
+            return False
+        runs = self.runs
+        at = e.at_ms
+        if runs and (first < runs[-1].id + runs[-1].count or at < runs[-1].at_ms):
+            return False  # out of order (a redelivery kept its id, the clock went back)
+        for i, it in enumerate(items):
+            if (
+                it.id != first + i
+                or type(it.id) is not int
+                or it.activate_at_ms != at
+                or it.group is not None
+                or it.attributes is not None
+            ):
+                return False
+        return True
+
+    def _put_run(self, e: ev.MessagesPut) -> None:
+        items = e.items
+        first = items[0].id
+        assert type(first) is int  # _runnable
+        run = Run(self.next_seq, first, e.at_ms, [it.body for it in items])
+        n = run.count
+        self.runs.append(run)
+        self.arrivals.append(run)
+        self.unplaced.append(run)
+        for it in items:
+            if it.key is not None:
+                self.idem[it.key] = (it.id, e.at_ms)
+                self.idem_order.append((e.at_ms, it.key))
+        self.next_seq += n
+        self.last_id = max(self.last_id, run.id + n - 1)
+        self.spilled += n
+        self.n_ready += n
+        self.enqueued_total += n
+
+    def place(self, run: Run, place: object) -> None:
+        """The shell wrote ``run``'s put: its bodies are read back from ``place`` from now
+        on (not an event: it changes where bodies are read from, not the queue)."""
+        if run.left or run.mat:
+            run.place, run.bodies = place, None
+
+    def _bodies(self, run: Run) -> list[bytes]:
+        if run.bodies is not None:
+            return run.bodies
+        if self.read is None:
+            raise RuntimeError("a placed run, and no reader to read its bodies")
+        return self.read(run.place)
+
+    def front_run(self) -> Run | None:
+        """The first run with spilled slots: the next ones ``take`` reaches among runs."""
+        runs, i = self.runs, self.run_front
+        while i < len(runs) and not runs[i].left:
+            i += 1
+        self.run_front = i
+        return runs[i] if i < len(runs) else None
+
+    def _run_of(self, mid: object) -> tuple[Run, int] | None:
+        """The run and slot holding id ``mid`` while it is spilled."""
+        if type(mid) is not int or not self.spilled:
+            return None
+        runs = self.runs
+        i = bisect_right(runs, mid, lo=self.run_front, key=_first_id) - 1
+        if i < self.run_front:
+            return None
+        slot = runs[i].slot(mid)
+        return None if slot is None else (runs[i], slot)
+
+    def spilled_message(self, mid: object) -> QueuedMessage | None:
+        """A transient view of spilled message ``mid`` (None: not spilled here). Reading it
+        changes nothing; an event that changes it materializes it (:meth:`find`)."""
+        found = self._run_of(mid)
+        if found is None:
+            return None
+        run, i = found
+        return _transient(run, i, self._bodies(run)[i])
+
+    def spilled_after(self, after: tuple[int, int] | None) -> Iterator[QueuedMessage]:
+        """Transient views of the spilled messages whose ready key ``(activate_at, seq)``
+        is past ``after``, in that order (the order ``take`` reaches them)."""
+        runs = self.runs
+        lo = self.run_front
+        if after is not None:
+            lo = bisect_right(runs, after, lo=lo, key=_last_key)
+        for j in range(lo, len(runs)):
+            run = runs[j]
+            if not run.left:
+                continue
+            bodies = None
+            for i in run.spilled():
+                if after is not None and (run.at_ms, run.seq + i) <= after:
+                    continue
+                if bodies is None:
+                    bodies = self._bodies(run)
+                yield _transient(run, i, bodies[i])
+
+    def holds(self, mid: ev.MessageId) -> bool:
+        """Whether a message with id ``mid`` is in the queue."""
+        return mid in self.messages or self._run_of(mid) is not None
+
+    def find(self, mid: ev.MessageId) -> QueuedMessage | None:
+        """The live message ``mid``, materialized out of its run if it was spilled."""
+        m = self.messages.get(mid)
+        if m is None and self.spilled:
+            m = self._unspill(mid, offer=True)
+        return m
+
+    def _unspill(self, mid: ev.MessageId, offer: bool) -> QueuedMessage | None:
+        """Materialize spilled message ``mid`` as a ready message (in the ready heap if
+        ``offer``: a caller about to take it leaves it out)."""
+        found = self._run_of(mid)
+        if found is None:
+            return None
+        run, i = found
+        m = _transient(run, i, self._bodies(run)[i])
+        run.take_slot(i)
+        run.mat.append(m)
+        self.spilled -= 1
+        self.messages[m.id] = m
+        if offer:
+            heapq.heappush(self.ready, (m.activate_at_ms, m.seq, m))
+        return m
 
 
 _ACTIVATE, _DEADLINE = 0, 1
+
+
+def _transient(run: Run, i: int, body: bytes) -> QueuedMessage:
+    at = run.at_ms
+    return QueuedMessage(run.seq + i, run.id + i, body, at, at, READY)
+
+
+def _first_id(run: Run) -> int:
+    return run.id
+
+
+def _last_key(run: Run) -> tuple[int, int]:
+    return (run.at_ms, run.seq + run.count - 1)
+
+
+def _live(item: QueuedMessage | Run) -> bool:
+    return item.alive() if isinstance(item, Run) else item.state < GONE
 
 
 def _valid(entry: tuple[int, int, QueuedMessage], state: int, key: int) -> bool:

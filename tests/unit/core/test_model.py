@@ -88,10 +88,14 @@ def _in(m: RMsg | None, state: str) -> bool:
 class QueueMachine(RuleBasedStateMachine):
     """Drives the engine and the reference side by side."""
 
+    spill = False  # hold ready puts as runs, their bodies in a "log" (runs.py)
+
     def __init__(self) -> None:
         super().__init__()
         self.now = T0
-        self.state = QueueState()
+        self.log: dict[int, list[bytes]] = {}  # where placed runs' bodies are
+        self.most_spilled = 0
+        self.state = self.spilling(QueueState())
         self.ids = SequentialIds()
         self.ref_ids = SequentialIds()
         self.ref: Reference | None = None
@@ -102,6 +106,29 @@ class QueueMachine(RuleBasedStateMachine):
         self.pager: Pager | None = None  # a browse under way
 
     # ------------------------------------------------------------ plumbing
+
+    def spilling(self, state: QueueState) -> QueueState:
+        """``state``, spilling if this machine spills (as a shell sets it up)."""
+        state.spill = self.spill
+        state.read = self.log.__getitem__
+        return state
+
+    def place_runs(self) -> None:
+        """What a shell does once a put is durable: the run's bodies are read back from
+        the log from now on."""
+        for run in self.state.unplaced:
+            if run.bodies is not None:
+                self.log[len(self.log)] = list(run.bodies)
+                self.state.place(run, len(self.log) - 1)
+        self.state.unplaced.clear()
+
+    def canonical(self, state: QueueState) -> bytes:
+        """The state's snapshot with every run's bodies in it, wherever they were read."""
+        snap = snapshot(state)
+        for r in snap.runs:
+            if r.place is not None:
+                r.bodies, r.place = self.log[r.place], None
+        return encode_snapshot(snap)
 
     def run(self, command: object) -> object:
         """Execute on the engine; return its reply or the error's code.
@@ -146,6 +173,7 @@ class QueueMachine(RuleBasedStateMachine):
     def do_tick(self, ms: int) -> None:
         self.now += ms
         self.ref.advance(self.now)
+        self.place_runs()  # runs stay unplaced a while: both kinds are read
 
     def do_put(self, specs: list[dict]) -> None:
         ref = self.ref
@@ -277,13 +305,14 @@ class QueueMachine(RuleBasedStateMachine):
 
     def do_replay_from_events(self) -> None:
         """The state rebuilt from the log equals the live state; carry on with it."""
-        rebuilt = restore(decode_snapshot(self.base)) if self.base else QueueState()
+        rebuilt = self.spilling(restore(decode_snapshot(self.base)) if self.base else QueueState())
         for event in self.events:
             rebuilt.apply(event)
         rebuilt.advance(self.now)
         self.state.advance(self.now)
-        assert encode_snapshot(snapshot(rebuilt)) == encode_snapshot(snapshot(self.state))
+        assert self.canonical(rebuilt) == self.canonical(self.state)
         self.state = rebuilt
+        self.place_runs()
 
     def do_snapshot_and_continue(self) -> None:
         """Continue from an encoded and decoded snapshot instead of the live state."""
@@ -293,7 +322,7 @@ class QueueMachine(RuleBasedStateMachine):
         # the parts a snapshot is written in (a few messages at a time) are the same bytes
         assert b"".join(encode_snapshot_parts(snap, part_bytes=200)) == self.base
         self.events = []
-        self.state = restore(decode_snapshot(self.base))
+        self.state = self.spilling(restore(decode_snapshot(self.base)))
 
     # ------------------------------------------------------------ hypothesis rules
 
@@ -387,17 +416,40 @@ class QueueMachine(RuleBasedStateMachine):
             assert view.lease_expires_at_ms == (m.deadline if m.state == "reserved" else None)
         due = self.state.next_due_ms()
         assert due is None or due > self.now  # advance left nothing overdue
+        self.most_spilled = max(self.most_spilled, self.state.spilled)
         if self.pager is not None:
             self.pager.still(self.ref)
 
 
-TestQueueModel = QueueMachine.TestCase
-TestQueueModel.settings = settings(
+class SpillingQueueMachine(QueueMachine):
+    """The same, with the state spilling: standard queues with server ids, where runs
+    happen."""
+
+    spill = True
+
+    @initialize(
+        max_receives=st.none() | st.integers(1, 3),
+        retention=st.integers(30_000, 200_000),
+        vt=st.integers(1_000, 20_000),
+        window=st.integers(1_000, 60_000),
+    )
+    def create_spilling(self, max_receives, retention, vt, window) -> None:
+        QueueMachine.create(self, True, False, max_receives, retention, vt, window, False)
+
+    def create(self, *args, **kwargs) -> None:  # not a rule here: create_spilling is
+        QueueMachine.create(self, *args, **kwargs)
+
+
+MODEL_SETTINGS = settings(
     max_examples=int(os.environ.get("EVQ_MODEL_EXAMPLES", "150")),
     stateful_step_count=60,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
+TestQueueModel = QueueMachine.TestCase
+TestQueueModel.settings = MODEL_SETTINGS
+TestSpillingQueueModel = SpillingQueueMachine.TestCase
+TestSpillingQueueModel.settings = MODEL_SETTINGS
 
 
 def _random_specs(rng: random.Random) -> list[dict]:
@@ -468,19 +520,19 @@ WALK_SEED = int(os.environ.get("EVQ_SEED", "0")) or random.SystemRandom().randra
 
 
 @pytest.mark.parametrize("seed", [WALK_SEED], ids=lambda s: f"seed={s}")
-@pytest.mark.parametrize("variant", range(4))
+@pytest.mark.parametrize("variant", range(5))
 def test_long_seeded_walk_matches_the_reference(
     seed: int, variant: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """3000 steps per queue variant; rerun a failure with EVQ_SEED=<seed from the test id>.
-    Takes hand out at most 12 bytes of bodies here (two or three of the 4-5 byte bodies), so the
-    bound on a take's bytes is walked too."""
+    """3000 steps per queue variant (the fifth: a standard queue that spills); rerun a
+    failure with EVQ_SEED=<seed from the test id>. Takes hand out at most 12 bytes of bodies
+    here (two or three of the 4-5 byte bodies), so the bound on a take's bytes is walked too."""
     monkeypatch.setattr(decide, "MAX_TAKE_BYTES", 12)
     rng = random.Random(seed * 8 + variant)
-    m = QueueMachine()
+    m = SpillingQueueMachine() if variant == 4 else QueueMachine()
     m.create(
         server=variant % 2 == 0,
-        fifo=variant >= 2,
+        fifo=variant in (2, 3),
         max_receives=rng.choice([None, 1, 2, 3]),
         retention=rng.randint(30_000, 200_000),
         vt=rng.randint(1_000, 20_000),
@@ -493,3 +545,4 @@ def test_long_seeded_walk_matches_the_reference(
             m.check()
         except AssertionError as exc:
             raise AssertionError(f"seed={seed} variant={variant} step={step}: {exc}") from exc
+    assert variant != 4 or m.most_spilled > 0  # the spilling variant held runs

@@ -1,0 +1,169 @@
+"""Runs: the messages of one put held as one object, their bodies in the log.
+
+Most messages of a deep queue are put ready (no delay, no group, no attributes) with
+server ids, and sit untouched until a take reaches them. A state that *spills*
+(``QueueState.spill``, set by a shell that can read its log back) holds such a put as one
+:class:`Run` instead of one :class:`~actors.core.state.QueuedMessage` per message: the
+messages' ids, arrival sequences and times follow from the run's first ones, and their
+bodies stay in the log once the put is durable (the shell *places* the run: it tells the
+state where the put's record is, and the inline bodies go). A slot of a run costs the
+4 bytes of its body's length.
+
+A slot leaves its run — is *materialized* into a ``QueuedMessage``, body read back through
+the state's reader — only when an event changes it (a take, an update, a delete); reads
+(peek, browse, a take being decided) see a transient ``QueuedMessage`` built on the fly.
+Takes reach runs in order, so the slots still spilled are almost always a suffix of each
+run: ``next`` is the first slot not yet materialized, and ``out`` the few slots after it
+that were materialized out of order.
+
+Pure: the reader is a function the shell gives the state; nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+import sys
+from array import array
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
+
+import msgspec
+
+__all__ = ["BodyReader", "Run", "RunRecord"]
+
+# Reads the bodies of a placed run: every body of its put, in order, given the place the
+# shell gave (opaque to the engine: a segment, an offset in it, ...).
+BodyReader = Callable[[Any], list[bytes]]
+
+
+class _Materialized(Protocol):
+    """A message materialized out of a run (a ``state.QueuedMessage``: state.py imports
+    this module, not the other way round)."""
+
+    state: int
+
+
+class RunRecord(msgspec.Struct, array_like=True, gc=False):
+    """A run as a snapshot holds it. Fields are only ever appended."""
+
+    seq: int
+    id: int
+    at_ms: int
+    count: int
+    next: int
+    out: list[int]
+    lengths: bytes  # the bodies' lengths, 4 bytes each, little-endian
+    place: Any = None  # where the put's bodies are in the log (None: they are in ``bodies``)
+    bodies: list[bytes] | None = None
+
+
+class Run:
+    """The messages of one put: ids ``id .. id + count - 1``, arrival sequences ``seq ..``,
+    all put and ready at ``at_ms``."""
+
+    __slots__ = (
+        "at_ms",
+        "bodies",
+        "count",
+        "id",
+        "left",
+        "lengths",
+        "mat",
+        "next",
+        "out",
+        "place",
+        "seq",
+    )
+
+    def __init__(self, seq: int, first_id: int, at_ms: int, bodies: list[bytes]) -> None:
+        self.seq = seq
+        self.id = first_id
+        self.at_ms = at_ms
+        self.count = len(bodies)
+        self.next = 0  # slots before it are materialized (or gone)
+        self.out: set[int] = set()  # slots at or after ``next`` materialized out of order
+        self.left = self.count  # slots still spilled
+        self.bodies: list[bytes] | None = bodies  # until placed
+        self.place: Any = None
+        self.lengths = array("I", [len(b) for b in bodies])
+        # materialized messages still to be expired by retention with the run (the state's
+        # arrival order holds the run, not them); gone ones are dropped from the front
+        self.mat: deque[_Materialized] = deque()
+
+    def __repr__(self) -> str:
+        return f"Run(seq={self.seq}, id={self.id}, count={self.count}, left={self.left})"
+
+    def slot(self, mid: int) -> int | None:
+        """The slot of id ``mid`` if it is still spilled here."""
+        i = mid - self.id
+        if 0 <= i < self.count and i >= self.next and i not in self.out:
+            return i
+        return None
+
+    def spilled(self) -> Iterator[int]:
+        """The slots still spilled, in order."""
+        out = self.out
+        for i in range(self.next, self.count):
+            if i not in out:
+                yield i
+
+    def take_slot(self, i: int) -> None:
+        """Slot ``i`` (spilled) is materialized."""
+        self.left -= 1
+        if i == self.next:
+            n = i + 1
+            out = self.out
+            while n < self.count and n in out:
+                out.discard(n)
+                n += 1
+            self.next = n
+        else:
+            self.out.add(i)
+
+    def alive(self) -> bool:
+        """Whether any message of the run is still in the queue (spilled or materialized);
+        drops gone materialized ones from the front on the way."""
+        if self.left:
+            return True
+        mat = self.mat
+        while mat and mat[0].state >= _GONE:
+            mat.popleft()
+        return bool(mat)
+
+    def record(self) -> RunRecord:
+        return RunRecord(
+            self.seq,
+            self.id,
+            self.at_ms,
+            self.count,
+            self.next,
+            sorted(self.out),
+            _little(self.lengths).tobytes(),
+            self.place,
+            None if self.place is not None else self.bodies,
+        )
+
+    @classmethod
+    def from_record(cls, r: RunRecord) -> Run:
+        run = cls.__new__(cls)
+        run.seq, run.id, run.at_ms, run.count, run.next = r.seq, r.id, r.at_ms, r.count, r.next
+        run.out = set(r.out)
+        run.left = r.count - r.next - len(run.out)
+        run.place, run.bodies = r.place, r.bodies
+        run.lengths = array("I")
+        run.lengths.frombytes(r.lengths)
+        run.lengths = _little(run.lengths)
+        run.mat = deque()
+        return run
+
+
+_GONE = 3  # state.GONE (state.py imports this module)
+
+
+def _little(lengths: array[int]) -> array[int]:
+    """``lengths`` in little-endian order (the same array where that is the native one)."""
+    if sys.byteorder == "little":
+        return lengths
+    swapped = array("I", lengths)
+    swapped.byteswap()
+    return swapped

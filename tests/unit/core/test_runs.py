@@ -1,0 +1,204 @@
+"""Runs (actors/core/runs.py): a spilling state holds a ready put as one object, its bodies
+in the log, and reads them back through the shell's reader. The model test
+(test_model.py, the spilling machine) checks that nothing a client sees changes; these check
+the representation itself."""
+
+from __future__ import annotations
+
+import pytest
+
+from actors.core import commands as c
+from actors.core.decide import execute
+from actors.core.snapshot import decode_snapshot, encode_snapshot, restore, snapshot
+from actors.core.state import RESERVED, QueueState
+from actors.ids import SequentialIds
+from actors.settings import QueueSettings
+
+T0 = 1_700_000_000_000
+
+
+class Shell:
+    """A spilling state and a dict for a log: what a shell does around the engine."""
+
+    def __init__(self, name: str = "q", **settings: object) -> None:
+        self.log: dict[int, list[bytes]] = {}
+        self.reads = 0
+        self.state = self.spilling(QueueState())
+        self.ids = SequentialIds()
+        self.now = T0
+        assert self.run(c.Create(name, QueueSettings(id_mode="server", **settings))) is True
+
+    def spilling(self, state: QueueState) -> QueueState:
+        state.spill = True
+        state.read = self.read
+        return state
+
+    def read(self, place: int) -> list[bytes]:
+        self.reads += 1
+        return self.log[place]
+
+    def run(self, command: object) -> object:
+        _events, reply = execute(self.state, command, self.now, self.ids)
+        for run in self.state.unplaced:  # "durable": bodies now come from the log
+            self.log[len(self.log)] = list(run.bodies or [])
+            self.state.place(run, len(self.log) - 1)
+        self.state.unplaced.clear()
+        return reply
+
+    def put(self, n: int, **kw: object) -> list[str]:
+        reply = self.run(c.Put([c.NewMessage(body=b"m%d" % i, **kw) for i in range(n)]))
+        return [r.id for r in reply]  # type: ignore[attr-defined]
+
+
+def test_a_ready_put_is_one_run_with_no_message_objects_and_its_bodies_in_the_log() -> None:
+    sh = Shell()
+    ids = sh.put(1000)
+    s = sh.state
+    assert (len(s.runs), s.spilled, s.n_ready, s.total, len(s.messages)) == (1, 1000, 1000, 1000, 0)
+    assert s.runs[0].bodies is None
+    assert s.runs[0].place == 0
+    stats = sh.run(c.Stats())
+    assert (stats.ready, stats.total, stats.oldest_ready_age_ms) == (1000, 1000, 0)
+    view = sh.run(c.Peek(ids[500]))
+    assert (view.body, view.state) == (b"m500", "ready")
+    assert len(s.messages) == 0  # reading materializes nothing
+
+
+def test_a_take_materializes_the_run_front_in_order_and_reads_bodies_from_the_log() -> None:
+    sh = Shell()
+    ids = sh.put(100)
+    got = sh.run(c.Take(max=10))
+    assert [d.id for d in got] == ids[:10]
+    assert [d.body for d in got] == [b"m%d" % i for i in range(10)]
+    s = sh.state
+    assert s.runs[0].next == 10
+    assert s.spilled == 90
+    assert s.n_reserved == 10
+    assert all(s.messages[int(i)].state == RESERVED for i in ids[:10])
+    assert sh.reads > 0
+
+
+def test_messages_changed_out_of_order_leave_the_run_and_the_rest_stays_in_order() -> None:
+    sh = Shell()
+    ids = sh.put(10)
+    sh.run(c.Delete(ids[3], None))
+    view = sh.run(c.Update(id=ids[5], body=b"new"))
+    assert view.body == b"new"
+    run = sh.state.runs[0]
+    assert run.out == {3, 5}
+    assert run.left == 8
+    got = sh.run(c.Take(max=10))
+    assert [d.id for d in got] == [i for n, i in enumerate(ids) if n != 3]
+    assert got[4].body == b"new"
+    assert sh.state.spilled == 0
+    assert sh.state.front_run() is None
+
+
+def test_only_plain_ready_puts_spill() -> None:
+    sh = Shell()
+    sh.put(5, delay_ms=1000)
+    sh.put(5, attributes={"a": "b"})
+    assert sh.state.spilled == 0
+    assert len(sh.state.messages) == 10
+    fifo = Shell("q.fifo", fifo=True)
+    fifo.run(c.Put([c.NewMessage(body=b"x", group="g")]))
+    assert fifo.state.spilled == 0
+
+
+def test_runs_and_heap_messages_are_taken_in_one_order() -> None:
+    sh = Shell()
+    first = sh.put(3, delay_ms=10)  # messages, ready at T0 + 10
+    sh.now += 20
+    run = sh.put(3)  # a run, ready at T0 + 20
+    sh.now += 1
+    got = sh.run(c.Take(max=2))
+    assert [d.id for d in got] == first[:2]
+    sh.run(c.Release([c.ReleaseItem(id=got[0].id, lease=got[0].lease)]))  # ready at T0 + 21
+    got = sh.run(c.Take(max=10))
+    assert [d.id for d in got] == [first[2], *run, first[0]]
+
+
+def test_a_snapshot_holds_where_bodies_are_and_restores_runs_that_read_them() -> None:
+    sh = Shell()
+    ids = sh.put(50)
+    sh.run(c.Take(max=5))
+    sh.run(c.Delete(ids[20], None))
+    data = encode_snapshot(snapshot(sh.state))
+    assert b"m30" not in data  # the bodies stayed in the log
+    restored = sh.spilling(restore(decode_snapshot(data)))
+    assert (restored.spilled, restored.n_ready, restored.n_reserved, restored.total) == (
+        44,
+        44,
+        5,
+        49,
+    )
+    sh.state = restored
+    got = sh.run(c.Take(max=100))
+    assert [d.id for d in got] == [i for n, i in enumerate(ids[5:], 5) if n != 20]
+    assert got[-1].body == b"m49"
+
+
+def test_an_unplaced_run_keeps_its_bodies_in_the_snapshot() -> None:
+    sh = Shell()
+    _events, _ = execute(sh.state, c.Put([c.NewMessage(body=b"inline")]), sh.now, sh.ids)
+    snap = snapshot(sh.state)
+    assert snap.runs[0].place is None
+    assert snap.runs[0].bodies == [b"inline"]
+    restored = restore(decode_snapshot(encode_snapshot(snap)))
+    [d] = execute(restored, c.Take(max=1), sh.now, sh.ids)[1]
+    assert d.body == b"inline"
+
+
+def test_retention_ends_a_run_with_its_materialized_messages() -> None:
+    sh = Shell(retention_ms=60_000)
+    sh.put(10)
+    sh.run(c.Take(max=3, visibility_timeout_ms=120_000))
+    sh.now += 60_000
+    stats = sh.run(c.Stats())
+    assert (stats.total, stats.expired, stats.ready, stats.reserved) == (0, 10, 0, 0)
+    assert sh.state.spilled == 0
+    assert not sh.state.messages
+
+
+def test_purge_drops_runs() -> None:
+    sh = Shell()
+    sh.put(10)
+    sh.run(c.Take(max=2))
+    assert sh.run(c.Purge()) == 10
+    stats = sh.run(c.Stats())
+    assert (stats.total, stats.ready, stats.purged) == (0, 0, 10)
+    assert sh.state.runs == []
+
+
+def test_an_ack_of_a_message_never_taken_is_a_stale_lease_not_an_unknown_id() -> None:
+    sh = Shell()
+    ids = sh.put(3)
+    [r] = sh.run(c.Ack([c.LeaseRef(ids[1], "1")]))
+    assert r.status == "stale_lease"
+    [r] = sh.run(c.Ack([c.LeaseRef("999999", "1")]))
+    assert r.status == "not_found"
+
+
+def test_browse_lists_spilled_messages_in_key_order_across_pages() -> None:
+    sh = Shell()
+    ids = sh.put(7)
+    seen: list[str] = []
+    after = None
+    while True:
+        page = sh.run(c.Browse("ready", 3, after))
+        seen += [v.id for v in page.messages]
+        after = page.next
+        if after is None:
+            break
+    assert seen == ids
+    assert not sh.state.messages
+
+
+@pytest.mark.parametrize("n", [1, 1000])
+def test_a_placed_run_costs_about_four_bytes_a_message(n: int) -> None:
+    sh = Shell()
+    sh.put(n)
+    run = sh.state.runs[0]
+    assert run.lengths.itemsize * len(run.lengths) == 4 * n
+    assert not sh.state.messages
+    assert sh.state.n_ready == n
