@@ -18,8 +18,26 @@ Then, for each depth of ``--depths`` in turn, it
    same data directory, timing until every queue's stats count its whole share of the
    depth; the fill goes on on the restarted server.
 
+With ``--churn`` (off by default), once the last depth is measured (and restarted), it
+checks the issue's claim on disk: under a churn where half of all messages are acked, disk
+stays at most twice the live data.
+
+4. acks half of every queue's share of the depth (rounded down), its oldest messages:
+   ``--churn-clients`` clients, each taking up to 1000 messages of a queue (lease 600 s) and
+   acking them, round robin over the queues; a ``progress`` line every ``--progress`` s
+   (acked, rate);
+5. waits for the server to prune its log (it drops the segments its snapshots cover; a
+   snapshot every 200k records by default): polls the data directory's bytes, the archive
+   aside, every second until they have not shrunk for ``--churn-quiet`` s (15) or
+   ``--churn-wait`` s (120) have passed;
+6. measures the live messages (the queues' stats), their bodies (that many times ``--size``
+   bytes), the data directory's bytes without ``archive/`` (the live log, its preallocated
+   files, the snapshots) over those bodies (``disk_over_live``, the claim: ≤ 2), the
+   archive's bytes (what the log pruned, kept apart), and the server's RSS per live message.
+
 Output: JSON lines (``run``: the machine, the commit, the command; ``base``; ``progress``;
-``depth``, one per depth; ``stopped``), then a Markdown table of the depths.
+``depth``, one per depth; ``stopped``; ``churn``), then a Markdown table of the depths (and
+one of the churn).
 
 The memory guard: before a fill, and every second of a fill or a restart, it projects the
 server's RSS at the next depth from the cost per message measured so far (once 100k
@@ -30,13 +48,15 @@ depth reached and exits 3. (Exit 1: an error, e.g. the server refused puts for 6
 
     .venv/bin/python loadtest/bench_depth.py [--depths 1M 10M] [--queues 1] [--procs 1]
         [--producers 16] [--takes 300] [--no-restart] [--max-rss-gib G] [--dir /work]
+        [--churn [--churn-clients 4] [--churn-quiet 15] [--churn-wait 120]]
         [--serve-arg=--shards --serve-arg=2]
 
-The issue's runs: the defaults (1 queue, 1M then 10M: ~1.5 min, ~6 GiB), and
-``--queues 100 --depths 1M``. One producer process is enough: it uses ~15 % of a core
-while the server, at ~1 core, sets the rate (``client_cpu_pct``, ``server_cpu_pct``).
-Depths are counts, with k, M or G allowed (1M, 10M, 100M). The load side (producer
-processes, the API client, the takes) and the readings are ``loadtest/bench_depth_load.py``.
+The issue's runs: the defaults (1 queue, 1M then 10M: ~1.5 min, ~6 GiB),
+``--queues 100 --depths 1M``, and for the churn ``--depths 1M --churn``. One producer
+process is enough: it uses ~15 % of a core while the server, at ~1 core, sets the rate
+(``client_cpu_pct``, ``server_cpu_pct``). Depths are counts, with k, M or G allowed (1M,
+10M, 100M). The load side (producer processes, the API client, the takes, the churn's
+consumers) and the readings are ``loadtest/bench_depth_load.py``.
 """
 
 from __future__ import annotations
@@ -53,8 +73,11 @@ from typing import Any
 
 import procstat
 from bench_depth_load import (
+    Acker,
     Api,
     Filler,
+    batches,
+    churn_acks,
     disk_bytes,
     plan,
     run_info,
@@ -70,6 +93,8 @@ MIB, GIB = 2**20, 2**30
 PROJECT_FROM = 100_000  # messages in before their cost is projected (below: noise)
 HEADROOM = GIB  # what the machine keeps available whatever the projection
 STOP_TIMEOUT_S = 600.0  # SIGTERM to exit: the server finishes its writes and snapshots first
+TAKE_MAX = 1000  # the churn's takes: the most a take answers
+ARCHIVE = ("archive",)  # the data directory's folder of pruned history, not the live data
 
 
 class MemoryGuard(Exception):
@@ -132,6 +157,7 @@ class Bench:
         self.depth = 0
         self.base: dict[str, Any] = {}
         self.rows: list[dict[str, Any]] = []
+        self.churned: dict[str, Any] | None = None
 
     @property
     def live(self) -> EvqServe:
@@ -145,13 +171,16 @@ class Bench:
             for target in self.args.depths:
                 self.rows.append(self.step(target))
                 emit({"depth": self.rows[-1]})
+            if self.args.churn:
+                self.churned = self.churn()
+                emit({"churn": self.churned})
         except MemoryGuard as e:
             reached = {"reason": str(e), "depth_reached": self.depth}
             emit({"stopped": {**reached, "depths_measured": [r["depth"] for r in self.rows]}})
             print(f"bench_depth: stopped at depth {self.depth:,}: {e}", file=sys.stderr)
             return 3
         finally:
-            print(table(self.rows, self.base, self.args), flush=True)
+            print(table(self.rows, self.base, self.args, self.churned), flush=True)
         return 0
 
     def begin(self) -> None:
@@ -300,6 +329,80 @@ class Bench:
                 summed[key] += stats[key]
         return summed
 
+    def churn(self) -> dict[str, Any]:
+        """Ack half of every queue's messages, let the server prune its log, then weigh the
+        disk against the live data: the churn's row."""
+        acks = churn_acks(self.depth, len(self.names))
+        seconds = self.consume(acks)
+        settle_s, settled = self.settle()
+        return {
+            "acked": sum(acks),
+            "seconds": round(seconds, 2),
+            "acks_per_s": round(sum(acks) / max(seconds, 1e-6)),
+            "settle_s": round(settle_s, 1),
+            "settled": settled,
+            **self.weigh(),
+        }
+
+    def consume(self, acks: list[int]) -> float:
+        """Take and ack ``acks[i]`` messages of queue i, progress every --progress s: the
+        seconds it took. Raises: RuntimeError (a take or an ack failed)."""
+        acker = Acker(self.live.port, self.names, self.args.churn_clients)
+        started = last = time.monotonic()
+        last_acked = 0
+        try:
+            futures = acker.start(batches(acks, TAKE_MAX))
+            while True:
+                done, pending = wait(futures, timeout=1.0, return_when=FIRST_EXCEPTION)
+                if not pending or any(f.exception() for f in done):
+                    break
+                now, acked = time.monotonic(), acker.acked
+                if now - last >= self.args.progress:
+                    rate = round((acked - last_acked) / (now - last))
+                    doc = {"acked": acked, "of": sum(acks), "acks_per_s": rate}
+                    emit({"progress": doc | {"s": round(now - started, 1)}})
+                    last, last_acked = now, acked
+            seconds = time.monotonic() - started
+            for future in futures:
+                future.result()  # raises a client's error
+        finally:
+            acker.close()
+        return seconds
+
+    def settle(self) -> tuple[float, bool]:
+        """Wait until the live data's bytes have not shrunk for --churn-quiet s (the server
+        prunes a while after the acks, once snapshots cover its oldest segments), at most
+        --churn-wait s: (seconds waited, whether they settled)."""
+        started = time.monotonic()
+        low, low_at = disk_bytes(self.data, ARCHIVE), started
+        while True:
+            time.sleep(1.0)
+            now, live = time.monotonic(), disk_bytes(self.data, ARCHIVE)
+            if live < low:
+                low, low_at = live, now
+            if now - low_at >= self.args.churn_quiet:
+                return now - started, True
+            if now - started >= self.args.churn_wait:
+                return now - started, False
+
+    def weigh(self) -> dict[str, Any]:
+        """The live messages, their bodies' bytes, the disk they take and the archive beside
+        them, the server's RSS per live message."""
+        live = self.count()
+        body = live * self.args.size
+        rss = settled_rss(self.live.pid, self.args.settle)
+        disk = disk_bytes(self.data, ARCHIVE)
+        per_msg = (rss["total"] - self.base["rss_bytes"]) / live if live else None
+        return {
+            "live_messages": live,
+            "live_body_bytes": body,
+            "disk_live_bytes": disk,
+            "disk_archive_bytes": disk_bytes(self.data / "archive"),
+            "disk_over_live": round(disk / body, 2) if body else None,
+            "rss_per_live_msg": None if per_msg is None else round(per_msg, 1),
+            "rss_mib": _mib(rss),
+        }
+
     def count(self) -> int:
         """The messages the queues hold, as their stats say."""
         api = Api(self.live.port)
@@ -324,8 +427,13 @@ def _mib(rss: dict[str, int]) -> dict[str, float]:
 # ------------------------------------------------------------------ the report
 
 
-def table(rows: list[dict[str, Any]], base: dict[str, Any], args: argparse.Namespace) -> str:
-    """The depths as a Markdown table, under a line on the base."""
+def table(
+    rows: list[dict[str, Any]],
+    base: dict[str, Any],
+    args: argparse.Namespace,
+    churn: dict[str, Any] | None = None,
+) -> str:
+    """The depths as a Markdown table, under a line on the base; the churn's below."""
     lines = [
         f"base: {base['rss_mib']['total']:,.1f} MiB of RSS in {base['processes']} processes, "
         f"ready in {base['ready_s']} s, {base['disk_bytes'] / MIB:,.1f} MiB on disk; "
@@ -342,7 +450,23 @@ def table(rows: list[dict[str, Any]], base: dict[str, Any], args: argparse.Names
         cells += [r["disk_per_msg"], r["take"]["p50_ms"], r["take"]["p99_ms"]]
         cells += [restart.get("seconds", "—"), restart.get("rss_per_msg_after", "—")]
         lines.append("| " + " | ".join(str(c) for c in cells) + " |")
+    if churn is not None:
+        lines += ["", *churn_table(churn)]
     return "\n".join(lines)
+
+
+def churn_table(c: dict[str, Any]) -> list[str]:
+    """The churn's row under its header: the disk against the live data (the claim: at most 2)."""
+    cells = [f"{c['acked']:,}", f"{c['acks_per_s']:,}", f"{c['live_messages']:,}"]
+    cells += [f"{c[k] / MIB:,.1f}" for k in ("live_body_bytes", "disk_live_bytes")]
+    cells += [f"{c['disk_archive_bytes'] / MIB:,.1f}", c["disk_over_live"]]
+    cells += [c["rss_per_live_msg"], f"{c['settle_s']}{'' if c['settled'] else ' (not settled)'}"]
+    return [
+        "| churn: acked | acks/s | live msgs | live bodies MiB | disk MiB (no archive) "
+        "| archive MiB | disk / live | RSS B/live msg | settle s |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
+        "| " + " | ".join(str(x) for x in cells) + " |",
+    ]
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -367,11 +491,17 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     add("--start-timeout", type=float, default=180.0)
     add("--restart-timeout", type=float, default=1800.0)
     add("--serve-arg", action="append", default=[], help="one more argument for evq serve")
+    add("--churn", action="store_true", help="at the end: ack half, weigh disk against live")
+    add("--churn-clients", type=int, default=4, help="clients taking and acking at once")
+    add("--churn-quiet", type=float, default=15.0, help="s the live log must not shrink")
+    add("--churn-wait", type=float, default=120.0, help="s at most waiting for it to settle")
     args = p.parse_args(argv)
     if args.depths != sorted(set(args.depths)):
         p.error("--depths must grow")
     if args.takes < 2 or not 1 <= args.batch <= 1000 or not 1 <= args.procs <= args.producers:
         p.error("--takes >= 2, --batch 1..1000, --procs 1..--producers")
+    if args.churn_clients < 1:
+        p.error("--churn-clients >= 1")
     return args
 
 

@@ -9,6 +9,10 @@ show progress; an event the tool sets stops them (the memory guard) after the pu
 ``Api``: one synchronous keep-alive connection (``http.client``) for the stats, the timed
 takes and their releases (``take_latencies``).
 
+The churn (``--churn``): ``Acker``, a few threads, each with its own ``Api``, taking the
+oldest messages of the queues and acking them (``take_and_ack``) until each queue has acked
+its half (``churn_acks``).
+
 Readings: the RSS of the server's session (through ``procstat``), the data directory's
 bytes on disk, the machine, the commit and the command (``run_info``).
 """
@@ -28,9 +32,10 @@ import shlex
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
-from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -40,8 +45,11 @@ from procstat import rss_bytes
 from served import ROOT, cmdline, session_pids
 
 __all__ = [
+    "Acker",
     "Api",
     "Filler",
+    "batches",
+    "churn_acks",
     "disk_bytes",
     "fill_part",
     "plan",
@@ -68,14 +76,25 @@ def share(depth: int, queues: int, index: int) -> int:
 def plan(start: int, end: int, queues: int, batch: int) -> list[tuple[int, int]]:
     """The puts taking every queue from its share of ``start`` to its share of ``end``:
     (queue index, messages), at most ``batch`` each, round robin over the queues."""
-    left = [share(end, queues, i) - share(start, queues, i) for i in range(queues)]
-    puts: list[tuple[int, int]] = []
+    return batches([share(end, queues, i) - share(start, queues, i) for i in range(queues)], batch)
+
+
+def batches(counts: list[int], batch: int) -> list[tuple[int, int]]:
+    """``counts[i]`` messages for queue i as (queue index, messages) of at most ``batch``
+    each, round robin over the queues, so every queue moves at the same pace."""
+    left = list(counts)
+    out: list[tuple[int, int]] = []
     while any(left):
         for index, n in enumerate(left):
             if n:
-                puts.append((index, min(n, batch)))
-                left[index] -= puts[-1][1]
-    return puts
+                out.append((index, min(n, batch)))
+                left[index] -= out[-1][1]
+    return out
+
+
+def churn_acks(depth: int, queues: int) -> list[int]:
+    """The messages the churn acks of each queue: half its share of ``depth``, rounded down."""
+    return [share(depth, queues, i) // 2 for i in range(queues)]
 
 
 def put_body(n: int, size: int) -> bytes:
@@ -254,7 +273,7 @@ def take_latencies(api: Api, names: list[str], takes: int, take_max: int) -> dic
             raise RuntimeError(f"a take answered {status}: {doc}")
         ms.append(1000 * seconds)
         taken += len(doc["messages"])
-        _release(api, name, doc["messages"])
+        _settle(api, name, "release", doc["messages"])
     cuts = statistics.quantiles(ms, n=100, method="inclusive")  # needs 2 takes or more
     return {
         "takes": takes,
@@ -266,13 +285,80 @@ def take_latencies(api: Api, names: list[str], takes: int, take_max: int) -> dic
     }
 
 
-def _release(api: Api, name: str, messages: list[dict[str, Any]]) -> None:
+def _settle(api: Api, name: str, verb: str, messages: list[dict[str, Any]]) -> None:
+    """Release or ack (``verb``) the messages a take answered, all of them or raise."""
     if not messages:
         return
     items = [{"id": m["id"], "lease": m["lease"]} for m in messages]
-    status, doc, _ = api.call("POST", f"/v1/queues/{name}/release", {"items": items})
+    status, doc, _ = api.call("POST", f"/v1/queues/{name}/{verb}", {"items": items})
     if status != 200 or any(r["status"] != "ok" for r in doc["results"]):
-        raise RuntimeError(f"a release answered {status}: {str(doc)[:300]}")
+        raise RuntimeError(f"a {verb} answered {status}: {str(doc)[:300]}")
+
+
+# ------------------------------------------------------------------ the churn's consumers
+
+CHURN_LEASE_S = 600  # a taken batch is acked long before; no message comes back meanwhile
+DRY_TAKES = 10  # takes in a row that found nothing (each waiting 1 s): the queue ran dry
+
+
+def take_and_ack(api: Api, name: str, n: int) -> int:
+    """Take ``n`` messages of queue ``name``, its oldest, and ack them, as a consumer done
+    with them does; the messages acked (``n``).
+
+    Raises: RuntimeError (an answer not 200, an ack not ok, the queue dry)."""
+    left, dry = n, 0
+    while left > 0:
+        ask = {"max": left, "visibility_timeout": CHURN_LEASE_S, "wait": 1}
+        status, doc, _ = api.call("POST", f"/v1/queues/{name}/take", ask)
+        if status != 200:
+            raise RuntimeError(f"a take answered {status}: {doc}")
+        messages = doc["messages"]
+        dry = 0 if messages else dry + 1
+        if dry >= DRY_TAKES:
+            raise RuntimeError(f"{name} gave nothing for {DRY_TAKES} takes, {left} still to ack")
+        _settle(api, name, "ack", messages)
+        left -= len(messages)
+    return n
+
+
+class Acker:
+    """``clients`` threads taking and acking batches of the queues until none is left; a
+    failed batch stops the others (after the batch in flight). ``acked`` counts as they go."""
+
+    def __init__(self, port: int, names: list[str], clients: int) -> None:
+        self.port, self.names, self.clients = port, names, clients
+        self.acked = 0
+        self.stop = threading.Event()
+        self._lock = threading.Lock()
+        self._pool = ThreadPoolExecutor(clients, thread_name_prefix="acker")
+
+    def start(self, work: list[tuple[int, int]]) -> list[Future]:
+        """Share ``work`` (queue index, messages) out among the clients, each taking the
+        next batch when it is free; their futures answer the messages each acked."""
+        todo = iter(work)
+        return [self._pool.submit(self._client, todo) for _ in range(self.clients)]
+
+    def _client(self, todo: Iterator[tuple[int, int]]) -> int:
+        api, done = Api(self.port), 0
+        try:
+            while not self.stop.is_set():
+                with self._lock:
+                    index, n = next(todo, (-1, 0))
+                if n == 0:
+                    return done
+                done += take_and_ack(api, self.names[index], n)
+                with self._lock:
+                    self.acked += n
+        except BaseException:
+            self.stop.set()
+            raise
+        finally:
+            api.close()
+        return done
+
+    def close(self) -> None:
+        self.stop.set()
+        self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 # ------------------------------------------------------------------ readings
@@ -302,10 +388,13 @@ def settled_rss(pid: int, settle: float) -> dict[str, int]:
     return next(r for r in readings if r["total"] == middle)
 
 
-def disk_bytes(path: Path) -> int:
-    """Bytes the files under ``path`` take on disk (st_blocks, as du counts them)."""
+def disk_bytes(path: Path, skip: tuple[str, ...] = ()) -> int:
+    """Bytes the files under ``path`` take on disk (st_blocks, as du counts them), but for
+    the folders of ``path`` named in ``skip`` (``archive``: the live log and snapshots alone)."""
     total = 0
-    for folder, _, files in os.walk(path):
+    for folder, folders, files in os.walk(path):
+        if folder == str(path):
+            folders[:] = [f for f in folders if f not in skip]
         for name in files:
             with contextlib.suppress(FileNotFoundError):  # pruned while we walked
                 total += os.lstat(os.path.join(folder, name)).st_blocks * 512

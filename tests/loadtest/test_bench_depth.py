@@ -1,7 +1,8 @@
 """loadtest/bench_depth.py (issue 22): how the puts are spread over the queues, the memory
 guard's arithmetic, and the tool end to end at a small scale against a real ``evq serve``
-(20k and 50k messages, on 1 queue and on 10, restarting at each depth): every depth reached
-exactly, and its numbers sane. The real runs (1M and 10M messages, 100 queues) are the
+(20k and 50k messages, on 1 queue and on 10, restarting at each depth, then the churn
+acking half): every depth reached exactly, the churn's acks and what is left exact, and the
+numbers sane. The real runs (1M and 10M messages, 100 queues) are the
 commands of the tool's docstring, not part of the suite."""
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "loadtest"))
 
 from bench_depth import GIB, count, over_memory
-from bench_depth_load import plan, put_body, share
+from bench_depth_load import batches, churn_acks, plan, put_body, share
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPTHS = (20_000, 50_000)  # below ~10k messages the RSS they add is lost in Ray's noise
@@ -32,6 +33,13 @@ def test_the_puts_fill_each_queue_to_its_share_round_robin() -> None:
         assert put == share(2510, 3, index) - share(10, 3, index)
     assert max(n for _, n in puts) == 500
     assert plan(7, 7, 5, 1000) == []
+
+
+def test_the_churn_acks_half_of_each_queue_s_share_rounded_down() -> None:
+    assert churn_acks(50_000, 1) == [25_000]
+    assert churn_acks(10, 3) == [2, 1, 1]  # shares 4, 3, 3
+    assert churn_acks(1, 2) == [0, 0]
+    assert batches([2500, 0, 1000], 1000) == [(0, 1000), (2, 1000), (0, 1000), (0, 500)]
 
 
 def test_a_put_body_holds_distinct_bodies_of_the_size_asked() -> None:
@@ -70,6 +78,7 @@ def _run(tmp_path: Path, queues: int) -> tuple[subprocess.CompletedProcess[str],
         sys.executable, str(ROOT / "loadtest" / "bench_depth.py"),
         "--depths", *map(str, DEPTHS), "--queues", str(queues), "--takes", "30",
         "--settle", "0.5", "--dir", str(tmp_path),
+        "--churn", "--churn-quiet", "2", "--churn-wait", "30",
     ]  # fmt: skip
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -81,7 +90,7 @@ def _run(tmp_path: Path, queues: int) -> tuple[subprocess.CompletedProcess[str],
     return subprocess.CompletedProcess(command, proc.returncode, out, err), lines
 
 
-@pytest.mark.integration  # starts evq serve three times: ~20 s each
+@pytest.mark.integration  # starts evq serve three times: ~20 s each; the churn ~5 s
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("queues", [1, 10])
 def test_the_tool_fills_measures_and_restarts_at_each_depth(tmp_path: Path, queues: int) -> None:
@@ -112,3 +121,22 @@ def test_the_tool_fills_measures_and_restarts_at_each_depth(tmp_path: Path, queu
         assert stats["total"] == stats["ready"] == row["depth"]  # the whole depth back
     assert "| depth | fill msg/s |" in done.stdout
     assert f"| {DEPTHS[-1]:,} |" in done.stdout
+    _check_churn(lines, queues, done.stdout)
+
+
+def _check_churn(lines: list[Any], queues: int, stdout: str) -> None:
+    """Half of each queue's share acked, the rest live, the disk weighed against it."""
+    churn = next(x["churn"] for x in lines if "churn" in x)
+    depth = DEPTHS[-1]
+    assert churn["acked"] == sum(share(depth, queues, i) // 2 for i in range(queues))
+    assert churn["acked"] == depth // 2  # 50k over 1 or 10 queues: no rounding
+    assert churn["live_messages"] == depth - churn["acked"]
+    assert churn["live_body_bytes"] == churn["live_messages"] * 100
+    assert churn["acks_per_s"] > 0
+    assert isinstance(churn["disk_over_live"], float)
+    assert churn["disk_over_live"] > 0
+    assert churn["disk_live_bytes"] > 0
+    assert churn["disk_archive_bytes"] >= 0
+    assert churn["settle_s"] >= 2
+    assert "| churn: acked |" in stdout
+    assert f"| {churn['acked']:,} |" in stdout
