@@ -42,8 +42,10 @@ from actors.core.events import (
     QueuePurged,
 )
 from actors.core.ids import IdSource
+from actors.core.runs import Run
 from actors.core.state import QueuedMessage, QueueState
 from actors.errors import NotReady, QueueError, Unavailable
+from actors.log.bodies import Bodies, place_of
 from actors.log.shardlog import Batch, ShardLog
 from actors.log.snapshots import encode_state, prune_legacy, prune_snapshots, write_snapshot
 from actors.log.store import ObjectStore
@@ -73,6 +75,7 @@ class QueueHost(Protocol):
     log_settings: LogSettings
     wal: ShardLog  # the shard's log now (a new one after each reload)
     log_ready: asyncio.Event  # clear while the shard reloads its log after a failed write
+    bodies: Bodies | None  # reads spilled bodies back (None: runs keep them in memory)
 
     async def route_dead_letters(
         self, source: str, target: str, letters: list[QueuedMessage]
@@ -180,11 +183,13 @@ class QueueActor:
         "_background",
         "_last_batch",
         "_moving",
+        "_placing",
         "_rearm",
         "_routing",
         "_snapshot_at_ms",
         "_snapshot_due_ms",
         "_snapshot_due_seq",
+        "_snapshot_floors",
         "_snapshotting",
         "_takers",
         "counters",
@@ -214,7 +219,7 @@ class QueueActor:
     ) -> None:
         self.name = name
         self.host = host
-        self.state = state
+        self.state = spilling(state, host, name)
         self.next_seq = next_seq  # the sequence number of this queue's next event
         self.durable_seq = next_seq - 1
         self.snapshots = sorted(snapshots or [])  # its snapshots' sequence numbers
@@ -241,6 +246,10 @@ class QueueActor:
         self._routing = False
         self._moving = False
         self._takers: deque[asyncio.Future[bool]] = deque()  # long-poll takes, oldest first
+        self._placing: deque[tuple[Batch, int, Run]] = deque()  # placed once durable
+        # the lowest LSN each kept snapshot's runs read bodies from (0: none); a snapshot of
+        # before this process: the recovered state's (see docs/DESIGN-NOTES.md)
+        self._snapshot_floors = dict.fromkeys(self.snapshots, spilled_floor(state))
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -355,6 +364,8 @@ class QueueActor:
             wal = self.host.wal
             batch = self._last_batch = wal.append(self.name, self.next_seq, events)
             self.log_bytes += wal.appended_bytes
+            if self.state.unplaced:
+                self._to_place(events, batch)
             self.next_seq += len(events)
             entry.last_seq = self.next_seq - 1
             if self._takers and self.state.n_ready:
@@ -376,6 +387,8 @@ class QueueActor:
         self.log_commits += 1
         if self._last_batch is batch:
             self._last_batch = None
+        if self._placing:
+            self._place()
         listener = self.listener
         if (
             self._rearm
@@ -391,14 +404,46 @@ class QueueActor:
     def reloaded(self, state: QueueState, next_seq: int, snapshots: list[int]) -> None:
         """The shard read its log again after a failed write: this is what is durable."""
         state.ack_waits = []
-        self.state = state
+        self.state = spilling(state, self.host, self.name)
         self.next_seq = next_seq
         self.durable_seq = next_seq - 1
         self.snapshots = snapshots
+        self._placing.clear()
+        self._snapshot_floors = dict.fromkeys(snapshots, spilled_floor(state))
         self._snapshot_due()
         self._last_batch = None
         self._rearm = True
         self._changed()
+
+    # ---------------------------------------------------------------- runs
+
+    def _to_place(self, events: list[Any], batch: Batch) -> None:
+        """The runs the events just made go in the log with ``batch``: placed once it is
+        durable (without a reader, their bodies stay in memory)."""
+        runs = self.state.unplaced
+        if self.host.bodies is not None:
+            put = next(i for i, e in enumerate(events) if type(e) is MessagesPut)
+            for run in runs:
+                self._placing.append((batch, self.next_seq + put, run))
+        runs.clear()
+
+    def _place(self) -> None:
+        placing = self._placing
+        while placing and placing[0][0].released is None:  # durable, with all before it
+            batch, seq, run = placing.popleft()
+            where = place_of(batch.segment, batch.offset, batch.length, seq, batch.first_lsn)
+            self.state.place(run, where)
+
+    @property
+    def body_floor(self) -> int | None:
+        """The lowest LSN whose block holds bodies this queue may still read back, from its
+        state or from a snapshot recovery may restore (None: none). The shard keeps the
+        segments from there on."""
+        floors = [f for f in self._snapshot_floors.values() if f]
+        now = spilled_floor(self.state)
+        if now:
+            floors.append(now)
+        return min(floors) if floors else None
 
     # ---------------------------------------------------------------- figures
 
@@ -613,6 +658,7 @@ class QueueActor:
             if seq == 0 or seq in self.snapshots:
                 return None
             data = encode_state(self.state, self.host.wal.epoch, seq)
+            floor = spilled_floor(self.state)
             batch = self._last_batch
             if batch is not None:
                 await batch.wait()
@@ -623,6 +669,8 @@ class QueueActor:
             self._snapshot_at_ms = self.host.clock.now_ms()
             self.snapshot_bytes = len(data)
             self.snapshots = await prune_snapshots(store, self.name, sorted({*self.snapshots, seq}))
+            self._snapshot_floors[seq] = floor
+            self._snapshot_floors = {s: self._snapshot_floors.get(s, 0) for s in self.snapshots}
             self._snapshot_due()
             if self.legacy:
                 self.legacy = await prune_legacy(store, self.name, self.snapshots)
@@ -664,6 +712,27 @@ class QueueActor:
 _NEVER_SOONER = frozenset(
     {MessagesAcked, MessagesDeleted, QueuePurged, KeySet, DeadLettersRouted, Checkpoint}
 )
+
+
+def spilling(state: QueueState, host: QueueHost, name: str) -> QueueState:
+    """``state`` set up to spill as the host's settings say, reading bodies back through
+    the host's reader (a state restored with runs by a host that does not spill gets its
+    messages back)."""
+    state.read = host.bodies.reader(name) if host.bodies is not None else None
+    state.spill = host.log_settings.spill
+    if not state.spill and state.runs:
+        state.unspill_all()
+    return state
+
+
+def spilled_floor(state: QueueState) -> int:
+    """The lowest LSN of a block ``state``'s runs read bodies from (0: none)."""
+    runs = state.runs
+    for i in range(state.run_front, len(runs)):
+        run = runs[i]
+        if run.left and run.place is not None:
+            return int(run.place[4])  # runs are placed in log order
+    return 0
 
 
 def _may_bring_forward(events: list[Any]) -> bool:

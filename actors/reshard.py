@@ -32,6 +32,7 @@ from collections.abc import Callable
 import msgspec
 
 from actors.clock import Clock, SystemClock
+from actors.core import commands as cmd
 from actors.errors import DataError
 from actors.log import keys
 from actors.log.archive import day_of
@@ -85,12 +86,19 @@ async def reshard(
             say(f"the store is already served with {count} shard(s): nothing to do")
             return report
         epoch = 0
+        # the old logs go: snapshots must hold every body (runs.py: nothing spilled)
+        whole = msgspec.structs.replace(log_settings or LogSettings(), spill=False)
         for index in range(layout.shards):
-            shard = QueueShard(index, layout.shards, store, log_settings=log_settings, clock=clock)
+            shard = QueueShard(index, layout.shards, store, log_settings=whole, clock=clock)
             say(f"shard {index}/{layout.shards}: recovering")
             await shard.start()
             epoch = max(epoch, shard.wal.epoch)
             say(f"shard {index}/{layout.shards}: snapshotting {len(shard.queues)} queue(s)")
+            # A marker record each, so that every queue takes a new snapshot: one with its
+            # bodies in it (the shard spills nothing here), as the old logs go.
+            for queue in list(shard.queues.values()):
+                if queue.state.created:
+                    await queue.execute(cmd.Checkpoint())
             await shard.close(snapshot=True)
             _check_snapshotted(shard)
             report.queues += len(shard.queues)

@@ -143,3 +143,7 @@ class LogSettings(msgspec.Struct, frozen=True, kw_only=True):
     archive: bool = True
     archive_retention_days: int | None = None
     segment_roll_ms: int = 300_000  # a local log's segment is closed after this long
+    # Queues hold ready puts as runs whose bodies stay in the log (actors/core/runs.py); a
+    # local log's bodies are read back through a cache of this many bytes of bodies.
+    spill: bool = True
+    body_cache_bytes: int = 64 * 1024 * 1024

@@ -49,7 +49,8 @@ from actors.ids import RandomIds
 from actors.keyspace import ShardKeys, is_partition, partition_of
 from actors.log import keys
 from actors.log.archive import Archive
-from actors.log.device import LogDevice, ObjectLogDevice, open_device
+from actors.log.bodies import Bodies
+from actors.log.device import LocalLogDevice, LogDevice, ObjectLogDevice, open_device
 from actors.log.replay import RecoveryReport
 from actors.log.shard_recovery import (
     SHARD_STREAM,
@@ -63,7 +64,7 @@ from actors.log.shard_recovery import (
 from actors.log.shardlog import Batch, ShardLog
 from actors.log.store import DiskFailed, KeyNotFound, ObjectStore, StoreError
 from actors.metrics import QueueMetrics
-from actors.queue_actor import Call, Entry, QueueActor, unavailable
+from actors.queue_actor import Call, Entry, QueueActor, spilling, unavailable
 from actors.settings import LogSettings, QueueSettings, validate_queue_name
 
 __all__ = ["QueueShard", "ShardStatus", "placement"]
@@ -138,6 +139,12 @@ class QueueShard:
             clock=self.clock,
             segment_bytes=self.log_settings.segment_bytes,
             roll_after_ms=self.log_settings.segment_roll_ms,
+        )
+        # A local log reads spilled bodies back; an object store's runs keep them in memory.
+        self.bodies = (
+            Bodies(self.device, self.log_settings.body_cache_bytes)
+            if isinstance(self.device, LocalLogDevice)
+            else None
         )
         self.queues: dict[str, QueueActor] = {}
         self.wal: ShardLog = ShardLog(self.device, 0, 1)  # replaced by start()
@@ -223,6 +230,7 @@ class QueueShard:
             self.clock,
             progress=self.progress,
             max_batch_bytes=self.log_settings.max_batch_bytes,
+            prepare=lambda name, state: spilling(state, self, name),
         )
 
     def _install(self, opened: OpenedShard) -> None:
@@ -424,7 +432,7 @@ class QueueShard:
         try:
             segments = self._segments
             while len(segments) > 1 and segments[0].key != self.device.active():
-                if self._pinning(segments[0]):
+                if self._pinning(segments[0]) or self._holds_bodies(segments[1].first_lsn):
                     break
                 if self.archive is not None:
                     await self._archive(segments[0].key)  # durable before the deletion
@@ -473,6 +481,14 @@ class QueueShard:
 
     def _owns(self, queue: str) -> bool:
         return placement(queue, self.count) == self.index
+
+    def _holds_bodies(self, end_lsn: int) -> bool:
+        """Whether a queue may still read spilled bodies from a block before ``end_lsn``."""
+        for queue in self.queues.values():
+            floor = queue.body_floor
+            if floor is not None and floor < end_lsn:
+                return True
+        return False
 
     def _pinning(self, segment: SegmentInfo) -> dict[str, int]:
         """The queues whose records in ``segment`` are not yet covered by two snapshots, and

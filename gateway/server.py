@@ -148,6 +148,7 @@ def log_settings_of(settings: ServerSettings) -> LogSettings:
     return LogSettings(
         snapshot_every_records=settings.snapshot_every_records,
         snapshot_every_ms=int(settings.snapshot_every_s * 1000),
+        body_cache_bytes=settings.body_cache_mb * 1024 * 1024,
         archive=settings.archive_retention_days != 0,
         archive_retention_days=settings.archive_retention_days or None,
     )

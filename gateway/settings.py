@@ -75,6 +75,8 @@ class ServerSettings(msgspec.Struct, kw_only=True):
     ws_send_buffer_bytes: int = 256 * 1024  # a watcher that lets more pile up is closed
     snapshot_every_records: int = 200_000
     snapshot_every_s: float = 300.0
+    # Bodies of a local log's spilled messages read back and kept, per shard (MiB).
+    body_cache_mb: Annotated[int, msgspec.Meta(ge=0)] = 64
     # Days the archive keeps what the log prunes (actors/log/archive.py); None: forever;
     # 0: no archive (pruned history is gone).
     archive_retention_days: Annotated[int, msgspec.Meta(ge=0)] | None = None
@@ -265,6 +267,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add("--snapshot-every-records", type=int)
     add("--snapshot-every-s", type=float)
+    add(
+        "--body-cache-mb",
+        type=int,
+        help="per shard: bodies read back from a local log and kept for the next takes",
+    )
     add(
         "--archive-retention-days",
         type=int,

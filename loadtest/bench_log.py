@@ -166,8 +166,8 @@ class _AcceptingDevice:
     async def begin(self, epoch: int, next_lsn: int) -> None:
         pass
 
-    async def write(self, epoch: int, first_lsn: int, block: bytes) -> str:
-        return "accepted"
+    async def write(self, epoch: int, first_lsn: int, block: bytes) -> tuple[str, int]:
+        return "accepted", 0
 
     async def close(self) -> None:
         pass

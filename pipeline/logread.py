@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Coroutine, Iterator
+from collections.abc import Callable, Coroutine, Iterator
 from typing import Any, TypeVar
 
 import msgspec
@@ -37,6 +37,7 @@ from actors.core.snapshot import Snapshot, decode_snapshot, restore
 from actors.core.state import QueueState
 from actors.errors import DataError
 from actors.log import keys
+from actors.log.bodies import bodies_in
 from actors.log.codec import SegmentRead, decode_segment, decode_snapshot_object
 from actors.log.device import LogDevice, open_device
 from actors.log.shard_recovery import SHARD_STREAM
@@ -256,7 +257,40 @@ def read_snapshot(store: SyncStore, key: str) -> tuple[Snapshot, QueueState] | s
         return f"snapshot unusable: {exc.message}"
     if seq != keys.seq_of(key):
         return f"snapshot says seq {seq}"
-    return snap, restore(snap)
+    state = restore(snap)
+    if state.runs:  # messages held as runs (actors/core/runs.py): their bodies read back
+        state.read = _runs_reader(store, snap.name)
+        try:
+            state.unspill_all()
+        except (DataError, KeyNotFound) as exc:
+            return f"snapshot unusable: the log that holds its bodies does not read: {exc}"
+    return snap, state
+
+
+def _runs_reader(store: SyncStore, queue: str) -> Callable[[Any], list[bytes]]:
+    """Reads the bodies of the put at a run's place from its segment, live or archived
+    (the last segment read is kept: runs come in log order).
+
+    The reader raises KeyNotFound (the segment is neither) or DataError (it does not hold
+    them)."""
+    last: dict[str, bytes] = {}
+
+    def read(place: Any) -> list[bytes]:
+        segment, offset, length, seq = place[0], place[1], place[2], place[3]
+        data = last.get(segment)
+        if data is None:
+            last.clear()
+            try:
+                data = store.get(segment)
+            except KeyNotFound:
+                archived = store.archived().get(segment)
+                if archived is None:
+                    raise
+                data = store.get(archived)
+            last[segment] = data
+        return bodies_in(data[offset : offset + length], queue, seq, f"{segment} at {offset}")
+
+    return read
 
 
 # ------------------------------------------------------------------ shard logs

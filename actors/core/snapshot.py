@@ -28,6 +28,7 @@ __all__ = [
     "decode_snapshot",
     "encode_snapshot",
     "encode_snapshot_parts",
+    "logical",
     "restore",
     "snapshot",
 ]
@@ -81,6 +82,24 @@ def snapshot(state: QueueState) -> Snapshot:
         list(state.move_tasks),
         [run.record() for run in state.runs[state.run_front :] if run.left],
     )
+
+
+def logical(state: QueueState) -> Snapshot:
+    """:func:`snapshot` with every run's messages as messages, bodies read: the same for
+    equal queues however they are held (spilling or not)."""
+    snap = snapshot(state)
+    if not snap.runs:
+        return snap
+    messages = list(snap.messages)
+    for r in snap.runs:
+        run = Run.from_record(r)
+        bodies = state.bodies_of(run)
+        messages += (
+            QueuedMessage(r.seq + i, r.id + i, bodies[i], r.at_ms, r.at_ms, READY)
+            for i in run.spilled()
+        )
+    messages.sort(key=_seq)
+    return msgspec.structs.replace(snap, messages=messages, runs=[])
 
 
 def encode_snapshot(snap: Snapshot) -> bytes:

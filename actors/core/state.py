@@ -668,7 +668,8 @@ class QueueState:
         if run.left or run.mat:
             run.place, run.bodies = place, None
 
-    def _bodies(self, run: Run) -> list[bytes]:
+    def bodies_of(self, run: Run) -> list[bytes]:
+        """The bodies of ``run``'s put, in order (read back if it is placed)."""
         if run.bodies is not None:
             return run.bodies
         if self.read is None:
@@ -701,12 +702,13 @@ class QueueState:
         if found is None:
             return None
         run, i = found
-        return _transient(run, i, self._bodies(run)[i])
+        return _transient(run, i, self.bodies_of(run)[i])
 
     def spilled_after(self, after: tuple[int, int] | None) -> Iterator[QueuedMessage]:
         """Transient views of the spilled messages whose ready key ``(activate_at, seq)``
         is past ``after``, in that order (the order ``take`` reaches them)."""
         runs = self.runs
+        self.front_run()  # past the runs taken whole: a take starts where the last one ended
         lo = self.run_front
         if after is not None:
             lo = bisect_right(runs, after, lo=lo, key=_last_key)
@@ -719,7 +721,7 @@ class QueueState:
                 if after is not None and (run.at_ms, run.seq + i) <= after:
                     continue
                 if bodies is None:
-                    bodies = self._bodies(run)
+                    bodies = self.bodies_of(run)
                 yield _transient(run, i, bodies[i])
 
     def holds(self, mid: ev.MessageId) -> bool:
@@ -733,6 +735,24 @@ class QueueState:
             m = self._unspill(mid, offer=True)
         return m
 
+    def unspill_all(self) -> None:
+        """Materialize every spilled message (bodies read back): the state no longer needs
+        the log's bodies (a state that stops spilling, or leaves its log)."""
+        for run in self.runs[self.run_front :]:
+            if not run.left:
+                continue
+            bodies = self.bodies_of(run)
+            for i in list(run.spilled()):
+                m = _transient(run, i, bodies[i])
+                run.mat.append(m)
+                self.messages[m.id] = m
+                self.ready.append((m.activate_at_ms, m.seq, m))
+            run.left, run.next, run.place, run.bodies = 0, run.count, None, None
+            run.out.clear()
+        heapq.heapify(self.ready)
+        self.runs, self.run_front, self.spilled = [], 0, 0
+        self.spill = False
+
     def _unspill(self, mid: ev.MessageId, offer: bool) -> QueuedMessage | None:
         """Materialize spilled message ``mid`` as a ready message (in the ready heap if
         ``offer``: a caller about to take it leaves it out)."""
@@ -740,7 +760,7 @@ class QueueState:
         if found is None:
             return None
         run, i = found
-        m = _transient(run, i, self._bodies(run)[i])
+        m = _transient(run, i, self.bodies_of(run)[i])
         run.take_slot(i)
         run.mat.append(m)
         self.spilled -= 1

@@ -55,6 +55,7 @@ log = logging.getLogger(__name__)
 
 MIB = 1024 * 1024
 _JUNK_RETRIES = 4
+_READERS = 16  # segment files a local log keeps open for reading bodies back
 # While the disk is full, look for space again at most this often (statvfs, then a new
 # spare segment): a rate limit on a cheap check, not state time.
 SPACE_CHECK_S = 0.25
@@ -99,8 +100,9 @@ class LogDevice(Protocol):
         """Start writing as incarnation ``epoch`` from ``next_lsn``. Raises: StoreError."""
         ...
 
-    async def write(self, epoch: int, first_lsn: int, block: bytes) -> str:
-        """Append one block; durable when this returns. Returns the segment it went to.
+    async def write(self, epoch: int, first_lsn: int, block: bytes) -> tuple[str, int]:
+        """Append one block; durable when this returns. Returns the segment it went to and
+        the block's offset in it.
 
         Raises: StoreError (``ambiguous``: it may have landed), Fenced, OwnWriteLanded,
         DataError.
@@ -198,12 +200,12 @@ class ObjectLogDevice:
         """An object store has no disk of ours to fill."""
         return None
 
-    async def write(self, epoch: int, first_lsn: int, block: bytes) -> str:
+    async def write(self, epoch: int, first_lsn: int, block: bytes) -> tuple[str, int]:
         data = encode_wal_header(epoch, first_lsn, self.shard) + block
         key = keys.wal_segment_key(self.shard, first_lsn)
         for _ in range(_JUNK_RETRIES):
             if await self.store.put_if_absent(key, data) or await self._taken(key, data, epoch):
-                return key
+                return key, SEGMENT_HEADER_SIZE
         raise Unavailable(f"{key}: kept finding a fenced writer's segments there", key=key)
 
     async def _taken(self, key: str, data: bytes, epoch: int) -> bool:
@@ -366,6 +368,7 @@ class LocalLogDevice:
         self._epoch = 0
         self._spare: _Spare | None = None
         self._spare_path = os.path.join(self.root, ".tmp", f"wal-{shard:04d}.spare")
+        self._readers: dict[str, int] = {}  # segments open for reading bodies, LRU order
 
     def __repr__(self) -> str:
         return f"LocalLogDevice({self.dir!r})"
@@ -451,7 +454,7 @@ class LocalLogDevice:
     def active(self) -> str | None:
         return self._key
 
-    async def write(self, epoch: int, first_lsn: int, block: bytes) -> str:
+    async def write(self, epoch: int, first_lsn: int, block: bytes) -> tuple[str, int]:
         if self.failed is not None:
             raise self.failed
         if self._fd is None or epoch != self._epoch:
@@ -461,7 +464,7 @@ class LocalLogDevice:
         fd, key = self._fd, self._key  # set and cleared together
         assert fd is not None
         assert key is not None
-        pos = self._pos
+        pos = start = self._pos
         path = self._path(key)
         try:
             view = memoryview(block)
@@ -490,7 +493,32 @@ class LocalLogDevice:
             self._pos = pos
             raise self._fail("fdatasync", exc) from exc
         self._pos = pos
-        return key
+        return key, start
+
+    def read_at(self, key: str, offset: int, length: int) -> bytes:
+        """``length`` bytes of segment ``key`` from ``offset``, read at once (through the
+        page cache: a body wanted by a take was written recently or is read in order).
+
+        Raises: DataError (the segment is shorter: it was cut or is gone), StoreError.
+        """
+        fd = self._readers.pop(key, None)
+        if fd is None:
+            try:
+                fd = os.open(self._path(key), os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                raise DataError(f"log segment {key} is gone; a body in it was wanted") from None
+            except OSError as exc:
+                raise StoreError(f"cannot open {key}: {exc}", ambiguous=False) from exc
+            while len(self._readers) >= _READERS:
+                os.close(self._readers.pop(next(iter(self._readers))))
+        self._readers[key] = fd  # the most recently used last
+        try:
+            data = os.pread(fd, length, offset)
+        except OSError as exc:
+            raise StoreError(f"cannot read {key}: {exc}", ambiguous=False) from exc
+        if len(data) != length:
+            raise DataError(f"log segment {key} ends before offset {offset + length}")
+        return data
 
     def _fail(self, op: str, exc: OSError) -> DiskFailed:
         """Stop writing for good: a failed fsync (or write) leaves the file's state unknown
@@ -638,10 +666,16 @@ class LocalLogDevice:
     async def delete(self, key: str) -> None:
         if key == self._key:
             return
+        fd = self._readers.pop(key, None)
+        if fd is not None:
+            os.close(fd)
         await self.store.delete(key)
 
     async def close(self) -> None:
         self._close_segment()
+        for fd in self._readers.values():
+            os.close(fd)
+        self._readers.clear()
         if self._spare is not None:
             self._spare.wait()
             self._spare = None

@@ -37,7 +37,8 @@ from actors.core.events import Event, QueueCreated, QueueDeleted, WriterStarted
 from actors.core.state import QueueState
 from actors.errors import DataError, QueueError, Unavailable
 from actors.log import keys
-from actors.log.device import LogDevice
+from actors.log.bodies import Bodies, inline_runs, place_of
+from actors.log.device import LocalLogDevice, LogDevice
 from actors.log.layout import claim_layout
 from actors.log.replay import Discarded, RecoveryReport, replay
 from actors.log.shardlog import ShardLog
@@ -65,6 +66,7 @@ SHARD_STREAM = ""  # the shard's own records (epoch claims) in its log: no queue
 READ_AHEAD_PER_SLOT = 4
 
 Progress = Callable[[int, int, int], None]  # (segments done, segments total, records done)
+Prepare = Callable[[str, QueueState], object]  # sets up a queue's state before records apply
 
 
 def placement(name: str, count: int) -> int:
@@ -162,6 +164,7 @@ async def open_shard_log(
     *,
     progress: Progress | None = None,
     max_batch_bytes: int = 16 * 1024 * 1024,
+    prepare: Prepare | None = None,
 ) -> OpenedShard:
     """Recover shard ``shard`` of ``count`` and take ownership of its log.
 
@@ -175,7 +178,7 @@ async def open_shard_log(
     last_error: QueueError | None = None
     for attempt in range(_CLAIM_ATTEMPTS):
         started = time.perf_counter()  # a duration for the report; state time is in events
-        recovery = _Recovery(store, device, shard, count, progress)
+        recovery = _Recovery(store, device, shard, count, progress, prepare)
         await recovery.run()
         epoch = max(recovery.max_epoch, epoch_floor) + 1
         report = recovery.report
@@ -227,7 +230,12 @@ async def read_shard(
     Raises:
         StoreError: the store failed.
     """
-    recovery = _Recovery(store, device, shard, count, None)
+    bodies = Bodies(device) if isinstance(device, LocalLogDevice) else None
+
+    def readable(name: str, state: QueueState) -> None:  # runs of snapshots read back
+        state.read = bodies.reader(name) if bodies is not None else None
+
+    recovery = _Recovery(store, device, shard, count, None, readable)
     await recovery.run()
     recovery.report.epoch = recovery.max_epoch
     queues = {n: q for n, q in recovery.queues.items() if q.state.created}
@@ -244,8 +252,11 @@ class _Recovery:
         shard: int,
         count: int,
         progress: Progress | None,
+        prepare: Prepare | None = None,
     ) -> None:
         self.store = store
+        self.prepare = prepare
+        self._where: tuple[str, int, int, int] = ("", 0, 0, 0)  # the block being applied
         self.device = device
         self.shard = shard
         self.count = count
@@ -287,6 +298,9 @@ class _Recovery:
                 continue
             replayed = await replay(self.store, name, listing=listing)
             report = replayed.report
+            self._prepared(name, replayed.state)
+            if replayed.state.runs and replayed.state.read is None:
+                await inline_runs(replayed.state, name, self.device.read)
             queue = QueueRecovered(name, replayed.state, report.last_seq + 1, report)
             queue.snapshots = _snapshot_seqs(name, listing, replayed.damaged)
             queue.legacy = any(k.startswith(keys.log_prefix(name)) for k in listing)
@@ -393,6 +407,7 @@ class _Recovery:
                 decoded.append((queue, first_seq, skip, events))
         except DataError:
             return False
+        self._where = (info.key, block.offset, block.end - block.offset, block.first_lsn)
         for queue, first_seq, skip, events in decoded:
             info.queues[queue.name] = first_seq + skip + len(events) - 1
             self._apply(queue, first_seq + skip, events)
@@ -405,9 +420,23 @@ class _Recovery:
                 log.warning("shard %d: records of queue %s, which is not ours", self.shard, name)
                 return None
             queue = self.queues[name] = QueueRecovered(
-                name, QueueState(), 1, RecoveryReport(queue=name)
+                name, self._prepared(name, QueueState()), 1, RecoveryReport(queue=name)
             )
         return queue
+
+    def _prepared(self, name: str, state: QueueState) -> QueueState:
+        if self.prepare is not None:
+            self.prepare(name, state)
+        return state
+
+    def _place_runs(self, state: QueueState, seq: int) -> None:
+        """Runs the record just applied made: their bodies are where the record is (a
+        state that cannot read them back keeps them)."""
+        if state.read is not None:
+            segment, offset, length, lsn = self._where
+            for run in state.unplaced:
+                state.place(run, place_of(segment, offset, length, seq, lsn))
+        state.unplaced.clear()
 
     def _apply(self, queue: QueueRecovered, first_seq: int, events: list[Event]) -> None:
         for offset, event in enumerate(events):
@@ -422,6 +451,8 @@ class _Recovery:
                 self._gap(queue, queue.next_seq)
                 return
             queue.state.apply(event)
+            if queue.state.unplaced:
+                self._place_runs(queue.state, seq)
             queue.next_seq = seq + 1
             queue.report.records_replayed += 1
             self.records += 1

@@ -42,6 +42,8 @@ class Batch:
         "entries",
         "first_lsn",
         "groups",
+        "length",
+        "offset",
         "outcome",
         "released",
         "segment",
@@ -57,6 +59,8 @@ class Batch:
         self.size = 0
         self.first_lsn = 0  # set when the batch goes out
         self.segment = ""  # the segment it went to, once durable
+        self.offset = 0  # and where the block is in it
+        self.length = 0  # (the block's bytes)
         # None: not finished; True: durable; else the error that failed the write
         self.outcome: QueueError | Literal[True] | None = None
         # Set once waiters have been told: None (released: it and all before it are durable)
@@ -209,7 +213,10 @@ class ShardLog:
         try:
             groups = list(batch.groups.values())
             block = encode_raw_block(self.epoch, batch.first_lsn, groups, batch.count)
-            batch.segment = await self.device.write(self.epoch, batch.first_lsn, block)
+            batch.length = len(block)
+            batch.segment, batch.offset = await self.device.write(
+                self.epoch, batch.first_lsn, block
+            )
         except QueueError as exc:
             batch.outcome = exc
         except Exception as exc:  # a bug or an unexpected library error

@@ -33,6 +33,7 @@ __all__ = [
     "Group",
     "WalHeader",
     "WalRead",
+    "decode_block",
     "decode_groups",
     "decode_record",
     "decode_wal_header",
@@ -246,6 +247,19 @@ def decode_groups(block: Block) -> list[Group]:
     if sum(len(recs) for _, _, recs in groups) != block.count:
         raise DataError(f"block at offset {block.offset} holds another count than it says")
     return groups
+
+
+def decode_block(data: bytes) -> Block:
+    """The one block ``data`` holds (a block read back from where it was written), its
+    checksum verified.
+
+    Raises:
+        DataError: it is not a whole valid block.
+    """
+    found = _block_at(data, 0)
+    if isinstance(found, str):
+        raise DataError(f"a block read back is not valid: {found}")
+    return found
 
 
 def _block_at(data: bytes, pos: int) -> Block | str:

@@ -187,7 +187,7 @@ async def _write(root: Path) -> bytes:
         lsn = FIRST_LSN
         for groups in blocks():
             encoded = [(q, s, [encode_record(e) for e in events]) for q, s, events in groups]
-            key = await device.write(EPOCH, lsn, encode_block(EPOCH, lsn, encoded))
+            key, _ = await device.write(EPOCH, lsn, encode_block(EPOCH, lsn, encoded))
             lsn += sum(len(events) for _, _, events in groups)
         return await device.read(key)
     finally:

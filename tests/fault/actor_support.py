@@ -21,7 +21,7 @@ from actors.clock import Clock
 from actors.core import commands as cmd
 from actors.core import events as ev
 from actors.core.ids import IdSource, SequentialIds
-from actors.core.snapshot import snapshot
+from actors.core.snapshot import logical
 from actors.core.state import QueueState
 from actors.log.device import LogDevice, open_device
 from actors.log.obstore_store import ObstoreStore
@@ -129,7 +129,7 @@ def state_view(state: QueueState, now_ms: int) -> Any:
     Advancing is a projection (state.py): the state at a time is fixed by the events and
     the time, so two states of the same log advanced to the same time must be equal."""
     state.advance(now_ms)
-    return msgspec.to_builtins(snapshot(state))
+    return msgspec.to_builtins(logical(state))
 
 
 def device_of(store: ObjectStore) -> LogDevice:

@@ -25,7 +25,7 @@ import pytest
 from actors.clock import ManualClock
 from actors.core import commands as c
 from actors.core import events as ev
-from actors.core.snapshot import snapshot
+from actors.core.snapshot import logical
 from actors.core.state import QueueState
 from actors.errors import QueueError
 from actors.ids import SequentialIds
@@ -190,7 +190,7 @@ def state_bytes(state: QueueState, now_ms: int) -> bytes:
     """The logical state at ``now_ms`` (advancing is a projection: equal logs and equal
     times give equal bytes)."""
     state.advance(now_ms)
-    return msgspec.msgpack.encode(snapshot(state))
+    return msgspec.msgpack.encode(logical(state))
 
 
 def damaged_copies(root: Path) -> list[str]:

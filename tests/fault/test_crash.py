@@ -35,7 +35,7 @@ from actors.clock import ManualClock
 from actors.core import commands as cmd
 from actors.core import replies as rp
 from actors.core.ids import SequentialIds
-from actors.core.snapshot import decode_snapshot
+from actors.core.snapshot import decode_snapshot, logical
 from actors.log import keys
 from actors.log.codec import decode_snapshot_object
 from actors.log.device import LocalLogDevice
@@ -149,7 +149,7 @@ async def check_recovery(root: Path, said: Acknowledged, ctx: str) -> None:
         await check_log(store, ctx)
         actor = await open_queue(store, ManualClock())
         try:
-            present = {str(mid): m for mid, m in actor.state.messages.items()}
+            present = {str(m.id): m for m in logical(actor.state).messages}
             lost = said.puts - present.keys() - said.acking
             assert not lost, f"{ctx}: {len(lost)} acknowledged puts lost, e.g. {sorted(lost)[:5]}"
             back = said.acks & present.keys()

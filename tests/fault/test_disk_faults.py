@@ -27,6 +27,7 @@ import pytest
 from actors.clock import ManualClock
 from actors.core import commands as cmd
 from actors.core.ids import SequentialIds
+from actors.core.snapshot import logical
 from actors.errors import QueueError, Unavailable
 from actors.log.device import SPACE_CHECK_S, LocalLogDevice
 from actors.log.faults import FaultyDisk
@@ -83,7 +84,7 @@ async def ids_after_restart(store: LocalDirStore) -> set[str]:
     shard = await open_shard(store)
     try:
         queue = await shard.get(Q)
-        return {str(m) for m in queue.state.messages}
+        return {str(m.id) for m in logical(queue.state).messages}
     finally:
         await shard.close()
 

@@ -27,6 +27,7 @@ import pytest
 from actors.clock import ManualClock
 from actors.core import commands as cmd
 from actors.core.ids import SequentialIds
+from actors.core.snapshot import logical
 from actors.errors import QueueError, Unavailable
 from actors.log.device import SPACE_CHECK_S
 from actors.log.store import LocalDirStore
@@ -78,7 +79,7 @@ async def put_once_space_returns(shard: QueueShard, mid: str) -> None:
 async def ids_after_restart(root: Path) -> set[str]:
     shard = await open_shard(root)
     try:
-        return {str(m) for m in (await shard.get(Q)).state.messages}
+        return {str(m.id) for m in logical((await shard.get(Q)).state).messages}
     finally:
         await close(shard)
 

@@ -383,7 +383,7 @@ async def test_a_writer_sets_aside_an_older_epochs_segment_under_its_name_and_go
     junk = _object(1, [ev.WriterStarted(5, 1)])
     assert await store.put_if_absent(key, junk)
     events: list[ev.Event] = [ev.WriterStarted(7, 2)]
-    assert await ObjectLogDevice(store, 0).write(2, 1, _block(2, events)) == key
+    assert await ObjectLogDevice(store, 0).write(2, 1, _block(2, events)) == (key, 32)
     assert await store.get(key) == _object(2, events)
     assert await store.get(keys.wal_damaged_key(key, 2)) == junk
 
@@ -394,7 +394,7 @@ async def test_a_writer_that_finds_its_own_bytes_under_its_name_goes_on() -> Non
     events: list[ev.Event] = [ev.WriterStarted(7, 1)]
     key = keys.wal_segment_key(0, 1)
     assert await store.put_if_absent(key, _object(1, events))
-    assert await ObjectLogDevice(store, 0).write(1, 1, _block(1, events)) == key
+    assert await ObjectLogDevice(store, 0).write(1, 1, _block(1, events)) == (key, 32)
     assert await store.get(key) == _object(1, events)
 
 

@@ -22,7 +22,7 @@ from actors.clock import ManualClock
 from actors.core import commands as c
 from actors.core import events as ev
 from actors.core.decide import execute
-from actors.core.snapshot import snapshot
+from actors.core.snapshot import logical
 from actors.core.state import QueueState
 from actors.ids import SequentialIds
 from actors.log import keys
@@ -42,7 +42,7 @@ NO_AUTO = LogSettings(snapshot_every_records=10**9, snapshot_every_ms=10**12)
 
 def state_bytes(state: QueueState, now_ms: int) -> bytes:
     state.advance(now_ms)
-    return msgspec.msgpack.encode(snapshot(state))
+    return msgspec.msgpack.encode(logical(state))
 
 
 def write_v1_log(root: Path, rounds: int = 6, snapshot_after: int | None = None) -> list[ev.Event]:

@@ -113,8 +113,10 @@ async def test_blocks_land_one_after_another_in_the_preallocated_space(
     offsets = []
     pos = layout.WAL_HEADER
     for lsn, data in written:
-        key = await local.write(2, lsn, data)
+        key, at = await local.write(2, lsn, data)
         assert key == keys.wal_segment_key(SHARD, 1)
+        assert at == pos  # where the block begins: its bodies are read back from there
+        assert local.read_at(key, at, len(data)) == data
         offsets.append(pos)
         pos += len(data)
         # the file as a crash would leave it now: the blocks so far, then zeros
@@ -150,7 +152,7 @@ async def test_a_block_that_does_not_fit_starts_the_next_segment(
         await local.write(1, lsn, data)
     third = block(1, 3, 400)
     assert layout.WAL_HEADER + sum(map(len, first)) + len(third) > SEGMENT
-    key = await local.write(1, 3, third)
+    key, _ = await local.write(1, 3, third)
     assert key == keys.wal_segment_key(SHARD, 3) == local.active()
     segs = files(store)
     assert list(segs) == [keys.wal_segment_key(SHARD, 1), key]
@@ -182,7 +184,7 @@ async def test_a_block_rolls_exactly_when_it_does_not_fit_in_what_is_left(
     first = block(1, 1, 200)
     await local.write(1, 1, first)
     left = SEGMENT - layout.WAL_HEADER - len(first)
-    key = await local.write(1, 2, sized_block(1, 2, left + over))
+    key, _ = await local.write(1, 2, sized_block(1, 2, left + over))
     assert key == keys.wal_segment_key(SHARD, 2 if over else 1)
     sizes = [len(d) for d in files(store).values()]
     if over:  # the first segment was cut to its block; the block went to a new one
@@ -198,9 +200,9 @@ async def test_a_block_larger_than_a_segment_gets_a_segment_of_its_own(
     await local.begin(1, 1)
     await local.write(1, 1, block(1, 1))
     big = block(1, 2, 3 * SEGMENT)
-    key = await local.write(1, 2, big)
+    key, _ = await local.write(1, 2, big)
     assert len(files(store)[key]) == layout.WAL_HEADER + len(big)  # just big enough
-    after = await local.write(1, 3, block(1, 3))
+    after, _ = await local.write(1, 3, block(1, 3))
     assert after == keys.wal_segment_key(SHARD, 3)  # and the next block starts another
     assert [scan_segment(d).end for d in files(store).values()] == ["clean", "clean", "zeros"]
 
@@ -211,15 +213,15 @@ async def test_a_segment_older_than_roll_after_ms_is_closed_at_the_next_block(
     await local.begin(1, 1)
     await local.write(1, 1, block(1, 1, 50))
     clock.advance(ROLL_MS - 1)
-    assert await local.write(1, 2, block(1, 2, 50)) == keys.wal_segment_key(SHARD, 1)
+    assert (await local.write(1, 2, block(1, 2, 50)))[0] == keys.wal_segment_key(SHARD, 1)
     clock.advance(1)
-    assert await local.write(1, 3, block(1, 3, 50)) == keys.wal_segment_key(SHARD, 3)
+    assert (await local.write(1, 3, block(1, 3, 50)))[0] == keys.wal_segment_key(SHARD, 3)
     old = files(store)[keys.wal_segment_key(SHARD, 1)]
     assert scan_segment(old).end == "clean"
     assert [b.first_lsn for b in scan_segment(old).blocks] == [1, 2]
     # the age counts from the new segment's start
     clock.advance(ROLL_MS - 1)
-    assert await local.write(1, 4, block(1, 4, 50)) == keys.wal_segment_key(SHARD, 3)
+    assert (await local.write(1, 4, block(1, 4, 50)))[0] == keys.wal_segment_key(SHARD, 3)
 
 
 async def test_a_segment_idle_since_it_began_takes_the_next_block_itself(
@@ -228,7 +230,7 @@ async def test_a_segment_idle_since_it_began_takes_the_next_block_itself(
     # An idle shard's fresh segment holds no block yet: its age does not matter.
     await local.begin(1, 1)
     clock.advance(10 * ROLL_MS)
-    assert await local.write(1, 1, block(1, 1)) == keys.wal_segment_key(SHARD, 1)
+    assert (await local.write(1, 1, block(1, 1)))[0] == keys.wal_segment_key(SHARD, 1)
     assert list(files(store)) == [keys.wal_segment_key(SHARD, 1)]
 
 
@@ -239,7 +241,7 @@ async def test_each_incarnation_begins_a_segment_of_its_own(
     await local.write(1, 1, block(1, 1))
     await local.begin(2, 2)  # a reload: a new epoch from the next LSN
     assert local.active() == keys.wal_segment_key(SHARD, 2)
-    assert await local.write(2, 2, block(2, 2)) == keys.wal_segment_key(SHARD, 2)
+    assert (await local.write(2, 2, block(2, 2)))[0] == keys.wal_segment_key(SHARD, 2)
     with pytest.raises(StoreError, match="not open for writing"):
         await local.write(1, 3, block(1, 3))  # the old epoch writes nothing more
     segs = files(store)
@@ -263,7 +265,7 @@ async def test_the_segment_being_written_is_never_deleted(
     await local.delete(active)
     await local.delete(old)
     assert list(files(store)) == [active]
-    assert await local.write(1, 3, block(1, 3)) == active
+    assert (await local.write(1, 3, block(1, 3)))[0] == active
 
 
 # ================================================================ the lock
@@ -389,7 +391,7 @@ async def test_the_object_device_writes_one_segment_object_per_block() -> None:
     await device.begin(6, 11)
     blocks = {11: block(6, 11, count=2), 13: block(6, 13), 14: block(6, 14, count=4)}
     for lsn, data in blocks.items():
-        assert await device.write(6, lsn, data) == keys.wal_segment_key(SHARD, lsn)
+        assert await device.write(6, lsn, data) == (keys.wal_segment_key(SHARD, lsn), 32)
         assert device.active() is None  # every object is whole once written: all prunable
     assert [lsn for lsn, _ in await device.segments()] == list(blocks)
     for lsn, data in blocks.items():

@@ -30,6 +30,7 @@ import pytest
 from actors.clock import ManualClock
 from actors.core import commands as c
 from actors.core import replies as rp
+from actors.core.snapshot import logical
 from actors.errors import QueueError
 from actors.ids import SequentialIds
 from actors.keyspace import partition_of
@@ -140,7 +141,7 @@ def describe(s: Any) -> dict[str, Any]:
                 "group": m.group,
                 "attributes": m.attributes,
             }
-            for m in s.messages.values()
+            for m in logical(s).messages
         ],
         "keys": {k: list(v) for k, v in s.keys.items()},
         "idempotency_keys": sorted(s.idem),
@@ -204,7 +205,7 @@ async def _go_on(server: Server, clock: ManualClock) -> None:
     """Commands that lean on the version-1 history."""
     clock.advance(5)
     jobs = server.shard("jobs").queues["jobs"].state
-    [reserved] = [m for m in jobs.messages.values() if m.lease]
+    [reserved] = [m for m in logical(jobs).messages if m.lease]
     [[acked]] = await server.run("jobs", c.Ack([c.LeaseRef(str(reserved.id), str(reserved.lease))]))
     assert acked.status == rp.OK  # a lease handed out by the version-1 server
     [[again, fresh]] = await server.run(
@@ -219,7 +220,7 @@ async def _go_on(server: Server, clock: ManualClock) -> None:
     assert acked.status == rp.OK
     # FIFO: a1 is reserved, so group a waits for it; b1 is next, then a2 once a1 is acked.
     fifo = server.shard("orders.fifo").queues["orders.fifo"].state
-    [a1] = [m for m in fifo.messages.values() if m.lease]
+    [a1] = [m for m in logical(fifo).messages if m.lease]
     [taken] = await server.run("orders.fifo", c.Take(2))
     assert [d.body for d in taken] == [b"b1"]
     [[acked]] = await server.run("orders.fifo", c.Ack([c.LeaseRef(str(a1.id), str(a1.lease))]))
