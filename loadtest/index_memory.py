@@ -9,6 +9,8 @@ allocation, so numpy's buffers too) and the process's RSS:
   bodies, server ids, ready at once), as a shard holds them;
 - ``engine-nobody``: the same with empty bodies: what today's object model costs without
   the bodies (a body reference would cost at least this);
+- ``runs``: the engine as a shard on a local log runs it (``spill``: each put a run,
+  actors/core/runs.py), every run placed, so its bodies are in the log, not here;
 - ``columns``: a columnar sketch of the same index (numpy arrays indexed by arrival
   sequence: activation time, state, receive count, body segment, offset and length; the
   put time once per put; ready messages as a FIFO of sequence numbers), the shape the issue
@@ -36,11 +38,12 @@ BATCH = 1000
 BODY = b"x" * 100
 
 
-def _engine(n: int, body: bytes) -> object:
+def _engine(n: int, body: bytes, spill: bool = False) -> object:
     from actors.core import events as ev
     from actors.core.state import QueueState
 
     state = QueueState()
+    state.spill = spill
     state.apply(ev.QueueCreated(at_ms=1, name="q", settings=state.settings))
     for first in range(1, n + 1, BATCH):
         items = [
@@ -48,6 +51,9 @@ def _engine(n: int, body: bytes) -> object:
             for i in range(first, first + BATCH)
         ]  # a body of its own per message, as decoding a put gives
         state.apply(ev.MessagesPut(at_ms=2, items=items))
+        for run in state.unplaced:  # as a shard does once the put is durable
+            state.place(run, ("wal/0000/00000000000000000001.seg", first, 0, first, first))
+        state.unplaced.clear()
     return state
 
 
@@ -107,6 +113,7 @@ def measure(kind: str, n: int) -> dict[str, float]:
     build = {
         "engine": lambda: _engine(n, BODY),
         "engine-nobody": lambda: _engine(n, b""),
+        "runs": lambda: _engine(n, BODY, spill=True),
         "columns": lambda: _columns(n),
     }[kind]
     kept = build()
@@ -120,7 +127,8 @@ def measure(kind: str, n: int) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--messages", type=int, nargs=2, default=[1_000_000, 2_000_000])
-    parser.add_argument("--kinds", nargs="+", default=["engine", "engine-nobody", "columns"])
+    kinds = ["engine", "engine-nobody", "runs", "columns"]
+    parser.add_argument("--kinds", nargs="+", default=kinds)
     parser.add_argument("--one", nargs=2, help=argparse.SUPPRESS)  # child: kind, n
     args = parser.parse_args()
     if args.one:
