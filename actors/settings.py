@@ -146,4 +146,4 @@ class LogSettings(msgspec.Struct, frozen=True, kw_only=True):
     # Queues hold ready puts as runs whose bodies stay in the log (actors/core/runs.py); a
     # local log's bodies are read back through a cache of this many bytes of bodies.
     spill: bool = True
-    body_cache_bytes: int = 64 * 1024 * 1024
+    body_cache_bytes: int = 16 * 1024 * 1024

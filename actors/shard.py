@@ -146,6 +146,8 @@ class QueueShard:
             if isinstance(self.device, LocalLogDevice)
             else None
         )
+        if self.bodies is not None:
+            self.memory.shed = self.bodies.clear
         self.queues: dict[str, QueueActor] = {}
         self.wal: ShardLog = ShardLog(self.device, 0, 1)  # replaced by start()
         self.log_ready = asyncio.Event()
@@ -809,7 +811,8 @@ class MemoryBudget:
     writes whatever the load, and room for the puts the gateways can have on their way in
     (``in_flight``: a shard holds them before it can refuse them).
 
-    Over the budget, it first hands the allocator's free memory back to the system
+    Over the budget, it first drops the cache of bodies read back from the log, hands the
+    allocator's free memory back to the system
     (``malloc_trim``: microseconds when nothing was freed, ~75 ms once after 400 MB were)
     and reads again: glibc keeps freed message
     bodies resident in the arena of the thread that allocated them (a Ray async actor's
@@ -824,6 +827,7 @@ class MemoryBudget:
         self._snapshots: dict[str, int] = {}  # queue: its last snapshot object's size
         self._reserved = 0  # room for the next snapshots: twice their sum
         self.in_flight: Callable[[], int] = lambda: 0  # bytes of puts that may be on their way
+        self.shed: Callable[[], None] = lambda: None  # drops caches (spilled bodies read back)
         self._room = 0  # at the last reading: the reserve and what may be in flight
 
     def over(self) -> bool:
@@ -840,6 +844,7 @@ class MemoryBudget:
             # must not count (a shard just under its budget with drained messages' memory
             # kept would otherwise let in only the headroom's worth every 200 ms).
             if refusing or self._resident + self._room > self.budget:
+                self.shed()
                 _malloc_trim()
                 self._resident = resident_bytes()
         return self._resident + self._admitted + self._room > self.budget

@@ -76,7 +76,7 @@ class ServerSettings(msgspec.Struct, kw_only=True):
     snapshot_every_records: int = 200_000
     snapshot_every_s: float = 300.0
     # Bodies of a local log's spilled messages read back and kept, per shard (MiB).
-    body_cache_mb: Annotated[int, msgspec.Meta(ge=0)] = 64
+    body_cache_mb: Annotated[int, msgspec.Meta(ge=0)] = 16
     # Days the archive keeps what the log prunes (actors/log/archive.py); None: forever;
     # 0: no archive (pruned history is gone).
     archive_retention_days: Annotated[int, msgspec.Meta(ge=0)] | None = None

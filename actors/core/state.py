@@ -688,10 +688,12 @@ class QueueState:
         """The run and slot holding id ``mid`` while it is spilled."""
         if type(mid) is not int or not self.spilled:
             return None
-        runs = self.runs
-        i = bisect_right(runs, mid, lo=self.run_front, key=_first_id) - 1
-        if i < self.run_front:
-            return None
+        runs, i = self.runs, self.run_front
+        if not (i < len(runs) and runs[i].id <= mid < runs[i].id + runs[i].count):
+            # not in the front run, where takes are
+            i = bisect_right(runs, mid, lo=i, key=_first_id) - 1
+            if i < self.run_front:
+                return None
         slot = runs[i].slot(mid)
         return None if slot is None else (runs[i], slot)
 

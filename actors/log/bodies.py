@@ -42,13 +42,18 @@ class Readable(Protocol):
 class Bodies:
     """Reads placed runs' bodies from one shard's log, with a bounded cache."""
 
-    def __init__(self, device: Readable, cache_bytes: int = 64 * 1024 * 1024) -> None:
+    def __init__(self, device: Readable, cache_bytes: int = 16 * 1024 * 1024) -> None:
         self.device = device
         self.cache_bytes = cache_bytes
         self.cached = 0  # bytes of bodies in the cache
         self._cache: OrderedDict[tuple[str, str, int, int], tuple[list[bytes], int]] = OrderedDict()
         self.blocks_read = 0
         self.hits = 0
+
+    def clear(self) -> None:
+        """Drop the cache (a shard short of memory)."""
+        self._cache.clear()
+        self.cached = 0
 
     def reader(self, queue: str) -> Callable[[Any], list[bytes]]:
         """The reader a spilling state of ``queue`` is given."""

@@ -10,7 +10,7 @@ SequentialIds:
 - an update of a spilled body, a reschedule, a delete, take order across runs;
 - a segment whose bodies a queue may still read stays until they are gone, then goes;
 - a damaged block read back is an error of that command, not a wrong body;
-- the body cache stays within its bound;
+- the body cache stays within its bound, and a shard over its memory budget drops it;
 - an object store's shard keeps bodies in memory (no place), and recovers them;
 - a reshard leaves snapshots that hold every body, so the old logs can go.
 """
@@ -213,6 +213,22 @@ async def test_the_body_cache_stays_within_its_bound(local: ObjectStore) -> None
         assert bodies.hits > 0
     finally:
         await shard.close()
+
+
+async def test_a_shard_over_its_memory_budget_drops_the_body_cache(local: ObjectStore) -> None:
+    shard = await open_shard(local, ManualClock())
+    try:
+        await fill(shard, 2)
+        [taken] = await run(shard, cmd.Take(max=150))
+        assert len(taken) == 150
+        assert shard.bodies is not None
+        assert shard.bodies.cached > 0
+        shard.memory.budget = 1  # over it from now on; the reading is due now
+        shard.memory._checked = 0.0
+        assert shard.memory.over()
+        assert shard.bodies.cached == 0
+    finally:
+        await shard.close(snapshot=False)
 
 
 async def test_an_object_store_shard_keeps_run_bodies_in_memory(tmp_path: Path) -> None:

@@ -130,9 +130,12 @@ def test_graceful_restart_keeps_every_state(make_server: ServerFactory, names: N
         c.delete_queue(gone)
         assert c.purge(emptied) == 2
 
-        def dead_lettered() -> bool:
-            infos = [c.get_queue(s).stats for s, _ in (same, across)]
-            return all(i is not None and i.dead_lettered == 1 for i in infos)
+        def dead_lettered() -> bool:  # and routed: counted at the source, queued at the DLQ
+            sources = [c.get_queue(s).stats for s, _ in (same, across)]
+            dlqs = [c.get_queue(d).stats for _, d in (same, across)]
+            return all(i is not None and i.dead_lettered == 1 for i in sources) and all(
+                i is not None and i.total == 1 for i in dlqs
+            )
 
         eventually(dead_lettered, timeout=10, what="dead letters routed")
 
