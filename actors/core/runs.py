@@ -4,10 +4,12 @@ Most messages of a deep queue are put ready (no delay, no group, no attributes) 
 server ids, and sit untouched until a take reaches them. A state that *spills*
 (``QueueState.spill``, set by a shell that can read its log back) holds such a put as one
 :class:`Run` instead of one :class:`~actors.core.state.QueuedMessage` per message: the
-messages' ids, arrival sequences and times follow from the run's first ones, and their
-bodies stay in the log once the put is durable (the shell *places* the run: it tells the
-state where the put's record is, and the inline bodies go). A slot of a run costs the
-4 bytes of its body's length.
+messages' arrival sequences and times follow from the run's first ones, their ids too
+when they are consecutive (else 8 bytes each: server ids are drawn from the clock with a
+random part, and increase), and their bodies stay in the log once the put is durable (the
+shell *places* the run: it tells the state where the put's record is, and the inline
+bodies go). A slot of a run costs the 4 bytes of its body's length, and its id's 8 if
+ids are not consecutive.
 
 A slot leaves its run — is *materialized* into a ``QueuedMessage``, body read back through
 the state's reader — only when an event changes it (a take, an update, a delete); reads
@@ -23,6 +25,7 @@ from __future__ import annotations
 
 import sys
 from array import array
+from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
@@ -55,10 +58,11 @@ class RunRecord(msgspec.Struct, array_like=True, gc=False):
     lengths: bytes  # the bodies' lengths, 4 bytes each, little-endian
     place: Any = None  # where the put's bodies are in the log (None: they are in ``bodies``)
     bodies: list[bytes] | None = None
+    ids: bytes = b""  # each slot's id, 8 bytes little-endian; empty: id, id + 1, ...
 
 
 class Run:
-    """The messages of one put: ids ``id .. id + count - 1``, arrival sequences ``seq ..``,
+    """The messages of one put: ids ``id ..`` (increasing), arrival sequences ``seq ..``,
     all put and ready at ``at_ms``."""
 
     __slots__ = (
@@ -66,6 +70,8 @@ class Run:
         "bodies",
         "count",
         "id",
+        "ids",
+        "last_id",
         "left",
         "lengths",
         "mat",
@@ -75,9 +81,11 @@ class Run:
         "seq",
     )
 
-    def __init__(self, seq: int, first_id: int, at_ms: int, bodies: list[bytes]) -> None:
+    def __init__(self, seq: int, ids: list[int], at_ms: int, bodies: list[bytes]) -> None:
         self.seq = seq
-        self.id = first_id
+        self.id, self.last_id = ids[0], ids[-1]
+        # consecutive ids (strictly increasing, so a span of count - 1) need no list
+        self.ids = array("q", ids) if ids[-1] - ids[0] != len(ids) - 1 else None
         self.at_ms = at_ms
         self.count = len(bodies)
         self.next = 0  # slots before it are materialized (or gone)
@@ -93,9 +101,19 @@ class Run:
     def __repr__(self) -> str:
         return f"Run(seq={self.seq}, id={self.id}, count={self.count}, left={self.left})"
 
+    def mid(self, i: int) -> int:
+        """The id of slot ``i``."""
+        return self.id + i if self.ids is None else self.ids[i]
+
     def slot(self, mid: int) -> int | None:
         """The slot of id ``mid`` if it is still spilled here."""
-        i = mid - self.id
+        ids = self.ids
+        if ids is None:
+            i = mid - self.id
+        else:
+            i = bisect_left(ids, mid)
+            if i < self.count and ids[i] != mid:
+                return None
         if 0 <= i < self.count and i >= self.next and i not in self.out:
             return i
         return None
@@ -141,12 +159,19 @@ class Run:
             _little(self.lengths).tobytes(),
             self.place,
             None if self.place is not None else self.bodies,
+            b"" if self.ids is None else _little(self.ids).tobytes(),
         )
 
     @classmethod
     def from_record(cls, r: RunRecord) -> Run:
         run = cls.__new__(cls)
         run.seq, run.id, run.at_ms, run.count, run.next = r.seq, r.id, r.at_ms, r.count, r.next
+        run.ids = None
+        if r.ids:
+            run.ids = array("q")
+            run.ids.frombytes(r.ids)
+            run.ids = _little(run.ids)
+        run.last_id = run.mid(r.count - 1)
         run.out = set(r.out)
         run.left = r.count - r.next - len(run.out)
         run.place, run.bodies = r.place, r.bodies
@@ -160,10 +185,10 @@ class Run:
 _GONE = 3  # state.GONE (state.py imports this module)
 
 
-def _little(lengths: array[int]) -> array[int]:
-    """``lengths`` in little-endian order (the same array where that is the native one)."""
+def _little(values: array[int]) -> array[int]:
+    """``values`` in little-endian order (the same array where that is the native one)."""
     if sys.byteorder == "little":
-        return lengths
-    swapped = array("I", lengths)
+        return values
+    swapped = array(values.typecode, values)
     swapped.byteswap()
     return swapped

@@ -95,7 +95,7 @@ def logical(state: QueueState) -> Snapshot:
         run = Run.from_record(r)
         bodies = state.bodies_of(run)
         messages += (
-            QueuedMessage(r.seq + i, r.id + i, bodies[i], r.at_ms, r.at_ms, READY)
+            QueuedMessage(r.seq + i, run.mid(i), bodies[i], r.at_ms, r.at_ms, READY)
             for i in run.spilled()
         )
     messages.sort(key=_seq)

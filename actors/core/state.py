@@ -622,32 +622,32 @@ class QueueState:
         return len(self.messages) + self.spilled
 
     def _runnable(self, e: ev.MessagesPut) -> bool:
-        """Whether a put can be held as a run: ready at once, server ids in a row after
+        """Whether a put can be held as a run: ready at once, server ids increasing past
         every run's, no group, attributes or observer (which wants each message)."""
-        items = e.items
-        first = items[0].id
-        if self.settings.fifo or self.observer is not None or type(first) is not int:
+        if self.settings.fifo or self.observer is not None:
             return False
         runs = self.runs
         at = e.at_ms
-        if runs and (first < runs[-1].id + runs[-1].count or at < runs[-1].at_ms):
-            return False  # out of order (a redelivery kept its id, the clock went back)
-        for i, it in enumerate(items):
+        last = runs[-1].last_id if runs else 0
+        if runs and at < runs[-1].at_ms:
+            return False  # the clock went back: runs must be in take order
+        for it in e.items:
+            mid = it.id
             if (
-                it.id != first + i
-                or type(it.id) is not int
+                type(mid) is not int
+                or mid <= last  # out of order (a redelivery kept its id)
                 or it.activate_at_ms != at
                 or it.group is not None
                 or it.attributes is not None
             ):
                 return False
+            last = mid
         return True
 
     def _put_run(self, e: ev.MessagesPut) -> None:
         items = e.items
-        first = items[0].id
-        assert type(first) is int  # _runnable
-        run = Run(self.next_seq, first, e.at_ms, [it.body for it in items])
+        ids = [it.id for it in items]
+        run = Run(self.next_seq, ids, e.at_ms, [it.body for it in items])  # type: ignore[arg-type]
         n = run.count
         self.runs.append(run)
         self.arrivals.append(run)
@@ -657,7 +657,7 @@ class QueueState:
                 self.idem[it.key] = (it.id, e.at_ms)
                 self.idem_order.append((e.at_ms, it.key))
         self.next_seq += n
-        self.last_id = max(self.last_id, run.id + n - 1)
+        self.last_id = max(self.last_id, run.last_id)
         self.spilled += n
         self.n_ready += n
         self.enqueued_total += n
@@ -689,7 +689,7 @@ class QueueState:
         if type(mid) is not int or not self.spilled:
             return None
         runs, i = self.runs, self.run_front
-        if not (i < len(runs) and runs[i].id <= mid < runs[i].id + runs[i].count):
+        if not (i < len(runs) and runs[i].id <= mid <= runs[i].last_id):
             # not in the front run, where takes are
             i = bisect_right(runs, mid, lo=i, key=_first_id) - 1
             if i < self.run_front:
@@ -777,7 +777,7 @@ _ACTIVATE, _DEADLINE = 0, 1
 
 def _transient(run: Run, i: int, body: bytes) -> QueuedMessage:
     at = run.at_ms
-    return QueuedMessage(run.seq + i, run.id + i, body, at, at, READY)
+    return QueuedMessage(run.seq + i, run.mid(i), body, at, at, READY)
 
 
 def _first_id(run: Run) -> int:

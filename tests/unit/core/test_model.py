@@ -421,11 +421,24 @@ class QueueMachine(RuleBasedStateMachine):
             self.pager.still(self.ref)
 
 
+class GappedIds(SequentialIds):
+    """Ids that mostly follow each other, with a gap now and then (as the server's, drawn
+    from the clock, do): runs of both kinds."""
+
+    def next_id(self, now_ms: int) -> int:
+        n = super().next_id(now_ms)
+        return n + 7 * (n // 5)
+
+
 class SpillingQueueMachine(QueueMachine):
     """The same, with the state spilling: standard queues with server ids, where runs
     happen."""
 
     spill = True
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ids, self.ref_ids = GappedIds(), GappedIds()
 
     @initialize(
         max_receives=st.none() | st.integers(1, 3),

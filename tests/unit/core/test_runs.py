@@ -11,6 +11,7 @@ from actors.core import commands as c
 from actors.core.decide import execute
 from actors.core.snapshot import decode_snapshot, encode_snapshot, restore, snapshot
 from actors.core.state import RESERVED, QueueState
+from actors.errors import MessageNotFound
 from actors.ids import SequentialIds
 from actors.settings import QueueSettings
 
@@ -92,6 +93,32 @@ def test_messages_changed_out_of_order_leave_the_run_and_the_rest_stays_in_order
     assert got[4].body == b"new"
     assert sh.state.spilled == 0
     assert sh.state.front_run() is None
+
+
+class ClockIds(SequentialIds):
+    """Ids with gaps, as the server's (from the clock, with a random part)."""
+
+    def next_id(self, now_ms: int) -> int:
+        return super().next_id(now_ms) * 10
+
+
+def test_a_run_of_ids_that_are_not_consecutive_keeps_them() -> None:
+    sh = Shell()
+    sh.ids = ClockIds()
+    ids = sh.put(5)
+    assert [int(i) for i in ids] == [10, 20, 30, 40, 50]
+    run = sh.state.runs[0]
+    assert run.ids is not None
+    assert list(run.ids) == [10, 20, 30, 40, 50]
+    assert sh.run(c.Peek("30")).body == b"m2"
+    with pytest.raises(MessageNotFound):
+        sh.run(c.Peek("31"))  # an id between two is no message
+    sh.run(c.Delete("40", None))
+    sh.state = sh.spilling(restore(decode_snapshot(encode_snapshot(snapshot(sh.state)))))
+    assert list(sh.state.runs[0].ids or []) == [10, 20, 30, 40, 50]
+    got = sh.run(c.Take(max=10))
+    assert [d.id for d in got] == ["10", "20", "30", "50"]
+    assert [d.body for d in got] == [b"m0", b"m1", b"m2", b"m4"]
 
 
 def test_only_plain_ready_puts_spill() -> None:
