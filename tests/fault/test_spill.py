@@ -267,3 +267,19 @@ async def test_a_reshard_writes_snapshots_that_hold_every_body(local: ObjectStor
     finally:
         for s in shards:
             await s.close()
+
+
+async def test_the_servers_own_ids_spill_too(local: ObjectStore) -> None:
+    """Ids from the clock with a random part (RandomIds, what ``evq serve`` draws) are not
+    consecutive: a run keeps them."""
+    shard = QueueShard(0, 1, local, clock=ManualClock(), log_settings=SETTINGS)
+    await shard.start()
+    try:
+        ids = await fill(shard, 2)
+        state = shard.queues[Q].state
+        assert (state.spilled, len(state.messages)) == (200, 0)
+        [view] = await run(shard, cmd.Peek(ids[150]))
+        assert view.body == body(150)
+        assert [d.id for d in (await run(shard, cmd.Take(max=200)))[0]] == ids
+    finally:
+        await shard.close()
