@@ -139,6 +139,7 @@ class QueueState:
         "groups",
         "idem",
         "idem_order",
+        "in_mats",
         "keys",
         "last_id",
         "messages",
@@ -197,6 +198,7 @@ class QueueState:
         self.run_front = 0
         self.spilled = 0  # slots of runs, all ready
         self.unplaced: list[Run] = []  # new runs, for the shell to place once written
+        self.in_mats = 0  # entries in the runs' lists of materialized messages, gone ones too
 
     @property
     def active_move(self) -> rp.MoveTask | None:
@@ -600,6 +602,14 @@ class QueueState:
             self.reserved = _sweep(self.reserved, RESERVED, _DEADLINE)
         if len(self.arrivals) > 2 * (len(self.messages) + len(self.runs)) + _COMPACT_SLACK:
             self.arrivals = deque(m for m in self.arrivals if _live(m))
+        if self.in_mats > 2 * len(self.messages) + _COMPACT_SLACK:
+            # Materialized messages that are gone, held by runs behind one still alive
+            # (retention drops only the front's): swept like the heaps' stale entries.
+            self.in_mats = 0
+            for item in self.arrivals:
+                if isinstance(item, Run) and item.mat:
+                    item.mat = deque(m for m in item.mat if m.state < GONE)
+                    self.in_mats += len(item.mat)
         if self.run_front > _COMPACT_SLACK and 2 * self.run_front > len(self.runs):
             self.runs = [r for r in self.runs[self.run_front :] if r.left]
             self.run_front = 0
@@ -747,6 +757,7 @@ class QueueState:
             for i in list(run.spilled()):
                 m = _transient(run, i, bodies[i])
                 run.mat.append(m)
+                self.in_mats += 1
                 self.messages[m.id] = m
                 self.ready.append((m.activate_at_ms, m.seq, m))
             run.left, run.next, run.place, run.bodies = 0, run.count, None, None
@@ -765,6 +776,7 @@ class QueueState:
         m = _transient(run, i, self.bodies_of(run)[i])
         run.take_slot(i)
         run.mat.append(m)
+        self.in_mats += 1
         self.spilled -= 1
         self.messages[m.id] = m
         if offer:

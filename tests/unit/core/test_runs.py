@@ -9,6 +9,7 @@ import pytest
 
 from actors.core import commands as c
 from actors.core.decide import execute
+from actors.core.runs import Run
 from actors.core.snapshot import decode_snapshot, encode_snapshot, restore, snapshot
 from actors.core.state import RESERVED, QueueState
 from actors.errors import MessageNotFound
@@ -229,3 +230,20 @@ def test_a_placed_run_costs_about_four_bytes_a_message(n: int) -> None:
     assert run.lengths.itemsize * len(run.lengths) == 4 * n
     assert not sh.state.messages
     assert sh.state.n_ready == n
+
+
+def test_acked_messages_are_not_kept_by_runs_behind_one_still_alive() -> None:
+    sh = Shell()
+    for _ in range(20):
+        sh.put(1000)
+    sh.now += 10  # a release now puts it after every run
+    [first] = sh.run(c.Take(max=1))
+    sh.run(c.Release([c.ReleaseItem(id=first.id, lease=first.lease)]))  # alive, in run 1
+    acked = 0
+    while got := [d for d in sh.run(c.Take(max=1000)) if d.id != first.id]:
+        sh.run(c.Ack([c.LeaseRef(d.id, d.lease) for d in got]))  # all but the first
+        acked += len(got)
+    assert acked == 19_999
+    kept = sum(len(r.mat) for r in sh.state.arrivals if isinstance(r, Run))
+    assert kept < 5_000  # gone ones swept (20k without), whatever the front run holds
+    assert sh.state.total == 1
