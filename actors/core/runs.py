@@ -95,7 +95,8 @@ class Run:
         self.place: Any = None
         self.lengths = array("I", [len(b) for b in bodies])
         # materialized messages still to be expired by retention with the run (the state's
-        # arrival order holds the run, not them); gone ones are dropped from the front
+        # arrival order holds the run, not them); gone ones are dropped from the front, and
+        # swept by the state once they outnumber its live messages (QueueState._maybe_compact)
         self.mat: deque[_Materialized] = deque()
 
     def __repr__(self) -> str:
