@@ -755,10 +755,7 @@ class QueueState:
                 continue
             bodies = self.bodies_of(run)
             for i in list(run.spilled()):
-                m = _transient(run, i, bodies[i])
-                run.mat.append(m)
-                self.in_mats += 1
-                self.messages[m.id] = m
+                m = self._materialize(run, i, bodies[i])
                 self.ready.append((m.activate_at_ms, m.seq, m))
             run.left, run.next, run.place, run.bodies = 0, run.count, None, None
             run.out.clear()
@@ -773,14 +770,20 @@ class QueueState:
         if found is None:
             return None
         run, i = found
-        m = _transient(run, i, self.bodies_of(run)[i])
+        m = self._materialize(run, i, self.bodies_of(run)[i])
         run.take_slot(i)
-        run.mat.append(m)
-        self.in_mats += 1
         self.spilled -= 1
-        self.messages[m.id] = m
         if offer:
             heapq.heappush(self.ready, (m.activate_at_ms, m.seq, m))
+        return m
+
+    def _materialize(self, run: Run, i: int, body: bytes) -> QueuedMessage:
+        """Slot ``i`` of ``run`` as a message of the state (ready; the caller indexes it and
+        counts the slot out of the run)."""
+        m = _transient(run, i, body)
+        run.mat.append(m)
+        self.in_mats += 1
+        self.messages[m.id] = m
         return m
 
 
