@@ -179,6 +179,7 @@ _REPLY_TYPES: dict[type, Any] = {
     cmd.SetKey: rp.KeyView,
     cmd.GetKey: rp.KeyView,
     cmd.Checkpoint: None,
+    cmd.MoveBodies: int,
     cmd.Drop: None,
     cmd.StartMove: rp.MoveTask,
     cmd.CancelMove: int,

@@ -31,6 +31,7 @@ from actors.clock import Clock
 from actors.core import commands as cmd
 from actors.core.decide import execute as execute_command
 from actors.core.events import (
+    BodiesMoved,
     Checkpoint,
     DeadLettersRouted,
     KeySet,
@@ -61,6 +62,7 @@ log = logging.getLogger(__name__)
 # blip takes milliseconds; a store that keeps failing takes as long as it fails) before it
 # is refused with Unavailable, undecided.
 RELOAD_WAIT_S = 5.0
+MOVE_BYTES = 4 * 1024 * 1024  # bodies per BodiesMoved record, at most about
 
 # Hands dead letters of a queue to its dead-letter queue; must be idempotent per message.
 DeadLetterRouter = Callable[[str, str, list[QueuedMessage]], Awaitable[None]]
@@ -246,7 +248,7 @@ class QueueActor:
         self._routing = False
         self._moving = False
         self._takers: deque[asyncio.Future[bool]] = deque()  # long-poll takes, oldest first
-        self._placing: deque[tuple[Batch, int, Run]] = deque()  # placed once durable
+        self._placing: deque[tuple[Batch, int, Any, Run]] = deque()  # placed once durable
         # the lowest LSN each kept snapshot's runs read bodies from (0: none); a snapshot of
         # before this process: the recovered state's (see docs/DESIGN-NOTES.md)
         self._snapshot_floors = dict.fromkeys(self.snapshots, spilled_floor(state))
@@ -418,21 +420,60 @@ class QueueActor:
     # ---------------------------------------------------------------- runs
 
     def _to_place(self, events: list[Any], batch: Batch) -> None:
-        """The runs the events just made go in the log with ``batch``: placed once it is
-        durable (without a reader, their bodies stay in memory)."""
+        """The runs the events just made (a put) or moved (compaction) go in the log with
+        ``batch``: placed there once it is durable (without a reader, their bodies stay in
+        memory)."""
         runs = self.state.unplaced
         if self.host.bodies is not None:
-            put = next(i for i, e in enumerate(events) if type(e) is MessagesPut)
+            i, event = next((i, e) for i, e in enumerate(events) if type(e) in _WITH_BODIES)
             for run in runs:
-                self._placing.append((batch, self.next_seq + put, run))
+                self._placing.append((batch, self.next_seq + i, event, run))
         runs.clear()
 
     def _place(self) -> None:
         placing = self._placing
         while placing and placing[0][0].released is None:  # durable, with all before it
-            batch, seq, run = placing.popleft()
-            where = place_of(batch.segment, batch.offset, batch.length, seq, batch.first_lsn)
-            self.state.place(run, where)
+            batch, seq, event, run = placing.popleft()
+            self.state.place(
+                run,
+                place_of(
+                    batch.segment, batch.offset, batch.length, seq, batch.first_lsn, event, run.id
+                ),
+            )
+
+    def bodies_in(self, segments: set[str]) -> int:
+        """Bytes of the bodies this queue still reads from ``segments``."""
+        size = 0
+        for run in self.state.runs[self.state.run_front :]:
+            if run.left and run.place is not None and run.place[0] in segments:
+                size += sum(run.lengths[i] for i in run.spilled())
+        return size
+
+    async def move_bodies(self, segments: set[str]) -> int:
+        """Write the bodies this queue still reads from ``segments`` again, further on in the
+        log (``BodiesMoved``, ``MOVE_BYTES`` a record at most), then take snapshots until
+        neither kept one reads from them; return how many were written.
+
+        Raises:
+            QueueError: the log or the store failed (what was moved stays moved).
+        """
+        moved, done = 0, set()
+        while True:
+            chunk, size = [], 0
+            for run in self.state.runs[self.state.run_front :]:
+                place = run.place
+                if run.left and place is not None and place[0] in segments and run.id not in done:
+                    chunk.append(run.id)
+                    size += sum(run.lengths[run.next :])
+                    if size >= MOVE_BYTES:
+                        break
+            if not chunk:
+                break
+            done.update(chunk)
+            moved += await self.execute(cmd.MoveBodies(chunk))
+        if moved:
+            await self.checkpoint(self.next_seq - 1)
+        return moved
 
     @property
     def body_floor(self) -> int | None:
@@ -710,7 +751,15 @@ class QueueActor:
 # acks and deletions remove work; a put of messages ready at once adds retention work no
 # earlier than its queue's oldest message's (an alarm is set whenever anything is due).
 _NEVER_SOONER = frozenset(
-    {MessagesAcked, MessagesDeleted, QueuePurged, KeySet, DeadLettersRouted, Checkpoint}
+    {
+        MessagesAcked,
+        MessagesDeleted,
+        QueuePurged,
+        KeySet,
+        DeadLettersRouted,
+        Checkpoint,
+        BodiesMoved,
+    }
 )
 
 
@@ -727,12 +776,18 @@ def spilling(state: QueueState, host: QueueHost, name: str) -> QueueState:
 
 def spilled_floor(state: QueueState) -> int:
     """The lowest LSN of a block ``state``'s runs read bodies from (0: none)."""
-    runs = state.runs
-    for i in range(state.run_front, len(runs)):
-        run = runs[i]
+    floor = 0
+    for run in state.runs[state.run_front :]:
         if run.left and run.place is not None:
-            return int(run.place[4])  # runs are placed in log order
-    return 0
+            lsn = int(run.place[4])
+            if len(run.place) == 5:
+                # placed by its put: runs placed so are in log order, moved ones later
+                return lsn if not floor else min(floor, lsn)
+            floor = lsn if not floor else min(floor, lsn)
+    return floor
+
+
+_WITH_BODIES = (MessagesPut, BodiesMoved)
 
 
 def _may_bring_forward(events: list[Any]) -> bool:

@@ -49,8 +49,8 @@ from actors.ids import RandomIds
 from actors.keyspace import ShardKeys, is_partition, partition_of
 from actors.log import keys
 from actors.log.archive import Archive
-from actors.log.bodies import Bodies
-from actors.log.device import LocalLogDevice, LogDevice, ObjectLogDevice, open_device
+from actors.log.bodies import Bodies, Readable
+from actors.log.device import LogDevice, ObjectLogDevice, open_device
 from actors.log.replay import RecoveryReport
 from actors.log.shard_recovery import (
     SHARD_STREAM,
@@ -139,11 +139,13 @@ class QueueShard:
             clock=self.clock,
             segment_bytes=self.log_settings.segment_bytes,
             roll_after_ms=self.log_settings.segment_roll_ms,
+            cache_dir=self.log_settings.segment_cache,
         )
-        # A local log reads spilled bodies back; an object store's runs keep them in memory.
+        # A local log, or an object store's with a local copy, reads spilled bodies back;
+        # without one, an object store's runs keep them in memory.
         self.bodies = (
             Bodies(self.device, self.log_settings.body_cache_bytes)
-            if isinstance(self.device, LocalLogDevice)
+            if isinstance(self.device, Readable)
             else None
         )
         if self.bodies is not None:
@@ -167,6 +169,8 @@ class QueueShard:
         self._background: set[asyncio.Task[Any]] = set()
         self._pruning = False
         self._checkpointing: set[str] = set()
+        self._compacted: set[str] = set()  # segments whose bodies were (being) moved
+        self.compactions = 0
         settings = self.log_settings
         self.archive = (
             Archive(store, index, self.clock, retention_days=settings.archive_retention_days)
@@ -328,6 +332,7 @@ class QueueShard:
             self._segments.append(info)
         queues = self.queues
         now_ms = self.clock.now_ms()
+        info.bytes += batch.length
         for name, first, records in batch.groups.values():
             last = info.queues[name] = first + len(records) - 1
             queue = queues.get(name)
@@ -434,12 +439,15 @@ class QueueShard:
         try:
             segments = self._segments
             while len(segments) > 1 and segments[0].key != self.device.active():
-                if self._pinning(segments[0]) or self._holds_bodies(segments[1].first_lsn):
+                if self._pinning(segments[0]):
+                    break
+                if self._holds_bodies(segments[1].first_lsn):
+                    self._maybe_compact()
                     break
                 if self.archive is not None:
                     await self._archive(segments[0].key)  # durable before the deletion
                 await self.device.delete(segments[0].key)
-                segments.popleft()
+                self._compacted.discard(segments.popleft().key)
             archive = self.archive
             if archive is not None and archive.sweep_due() and await archive.sweep(self._owns):
                 await self._archive_baselines()
@@ -483,6 +491,48 @@ class QueueShard:
 
     def _owns(self, queue: str) -> bool:
         return placement(queue, self.count) == self.index
+
+    def _maybe_compact(self) -> None:
+        """Compact the oldest segments, which only bodies still queued keep (runs.py): when
+        those bodies are less than ``compact_below`` of the segments that would go but for
+        them, each queue that reads some writes them again further on (``BodiesMoved``) and
+        takes snapshots that read them there, and the next prune deletes the segments.
+        Crash-safe as it goes: a segment stays until no state and no kept snapshot reads
+        from it (:meth:`_holds_bodies`)."""
+        share = self.log_settings.compact_below
+        if share <= 0:
+            return
+        prefix: list[SegmentInfo] = []  # covered by snapshots, not being written
+        for info in list(self._segments)[:-1]:
+            if info.key == self.device.active() or self._pinning(info):
+                break
+            prefix.append(info)
+        keys = {info.key for info in prefix}
+        if not keys or keys & self._compacted:
+            return  # once: segments still kept after their move wait for snapshots
+        limit = share * sum(info.bytes for info in prefix)
+        live, readers = 0, []
+        for queue in self.queues.values():
+            found = queue.bodies_in(keys)
+            if found:
+                live += found
+                readers.append(queue)
+                if live >= limit:
+                    return
+        if readers:
+            self._compacted |= keys
+            self._spawn(self._compact(keys, readers))
+
+    async def _compact(self, segments: set[str], queues: list[QueueActor]) -> None:
+        moved = 0
+        try:
+            for queue in queues:
+                moved += await queue.move_bodies(segments)
+            self.compactions += 1
+            log.info("shard %d: compaction moved %d bodies", self.index, moved)
+        except QueueError as exc:  # the segments stay; the next prune tries again
+            log.error("shard %d: compaction failed: %s", self.index, exc)
+            self._compacted -= segments
 
     def _holds_bodies(self, end_lsn: int) -> bool:
         """Whether a queue may still read spilled bodies from a block before ``end_lsn``."""

@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import logging
 import os
 import secrets
 import sys
+import tempfile
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -149,9 +151,21 @@ def log_settings_of(settings: ServerSettings) -> LogSettings:
         snapshot_every_records=settings.snapshot_every_records,
         snapshot_every_ms=int(settings.snapshot_every_s * 1000),
         body_cache_bytes=settings.body_cache_mb * 1024 * 1024,
+        segment_cache=segment_cache_of(settings),
+        compact_below=settings.compact_below,
         archive=settings.archive_retention_days != 0,
         archive_retention_days=settings.archive_retention_days or None,
     )
+
+
+def segment_cache_of(settings: ServerSettings) -> str | None:
+    """Where an object store's shards copy their log (None: a local log, or "none")."""
+    if settings.store is None or settings.segment_cache == "none":
+        return None
+    if settings.segment_cache is not None:
+        return settings.segment_cache
+    store = hashlib.sha256(settings.store.encode()).hexdigest()[:16]
+    return os.path.join(tempfile.gettempdir(), "evq-segments", store)
 
 
 def run(settings: ServerSettings, tokens: Sequence[Token] = ()) -> int:

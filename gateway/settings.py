@@ -77,6 +77,13 @@ class ServerSettings(msgspec.Struct, kw_only=True):
     snapshot_every_s: float = 300.0
     # Bodies of a local log's spilled messages read back and kept, per shard (MiB).
     body_cache_mb: Annotated[int, msgspec.Meta(ge=0)] = 16
+    # An object store's shards copy their log's segments here and read bodies back from
+    # the copy (default: a directory under the system's temporary one, by store; "none":
+    # their messages' bodies stay in memory).
+    segment_cache: str | None = None
+    # Compaction: the oldest segments, kept only for queued bodies, are rewritten once those
+    # are under this share of them (actors/settings.py LogSettings; 0: never).
+    compact_below: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.5
     # Days the archive keeps what the log prunes (actors/log/archive.py); None: forever;
     # 0: no archive (pruned history is gone).
     archive_retention_days: Annotated[int, msgspec.Meta(ge=0)] | None = None
@@ -271,6 +278,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--body-cache-mb",
         type=int,
         help="per shard: bodies read back from a local log and kept for the next takes",
+    )
+    add(
+        "--segment-cache",
+        metavar="DIR",
+        help="object stores: where shards keep a local copy of the log to read bodies from "
+        "(default: under the temporary directory; none: bodies stay in memory)",
+    )
+    add(
+        "--compact-below",
+        type=float,
+        metavar="SHARE",
+        help="compact the oldest log segments once queued bodies are under this share of "
+        "them (default 0.5; 0: never)",
     )
     add(
         "--archive-retention-days",

@@ -22,7 +22,10 @@ With ``--churn`` (off by default), once the last depth is measured (and restarte
 checks the issue's claim on disk: under a churn where half of all messages are acked, disk
 stays at most twice the live data.
 
-4. acks half of every queue's share of the depth (rounded down), its oldest messages:
+4. acks half of every queue's share of the depth (rounded down), its oldest messages
+   (with ``--churn-keep-first``: none of the first queue's and all of every other's, so
+   with ``--queues 2`` half of all messages stay as one old backlog among dead records:
+   what compaction is for):
    ``--churn-clients`` clients, each taking up to 1000 messages of a queue (lease 600 s) and
    acking them, round robin over the queues; a ``progress`` line every ``--progress`` s
    (acked, rate);
@@ -48,7 +51,8 @@ depth reached and exits 3. (Exit 1: an error, e.g. the server refused puts for 6
 
     .venv/bin/python loadtest/bench_depth.py [--depths 1M 10M] [--queues 1] [--procs 1]
         [--producers 16] [--takes 300] [--no-restart] [--max-rss-gib G] [--dir /work]
-        [--churn [--churn-clients 4] [--churn-quiet 15] [--churn-wait 120]]
+        [--churn [--churn-clients 4] [--churn-quiet 15] [--churn-wait 120]
+         [--churn-keep-first]]
         [--serve-arg=--shards --serve-arg=2]
 
 The issue's runs: the defaults (1 queue, 1M then 10M: ~1.5 min, ~6 GiB),
@@ -332,7 +336,7 @@ class Bench:
     def churn(self) -> dict[str, Any]:
         """Ack half of every queue's messages, let the server prune its log, then weigh the
         disk against the live data: the churn's row."""
-        acks = churn_acks(self.depth, len(self.names))
+        acks = churn_acks(self.depth, len(self.names), self.args.churn_keep_first)
         seconds = self.consume(acks)
         settle_s, settled = self.settle()
         return {
@@ -495,6 +499,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     add("--churn-clients", type=int, default=4, help="clients taking and acking at once")
     add("--churn-quiet", type=float, default=15.0, help="s the live log must not shrink")
     add("--churn-wait", type=float, default=120.0, help="s at most waiting for it to settle")
+    add(
+        "--churn-keep-first",
+        action="store_true",
+        help="ack none of the first queue and all of the others (compaction's case)",
+    )
     args = p.parse_args(argv)
     if args.depths != sorted(set(args.depths)):
         p.error("--depths must grow")
@@ -502,6 +511,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--takes >= 2, --batch 1..1000, --procs 1..--producers")
     if args.churn_clients < 1:
         p.error("--churn-clients >= 1")
+    if args.churn_keep_first and args.queues < 2:
+        p.error("--churn-keep-first needs --queues 2 or more")
     return args
 
 

@@ -92,8 +92,12 @@ def batches(counts: list[int], batch: int) -> list[tuple[int, int]]:
     return out
 
 
-def churn_acks(depth: int, queues: int) -> list[int]:
-    """The messages the churn acks of each queue: half its share of ``depth``, rounded down."""
+def churn_acks(depth: int, queues: int, keep_first: bool = False) -> list[int]:
+    """The messages the churn acks of each queue: half its share of ``depth``, rounded down;
+    with ``keep_first``, none of the first queue's and all of every other's (two queues:
+    half of all, the kept half an old backlog the others' dead records surround)."""
+    if keep_first:
+        return [0, *(share(depth, queues, i) for i in range(1, queues))]
     return [share(depth, queues, i) // 2 for i in range(queues)]
 
 

@@ -276,7 +276,7 @@ def _runs_reader(store: SyncStore, queue: str) -> Callable[[Any], list[bytes]]:
     last: dict[str, bytes] = {}
 
     def read(place: Any) -> list[bytes]:
-        segment, offset, length, seq = place[0], place[1], place[2], place[3]
+        segment, offset, length = place[0], place[1], place[2]
         data = last.get(segment)
         if data is None:
             last.clear()
@@ -288,7 +288,7 @@ def _runs_reader(store: SyncStore, queue: str) -> Callable[[Any], list[bytes]]:
                     raise
                 data = store.get(archived)
             last[segment] = data
-        return bodies_in(data[offset : offset + length], queue, seq, f"{segment} at {offset}")
+        return bodies_in(data[offset : offset + length], queue, place)
 
     return read
 

@@ -32,6 +32,7 @@ __all__ = [
     "GetKey",
     "LeaseRef",
     "ListMoves",
+    "MoveBodies",
     "MoveProgress",
     "NewMessage",
     "Peek",
@@ -250,6 +251,13 @@ class Checkpoint(msgspec.Struct, frozen=True, tag=True):
     (the shard log is pruned behind two snapshots; shard-internal)."""
 
 
+class MoveBodies(msgspec.Struct, frozen=True, tag=True):
+    """Write the bodies still spilled in the runs whose first messages are ``ids`` again
+    (``BodiesMoved``), so that their old segment can go (shard-internal: compaction)."""
+
+    ids: list[int]
+
+
 class StartMove(msgspec.Struct, frozen=True, tag=True):
     """Start a task that moves the queue's ready messages to ``destination`` (None: each
     back to the queue it was dead-lettered from), at most ``rate`` per second. The queue's
@@ -311,6 +319,7 @@ Command = (
     | SetKey
     | GetKey
     | Checkpoint
+    | MoveBodies
     | Drop
     | StartMove
     | CancelMove

@@ -706,6 +706,22 @@ def _checkpoint(state: QueueState, c: cmd.Checkpoint, now: int, ids: IdSource) -
     return [ev.Checkpoint(now)], None
 
 
+def _move_bodies(state: QueueState, c: cmd.MoveBodies, now: int, ids: IdSource) -> Decision:
+    moved: list[int] = []
+    firsts: list[int] = []
+    bodies: list[list[bytes]] = []
+    for first_id in c.ids:
+        run = state.run_at(first_id)
+        if run is None or not run.left or run.place is None:
+            continue  # gone, or its bodies are not in the log yet
+        moved.append(run.id)
+        firsts.append(run.next)
+        bodies.append(state.bodies_of(run)[run.next :])
+    if not moved:
+        return [], 0
+    return [ev.BodiesMoved(now, moved, firsts, bodies)], sum(len(b) for b in bodies)
+
+
 def _drop(state: QueueState, c: cmd.Drop, now: int, ids: IdSource) -> Decision:
     return [ev.QueueDeleted(now)], None
 
@@ -813,6 +829,7 @@ _DECIDE: dict[type, Callable[[QueueState, Any, int, IdSource], Decision]] = {
     cmd.SetKey: _set_key,
     cmd.GetKey: _get_key,
     cmd.Checkpoint: _checkpoint,
+    cmd.MoveBodies: _move_bodies,
     cmd.Drop: _drop,
     cmd.StartMove: _start_move,
     cmd.CancelMove: _cancel_move,

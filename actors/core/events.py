@@ -26,6 +26,7 @@ import msgspec
 from actors.settings import QueueSettings
 
 __all__ = [
+    "BodiesMoved",
     "Checkpoint",
     "DeadLettersRouted",
     "Event",
@@ -196,6 +197,17 @@ class Checkpoint(_Base, frozen=True, tag="checkpoint"):
     queue has in the shard log, so the log can be pruned behind two snapshots."""
 
 
+class BodiesMoved(_Base, frozen=True, tag="moved"):
+    """No change to the queue: the bodies of messages it still holds in runs, written again
+    further on in the log so that the segment their put was in can go (compaction,
+    actors/core/runs.py). ``bodies[i]`` are the bodies of the run whose first message is
+    ``ids[i]``, from its slot ``firsts[i]`` on."""
+
+    ids: list[int]
+    firsts: list[int]
+    bodies: list[list[Body]]
+
+
 class KeySet(_Base, frozen=True, tag="key"):
     """An application watch key took a new version and value (key partitions only)."""
 
@@ -224,6 +236,7 @@ Event = (
     | MoveTaskProgressed
     | MoveTaskCancelling
     | MoveTaskEnded
+    | BodiesMoved
 )
 
 _encoder = msgspec.msgpack.Encoder()

@@ -368,6 +368,13 @@ class QueueState:
     def _apply_writer(self, e: ev.WriterStarted | ev.Checkpoint) -> None:
         pass  # markers (fencing, checkpoints): only their timestamps (applied by advance) matter
 
+    def _apply_moved(self, e: ev.BodiesMoved) -> None:
+        # the same bodies, further on in the log: for the shell to place the runs again
+        for mid in e.ids:
+            run = self.run_at(mid)
+            if run is not None and run.left:
+                self.unplaced.append(run)
+
     def _apply_move_started(self, e: ev.MoveTaskStarted) -> None:
         task = rp.MoveTask(e.task, e.destination, e.rate, e.to_move, 0, rp.RUNNING, e.at_ms)
         self.move_tasks = [*self.move_tasks[-(MAX_MOVE_TASKS - 1) :], task]
@@ -694,6 +701,14 @@ class QueueState:
         self.run_front = i
         return runs[i] if i < len(runs) else None
 
+    def run_at(self, first_id: int) -> Run | None:
+        """The run whose first message is ``first_id``, if it still holds spilled slots."""
+        runs, lo = self.runs, self.run_front
+        i = bisect_right(runs, first_id, lo=lo, key=_first_id) - 1
+        if i >= lo and runs[i].id == first_id and runs[i].left:
+            return runs[i]
+        return None
+
     def _run_of(self, mid: object) -> tuple[Run, int] | None:
         """The run and slot holding id ``mid`` while it is spilled."""
         if type(mid) is not int or not self.spilled:
@@ -850,4 +865,5 @@ _APPLY: dict[type, Callable[[QueueState, Any], None]] = {
     ev.MoveTaskProgressed: QueueState._apply_move_progress,
     ev.MoveTaskCancelling: QueueState._apply_move_cancelling,
     ev.MoveTaskEnded: QueueState._apply_move_ended,
+    ev.BodiesMoved: QueueState._apply_moved,
 }

@@ -1,40 +1,53 @@
 """Bodies read back from a shard's local log, for queues that spill (actors/core/runs.py).
 
 A run's *place* is where its put's record is: ``(segment, block offset, block length,
-queue sequence number, block LSN)``. Reading it reads the whole block at once (one
+queue sequence number, block LSN)``; once compaction moved its bodies, where that
+``BodiesMoved`` record is, with two more: the run's index in the record and the slot its
+bodies start at. Reading it reads the whole block at once (one
 ``pread``, through the page cache: a take reads the bodies it wants soon after they were
 written, or in the order they were written), verifies its checksum, and decodes that one
 record. A bounded cache keeps the bodies of the records read last, so the takes that work
 through a put of 1000 read its block once; ``cache_bytes`` bounds the bodies it holds.
 
 Reads are synchronous: the engine asks while it decides, and a shard decides one command
-at a time. Only a local log is read so (object stores: their runs keep bodies in memory,
-docs/DESIGN-NOTES.md).
+at a time. Only a local file is read so: a local log's segment, or the local copy of an
+object-store log's (actors/log/segcache.py); without a copy, an object store's runs keep
+their bodies in memory (docs/DESIGN-NOTES.md).
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
-from actors.core.events import MessagesPut
+from actors.core.events import BodiesMoved, Event, MessagesPut
 from actors.core.state import QueueState
 from actors.errors import DataError
 from actors.log.wal import decode_block, decode_groups, decode_record
 
-__all__ = ["Bodies", "Place", "bodies_in", "inline_runs", "place_of"]
+__all__ = ["Bodies", "Place", "Readable", "bodies_in", "inline_runs", "place_of"]
 
-Place = tuple[str, int, int, int, int]  # segment, block offset, block length, seq, block LSN
+# segment, block offset, block length, seq, block LSN (and, for a BodiesMoved record, the
+# run's index in it and its first slot there)
+Place = tuple[int | str, ...]
 
 
-def place_of(segment: str, offset: int, length: int, seq: int, lsn: int) -> Place:
-    """The place of queue record ``seq`` in the block at ``offset`` of ``segment``."""
+def place_of(
+    segment: str, offset: int, length: int, seq: int, lsn: int, event: Event, first_id: int
+) -> Place:
+    """The place of the bodies of the run whose first message is ``first_id`` in record
+    ``seq`` (``event``) of the block at ``offset`` of ``segment``."""
+    if type(event) is BodiesMoved:
+        i = event.ids.index(first_id)
+        return (segment, offset, length, seq, lsn, i, event.firsts[i])
     return (segment, offset, length, seq, lsn)
 
 
+@runtime_checkable
 class Readable(Protocol):
-    """A log device that reads a block back where it was written (LocalLogDevice)."""
+    """A log device that reads a block back where it was written, locally (LocalLogDevice,
+    CachedObjectLogDevice)."""
 
     def read_at(self, key: str, offset: int, length: int) -> bytes: ...
 
@@ -46,7 +59,7 @@ class Bodies:
         self.device = device
         self.cache_bytes = cache_bytes
         self.cached = 0  # bytes of bodies in the cache
-        self._cache: OrderedDict[tuple[str, str, int, int], tuple[list[bytes], int]] = OrderedDict()
+        self._cache: OrderedDict[tuple[Any, ...], tuple[list[bytes], int]] = OrderedDict()
         self.blocks_read = 0
         self.hits = 0
 
@@ -67,15 +80,16 @@ class Bodies:
             DataError: the block is gone, damaged, or does not hold that put.
             StoreError: the disk failed.
         """
-        segment, offset, length, seq = place[0], place[1], place[2], place[3]
-        key = (queue, segment, offset, seq)
+        segment, offset, length = place[0], place[1], place[2]
+        key = (queue, segment, offset, place[3], place[5] if len(place) > 5 else -1)
         cache = self._cache
         found = cache.get(key)
         if found is not None:
             cache.move_to_end(key)
             self.hits += 1
             return found[0]
-        bodies = self._read(queue, segment, offset, length, seq)
+        self.blocks_read += 1
+        bodies = bodies_in(self.device.read_at(segment, offset, length), queue, place)
         size = sum(len(b) for b in bodies)
         cache[key] = (bodies, size)
         self.cached += size
@@ -84,25 +98,27 @@ class Bodies:
             self.cached -= dropped
         return bodies
 
-    def _read(self, queue: str, segment: str, offset: int, length: int, seq: int) -> list[bytes]:
-        self.blocks_read += 1
-        data = self.device.read_at(segment, offset, length)
-        return bodies_in(data, queue, seq, f"{segment} at {offset}")
 
-
-def bodies_in(data: bytes, queue: str, seq: int, where: str) -> list[bytes]:
-    """The bodies of ``queue``'s put ``seq`` in the block ``data`` holds.
+def bodies_in(data: bytes, queue: str, place: Any) -> list[bytes]:
+    """The bodies of the run at ``place`` (a :data:`Place`) in the block ``data`` holds:
+    every body of its put, in order (slots before the first a move wrote are ``b""``: they
+    were taken before, and are never read).
 
     Raises:
-        DataError: the block is damaged, or holds no such put.
+        DataError: the block is damaged, or holds no such record.
     """
+    seq = place[3]
     for name, first, records in decode_groups(decode_block(data)):
         if name == queue and first <= seq < first + len(records):
             event = decode_record(records[seq - first])
-            if type(event) is not MessagesPut:
-                break
-            return [it.body for it in event.items]
-    raise DataError(f"{where} holds no put {seq} of queue {queue}")
+            if len(place) > 5:
+                index, start = place[5], place[6]
+                if type(event) is BodiesMoved and index < len(event.bodies):
+                    return [b""] * start + event.bodies[index]
+            elif type(event) is MessagesPut:
+                return [it.body for it in event.items]
+            break
+    raise DataError(f"{place[0]} at {place[1]} holds no bodies of record {seq} of queue {queue}")
 
 
 async def inline_runs(
@@ -119,9 +135,9 @@ async def inline_runs(
     for run in state.runs[state.run_front :]:
         if not run.left or run.place is None:
             continue
-        segment, offset, length, seq = run.place[0], run.place[1], run.place[2], run.place[3]
+        segment, offset, length = run.place[0], run.place[1], run.place[2]
         if segment not in segments:
-            segments.clear()  # runs come in log order: one segment at a time
+            segments.clear()  # runs come in log order, mostly: one segment at a time
             segments[segment] = await read(segment)
         data = segments[segment][offset : offset + length]
-        run.bodies, run.place = bodies_in(data, queue, seq, f"{segment} at {offset}"), None
+        run.bodies, run.place = bodies_in(data, queue, run.place), None

@@ -48,6 +48,7 @@ __all__ = [
     "LogDevice",
     "ObjectLogDevice",
     "OwnWriteLanded",
+    "SegmentFiles",
     "open_device",
 ]
 
@@ -55,7 +56,7 @@ log = logging.getLogger(__name__)
 
 MIB = 1024 * 1024
 _JUNK_RETRIES = 4
-_READERS = 16  # segment files a local log keeps open for reading bodies back
+_READERS = 16  # segment files kept open for reading bodies back
 # While the disk is full, look for space again at most this often (statvfs, then a new
 # spare segment): a rate limit on a cheap check, not state time.
 SPACE_CHECK_S = 0.25
@@ -134,13 +135,19 @@ def open_device(
     clock: Clock | None = None,
     segment_bytes: int = 16 * MIB,
     roll_after_ms: int = 300_000,
+    cache_dir: str | None = None,
 ) -> LogDevice:
     """The device for shard ``shard``'s log in ``store``: appended files in a local
-    directory, objects anywhere else."""
+    directory, objects anywhere else (with ``cache_dir``, copied there as well, so that
+    bodies are read back locally: actors/log/segcache.py)."""
     if isinstance(store, LocalDirStore):
         return LocalLogDevice(
             store, shard, clock=clock, segment_bytes=segment_bytes, roll_after_ms=roll_after_ms
         )
+    if cache_dir is not None:
+        from actors.log.segcache import CachedObjectLogDevice  # it builds on this module
+
+        return CachedObjectLogDevice(store, shard, cache_dir)
     return ObjectLogDevice(store, shard)
 
 
@@ -205,8 +212,12 @@ class ObjectLogDevice:
         key = keys.wal_segment_key(self.shard, first_lsn)
         for _ in range(_JUNK_RETRIES):
             if await self.store.put_if_absent(key, data) or await self._taken(key, data, epoch):
+                self.written(key, data)
                 return key, SEGMENT_HEADER_SIZE
         raise Unavailable(f"{key}: kept finding a fenced writer's segments there", key=key)
+
+    def written(self, key: str, data: bytes) -> None:
+        """``data`` is now object ``key`` (a cache keeps a copy)."""
 
     async def _taken(self, key: str, data: bytes, epoch: int) -> bool:
         """Explain why ``key`` was taken: True if the object is exactly ``data`` (the store
@@ -318,6 +329,54 @@ def _no_space(exc: OSError) -> bool:
     return exc.errno in NO_SPACE
 
 
+class SegmentFiles:
+    """Files named by segment key under ``root``, read at an offset."""
+
+    def __init__(self, root: str, keep_open: int = _READERS) -> None:
+        self.root = root
+        self.keep_open = keep_open
+        self._fds: dict[str, int] = {}  # open for reading, least recently used first
+
+    def path(self, key: str) -> str:
+        return os.path.join(self.root, key)
+
+    def read_at(self, key: str, offset: int, length: int) -> bytes:
+        """``length`` bytes of segment ``key`` from ``offset``, read at once (through the
+        page cache: a body wanted by a take was written recently or is read in order).
+
+        Raises: DataError (the file is shorter: it was cut, or it is gone), StoreError.
+        """
+        fd = self._fds.pop(key, None)
+        if fd is None:
+            try:
+                fd = os.open(self.path(key), os.O_RDONLY | os.O_CLOEXEC)
+            except FileNotFoundError:
+                raise DataError(f"log segment {key} is gone; a body in it was wanted") from None
+            except OSError as exc:
+                raise StoreError(f"cannot open {key}: {exc}", ambiguous=False) from exc
+            while len(self._fds) >= self.keep_open:
+                os.close(self._fds.pop(next(iter(self._fds))))
+        self._fds[key] = fd  # the most recently used last
+        try:
+            data = os.pread(fd, length, offset)
+        except OSError as exc:
+            raise StoreError(f"cannot read {key}: {exc}", ambiguous=False) from exc
+        if len(data) != length:
+            raise DataError(f"log segment {key} ends before offset {offset + length}")
+        return data
+
+    def forget(self, key: str) -> None:
+        """Close ``key``'s descriptor, if open (before its file goes or changes)."""
+        fd = self._fds.pop(key, None)
+        if fd is not None:
+            os.close(fd)
+
+    def close(self) -> None:
+        for fd in self._fds.values():
+            os.close(fd)
+        self._fds.clear()
+
+
 class LocalLogDevice:
     """Segments as preallocated files appended to; one fdatasync per block.
 
@@ -368,7 +427,7 @@ class LocalLogDevice:
         self._epoch = 0
         self._spare: _Spare | None = None
         self._spare_path = os.path.join(self.root, ".tmp", f"wal-{shard:04d}.spare")
-        self._readers: dict[str, int] = {}  # segments open for reading bodies, LRU order
+        self.files = SegmentFiles(self.root)  # segments read back for bodies
 
     def __repr__(self) -> str:
         return f"LocalLogDevice({self.dir!r})"
@@ -496,29 +555,8 @@ class LocalLogDevice:
         return key, start
 
     def read_at(self, key: str, offset: int, length: int) -> bytes:
-        """``length`` bytes of segment ``key`` from ``offset``, read at once (through the
-        page cache: a body wanted by a take was written recently or is read in order).
-
-        Raises: DataError (the segment is shorter: it was cut or is gone), StoreError.
-        """
-        fd = self._readers.pop(key, None)
-        if fd is None:
-            try:
-                fd = os.open(self._path(key), os.O_RDONLY | os.O_CLOEXEC)
-            except FileNotFoundError:
-                raise DataError(f"log segment {key} is gone; a body in it was wanted") from None
-            except OSError as exc:
-                raise StoreError(f"cannot open {key}: {exc}", ambiguous=False) from exc
-            while len(self._readers) >= _READERS:
-                os.close(self._readers.pop(next(iter(self._readers))))
-        self._readers[key] = fd  # the most recently used last
-        try:
-            data = os.pread(fd, length, offset)
-        except OSError as exc:
-            raise StoreError(f"cannot read {key}: {exc}", ambiguous=False) from exc
-        if len(data) != length:
-            raise DataError(f"log segment {key} ends before offset {offset + length}")
-        return data
+        """``length`` bytes of segment ``key`` from ``offset`` (:class:`SegmentFiles`)."""
+        return self.files.read_at(key, offset, length)
 
     def _fail(self, op: str, exc: OSError) -> DiskFailed:
         """Stop writing for good: a failed fsync (or write) leaves the file's state unknown
@@ -666,16 +704,12 @@ class LocalLogDevice:
     async def delete(self, key: str) -> None:
         if key == self._key:
             return
-        fd = self._readers.pop(key, None)
-        if fd is not None:
-            os.close(fd)
+        self.files.forget(key)
         await self.store.delete(key)
 
     async def close(self) -> None:
         self._close_segment()
-        for fd in self._readers.values():
-            os.close(fd)
-        self._readers.clear()
+        self.files.close()
         if self._spare is not None:
             self._spare.wait()
             self._spare = None

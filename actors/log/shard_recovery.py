@@ -37,8 +37,8 @@ from actors.core.events import Event, QueueCreated, QueueDeleted, WriterStarted
 from actors.core.state import QueueState
 from actors.errors import DataError, QueueError, Unavailable
 from actors.log import keys
-from actors.log.bodies import Bodies, inline_runs, place_of
-from actors.log.device import LocalLogDevice, LogDevice
+from actors.log.bodies import Bodies, Readable, inline_runs, place_of
+from actors.log.device import LogDevice
 from actors.log.layout import claim_layout
 from actors.log.replay import Discarded, RecoveryReport, replay
 from actors.log.shardlog import ShardLog
@@ -96,12 +96,13 @@ class SegmentInfo:
     """A segment of the shard log and, per queue, the last sequence number it holds there
     (what pruning needs to know: a segment goes once snapshots cover all of it)."""
 
-    __slots__ = ("first_lsn", "key", "queues")
+    __slots__ = ("bytes", "first_lsn", "key", "queues")
 
     def __init__(self, key: str, first_lsn: int) -> None:
         self.key = key
         self.first_lsn = first_lsn
         self.queues: dict[str, int] = {}
+        self.bytes = 0  # of its blocks
 
 
 class ShardReport(msgspec.Struct, kw_only=True):
@@ -230,7 +231,7 @@ async def read_shard(
     Raises:
         StoreError: the store failed.
     """
-    bodies = Bodies(device) if isinstance(device, LocalLogDevice) else None
+    bodies = Bodies(device) if isinstance(device, Readable) else None
 
     def readable(name: str, state: QueueState) -> None:  # runs of snapshots read back
         state.read = bodies.reader(name) if bodies is not None else None
@@ -336,6 +337,7 @@ class _Recovery:
                 return
             info = SegmentInfo(key, first_lsn)
             self.segments.append(info)
+            info.bytes = sum(block.end - block.offset for block in read.blocks)
             for block in read.blocks:
                 self.max_epoch = max(self.max_epoch, block.epoch)
                 if not self._apply_block(block, info):
@@ -429,13 +431,13 @@ class _Recovery:
             self.prepare(name, state)
         return state
 
-    def _place_runs(self, state: QueueState, seq: int) -> None:
-        """Runs the record just applied made: their bodies are where the record is (a
-        state that cannot read them back keeps them)."""
+    def _place_runs(self, state: QueueState, seq: int, event: Event) -> None:
+        """Runs the record just applied made or moved: their bodies are where the record
+        is (a state that cannot read them back keeps them)."""
         if state.read is not None:
             segment, offset, length, lsn = self._where
             for run in state.unplaced:
-                state.place(run, place_of(segment, offset, length, seq, lsn))
+                state.place(run, place_of(segment, offset, length, seq, lsn, event, run.id))
         state.unplaced.clear()
 
     def _apply(self, queue: QueueRecovered, first_seq: int, events: list[Event]) -> None:
@@ -452,7 +454,7 @@ class _Recovery:
                 return
             queue.state.apply(event)
             if queue.state.unplaced:
-                self._place_runs(queue.state, seq)
+                self._place_runs(queue.state, seq, event)
             queue.next_seq = seq + 1
             queue.report.records_replayed += 1
             self.records += 1

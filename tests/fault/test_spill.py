@@ -11,17 +11,25 @@ SequentialIds:
 - a segment whose bodies a queue may still read stays until they are gone, then goes;
 - a damaged block read back is an error of that command, not a wrong body;
 - the body cache stays within its bound, and a shard over its memory budget drops it;
-- an object store's shard keeps bodies in memory (no place), and recovers them;
-- a reshard leaves snapshots that hold every body, so the old logs can go.
+- an object store's shard keeps bodies in memory (no place), and recovers them; with a
+  segment cache, it reads them from its local copy of the log (no GET), fills the copy
+  again after a restart on an empty one, and drops what the log prunes;
+- a reshard leaves snapshots that hold every body, so the old logs can go;
+- compaction: a segment kept only by a few live bodies has them written again further on
+  (BodiesMoved) and goes; they read right after a restart, after a move replayed without
+  its snapshots, and after a crash that tore the move's block; a segment with many live
+  bodies stays as it is.
 """
 
 from __future__ import annotations
 
 import hashlib
+import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from actors.clock import ManualClock
@@ -29,6 +37,7 @@ from actors.core import commands as cmd
 from actors.core.ids import SequentialIds
 from actors.errors import DataError, QueueError
 from actors.log import keys
+from actors.log.faults import FaultyStore
 from actors.log.store import LocalDirStore, ObjectStore
 from actors.reshard import reshard
 from actors.settings import LogSettings, QueueSettings
@@ -75,12 +84,13 @@ def body(i: int) -> bytes:
     return b"body %05d " % i + hashlib.sha256(b"%d" % i).digest() * 3
 
 
-async def fill(shard: QueueShard, puts: int, per_put: int = 100) -> list[str]:
-    await shard.create(Q, SERVER_IDS, [])
+async def fill(shard: QueueShard, puts: int, per_put: int = 100, queue: str = Q) -> list[str]:
+    if queue not in shard.queues:
+        await shard.create(queue, SERVER_IDS, [])
     ids: list[str] = []
     for p in range(puts):
         batch = [cmd.NewMessage(body=body(p * per_put + i)) for i in range(per_put)]
-        [results] = await run(shard, cmd.Put(batch))
+        [results] = await shard.execute_many(queue, [cmd.Put(batch)])
         ids += [r.id for r in results]
     return ids
 
@@ -193,7 +203,7 @@ async def test_a_damaged_block_is_an_error_of_the_take_not_a_wrong_body(
         data = bytearray(path.read_bytes())
         data[offset + 100] ^= 0xFF  # a flipped bit inside the put's block
         path.write_bytes(bytes(data))
-        shard.device._readers.clear()  # type: ignore[attr-defined]
+        shard.device.files.close()  # type: ignore[attr-defined]
         [result] = await shard.execute_many(Q, [cmd.Take(max=5)])
         assert isinstance(result, DataError)
         assert spilled(shard) == 100  # nothing was taken
@@ -249,6 +259,65 @@ async def test_an_object_store_shard_keeps_run_bodies_in_memory(tmp_path: Path) 
         await store.close()
 
 
+@pytest.mark.parametrize("snapshot", [True, False], ids=["graceful", "no-snapshot"])
+async def test_an_object_store_shard_with_a_segment_cache_reads_bodies_locally(
+    tmp_path: Path, snapshot: bool
+) -> None:
+    """With ``segment_cache``, an object store's runs spill too: their bodies are read
+    back from the local copy of the log, never with a GET; a restart on an empty copy (a
+    new machine) fills it again from the segments recovery reads anyway."""
+    store = FaultyStore(empty_store("memory", tmp_path))
+    cache = tmp_path / "cache"
+    settings = msgspec.structs.replace(SETTINGS, segment_cache=str(cache))
+    clock = ManualClock()
+    shard = await open_shard(store, clock, settings)
+    try:
+        ids = await fill(shard, 5)
+        state = shard.queues[Q].state
+        assert shard.bodies is not None
+        assert all(run.place is not None and run.bodies is None for run in state.runs)
+        copies = [p for p in cache.rglob("*") if p.is_file()]
+        assert copies  # the log's objects, copied
+        gets = store.calls["get"]
+        [taken] = await run(shard, cmd.Take(max=150))
+        assert [d.body for d in taken] == [body(i) for i in range(150)]
+        assert store.calls["get"] == gets  # read from the copy
+    finally:
+        await shard.close(snapshot=snapshot)
+    shutil.rmtree(cache)
+
+    shard = await open_shard(store, clock, settings)
+    try:
+        state = shard.queues[Q].state
+        assert all(run.place is not None and run.bodies is None for run in state.runs if run.left)
+        gets = store.calls["get"]
+        rest = await take_all(shard)
+        assert rest == [(ids[i], body(i)) for i in range(150, 500)]
+        assert store.calls["get"] == gets
+    finally:
+        await shard.close()
+
+
+async def test_a_segment_cache_drops_what_the_log_prunes(tmp_path: Path) -> None:
+    store = empty_store("memory", tmp_path)
+    cache = tmp_path / "cache"
+    settings = msgspec.structs.replace(SETTINGS, segment_cache=str(cache))
+    shard = await open_shard(store, ManualClock(), settings)
+    try:
+        stale = await stale_and_churned(shard)
+        before = {p.name for p in cache.rglob("*") if p.is_file()}
+        await snapshot_both(shard)
+        assert shard.compactions == 1  # STALE's bodies moved: every old object can go
+        after = {p.name for p in cache.rglob("*") if p.is_file()}
+        listed = {k.rsplit("/", 1)[1] for _, k in await shard.device.segments()}
+        assert after == listed
+        assert len(after) < len(before) / 10
+        assert await stale_bodies(shard) == [(stale[i], body(i)) for i in range(50)]
+    finally:
+        await shard.close()
+        await store.close()
+
+
 async def test_a_reshard_writes_snapshots_that_hold_every_body(local: ObjectStore) -> None:
     clock = ManualClock()
     shard = await open_shard(local, clock)
@@ -281,5 +350,153 @@ async def test_the_servers_own_ids_spill_too(local: ObjectStore) -> None:
         [view] = await run(shard, cmd.Peek(ids[150]))
         assert view.body == body(150)
         assert [d.id for d in (await run(shard, cmd.Take(max=200)))[0]] == ids
+    finally:
+        await shard.close()
+
+
+# ---------------------------------------------------------------- compaction
+
+STALE = "stale"  # a queue whose few bodies sit in a segment the other queue has churned
+
+
+async def on(shard: QueueShard, queue: str, *commands: object) -> list[Any]:
+    results = await shard.execute_many(queue, list(commands))
+    errors = [r for r in results if isinstance(r, QueueError)]
+    assert not errors, errors
+    return results
+
+
+async def stale_and_churned(shard: QueueShard, n: int = 50) -> list[str]:
+    """An ``n``-message put on STALE (50: ~5 kB of bodies, under a fifth of a 64 kB
+    segment), then ~440 kB of puts on Q, every one taken and acked: the oldest segment only
+    holds STALE's bodies alive. Returns STALE's ids."""
+    await shard.create(STALE, SERVER_IDS, [])
+    [put] = await on(shard, STALE, cmd.Put([cmd.NewMessage(body=body(i)) for i in range(n)]))
+    await fill(shard, 40)
+    while True:
+        [taken] = await run(shard, cmd.Take(max=500))
+        if not taken:
+            break
+        await run(shard, cmd.Ack([cmd.LeaseRef(d.id, d.lease) for d in taken]))
+    return [r.id for r in put]
+
+
+async def snapshot_both(shard: QueueShard) -> None:
+    """Two snapshots of each queue: every record is covered, so only bodies keep segments."""
+    for name in (Q, STALE):
+        for _ in range(2):
+            await on(shard, name, cmd.Checkpoint())
+            await shard.queues[name].snapshot()
+    await settle(shard)
+
+
+async def stale_bodies(shard: QueueShard) -> list[tuple[str, bytes]]:
+    [taken] = await on(shard, STALE, cmd.Take(max=100))
+    return [(d.id, d.body) for d in taken]
+
+
+@pytest.mark.parametrize("snapshot", [True, False], ids=["graceful", "no-snapshot"])
+async def test_a_segment_with_few_live_bodies_is_compacted_and_goes_and_they_survive(
+    local: ObjectStore, snapshot: bool
+) -> None:
+    clock = ManualClock()
+    shard = await open_shard(local, clock)
+    stale = await stale_and_churned(shard)
+    oldest = shard._segments[0].key
+    [run_] = shard.queues[STALE].state.runs
+    assert run_.place[0] == oldest
+    await snapshot_both(shard)
+    assert shard.compactions == 1
+    assert run_.place[0] != oldest
+    assert len(run_.place) == 7  # in a BodiesMoved record now
+    assert oldest not in [k for _, k in await shard.device.segments()]
+    assert len(shard._segments) <= 2  # what was left of ~7 segments
+    [view] = await on(shard, STALE, cmd.Peek(stale[7]))
+    assert view.body == body(7)
+    await shard.close(snapshot=snapshot)
+
+    shard = await open_shard(local, clock)
+    try:
+        assert await stale_bodies(shard) == [(stale[i], body(i)) for i in range(50)]
+    finally:
+        await shard.close()
+
+
+async def test_segments_with_many_live_bodies_are_not_compacted(local: ObjectStore) -> None:
+    """Half or more of the segments that bodies keep are live bodies: moving them would
+    write much to free little (``compact_below``)."""
+    shard = await open_shard(local, ManualClock())
+    try:
+        await stale_and_churned(shard, 200)
+        await fill(shard, 40, queue=STALE)  # ~440 kB more of STALE's, never taken
+        oldest = shard._segments[0].key
+        await snapshot_both(shard)
+        assert shard.compactions == 0
+        assert shard._segments[0].key == oldest  # kept for STALE's bodies
+        assert spilled(shard) == 0
+        assert shard.queues[STALE].state.spilled == 4200
+    finally:
+        await shard.close()
+
+
+async def test_a_move_replayed_without_its_snapshots_reads_the_new_place_and_frees_the_old(
+    local: ObjectStore,
+) -> None:
+    """The crash after a BodiesMoved record is durable and before any snapshot reads from
+    its place: recovery restores the snapshot (old place: its segment is still there), and
+    replaying the record moves the run again."""
+    clock = ManualClock()
+    settings = msgspec.structs.replace(SETTINGS, compact_below=0.0)  # moves by hand here
+    shard = await open_shard(local, clock, settings)
+    stale = await stale_and_churned(shard)
+    await snapshot_both(shard)
+    oldest = shard._segments[0].key
+    [run_] = shard.queues[STALE].state.runs
+    assert run_.place[0] == oldest  # never compacted by itself
+    await on(shard, STALE, cmd.Take(max=5))  # slots 0-4 taken: the move writes 5-49
+    [moved] = await on(shard, STALE, cmd.MoveBodies([run_.id]))
+    assert moved == 45
+    await shard.close(snapshot=False)
+
+    shard = await open_shard(local, clock)  # compact_below back at its default
+    try:
+        [run_] = shard.queues[STALE].state.runs
+        assert run_.place[0] != oldest
+        assert run_.place[6] == 5
+        clock.advance(60_000)  # the five leases run out
+        await snapshot_both(shard)
+        assert oldest not in [k for _, k in await shard.device.segments()]
+        assert sorted(await stale_bodies(shard)) == sorted((stale[i], body(i)) for i in range(50))
+    finally:
+        await shard.close()
+
+
+async def test_a_crash_in_the_middle_of_a_move_leaves_the_bodies_where_they_were(
+    local: ObjectStore,
+) -> None:
+    """The BodiesMoved block torn by a crash (cut in half on disk): recovery stops the log
+    before it, and the run reads its bodies from its put, whose segment was kept."""
+    assert isinstance(local, LocalDirStore)
+    clock = ManualClock()
+    settings = msgspec.structs.replace(SETTINGS, compact_below=0.0)
+    shard = await open_shard(local, clock, settings)
+    stale = await stale_and_churned(shard)
+    await snapshot_both(shard)
+    [run_] = shard.queues[STALE].state.runs
+    oldest = run_.place[0]
+    await on(shard, STALE, cmd.MoveBodies([run_.id]))
+    segment, offset, length = run_.place[0], run_.place[1], run_.place[2]
+    await shard.close(snapshot=False)
+    path = Path(local.root) / segment
+    data = bytearray(path.read_bytes())
+    data[offset + length // 2 : offset + length] = bytes(length - length // 2)  # torn
+    path.write_bytes(bytes(data))
+
+    shard = await open_shard(local, clock)
+    try:
+        [run_] = shard.queues[STALE].state.runs
+        assert run_.place[0] == oldest
+        assert len(run_.place) == 5  # its put's place
+        assert await stale_bodies(shard) == [(stale[i], body(i)) for i in range(50)]
     finally:
         await shard.close()

@@ -1,6 +1,7 @@
 """``evq serve --store s3://bucket/prefix`` end to end, against moto's S3 server on 127.0.0.1.
 
-One store lives through four server runs: puts, takes and acks; a graceful restart that
+One store lives through four server runs (the shards keep a local copy of the log to read
+bodies back from): puts, takes and acks; a graceful restart that
 keeps every message and lease; puts in flight when the whole server (Ray and shards
 included) is killed with SIGKILL, after which every put that was answered is there; then
 the pipeline (``evq pipeline stats`` and ``audit``, PySpark in local mode, subprocesses
@@ -70,7 +71,7 @@ def test_a_server_on_s3_keeps_every_acknowledged_message_and_the_pipeline_reads_
     server = Server(
         tmp_path / "unused",
         *("--store", store, "--endpoint", s3_server.endpoint, "--region", REGION),
-        *("--shards", "2"),
+        *("--shards", "2", "--segment-cache", str(tmp_path / "cache")),
         env=aws_env(),
     )
     server.start()
@@ -79,13 +80,20 @@ def test_a_server_on_s3_keeps_every_acknowledged_message_and_the_pipeline_reads_
             client.create_queue(QUEUE, visibility_timeout=600)
             client.create_queue("s3-other")
             client.put("s3-other", ["on the other shard, maybe"])
-            put = [
-                r.id for n in range(5) for r in client.put(QUEUE, [f"m{n}-{i}" for i in range(20)])
-            ]
+            put: dict[str, str] = {}  # id -> body
+            for n in range(5):
+                texts = [f"m{n}-{i}" for i in range(20)]
+                put |= {r.id: t for r, t in zip(client.put(QUEUE, texts), texts, strict=True)}
             taken = client.take(QUEUE, 30)
             client.ack(QUEUE, *taken[:20])
             leased = {m.id for m in taken[20:]}
         assert server.stop() == 0
+        # the shards read bodies back from their local copy of the log, not from S3
+        copied = [p for p in (tmp_path / "cache").rglob("*") if p.is_file()]
+        assert {p.relative_to(tmp_path / "cache").parts[0] for p in copied} == {
+            "shard-0000",
+            "shard-0001",
+        }
 
         server.start()  # graceful restart: messages and leases as they were
         with Client(server.url, retries=0, timeout=30) as client:
@@ -108,6 +116,7 @@ def test_a_server_on_s3_keeps_every_acknowledged_message_and_the_pipeline_reads_
             assert leased.isdisjoint(ready)  # still leased: the kill lost no lease either
             assert set(late) <= set(ready), "an acknowledged put was lost"
             assert set(put) - {m.id for m in taken} <= set(ready)
+            assert all(ready[mid] == put[mid] for mid in set(put) & set(ready))
             assert {m.id for m in taken[:20]}.isdisjoint(ready)  # acked stays acked
         assert server.stop() == 0
     finally:

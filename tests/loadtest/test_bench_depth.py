@@ -40,6 +40,11 @@ def test_the_churn_acks_half_of_each_queue_s_share_rounded_down() -> None:
     assert churn_acks(50_000, 1) == [25_000]
     assert churn_acks(10, 3) == [2, 1, 1]  # shares 4, 3, 3
     assert churn_acks(1, 2) == [0, 0]
+
+
+def test_the_churn_that_keeps_the_first_queue_acks_every_other_queue_whole() -> None:
+    assert churn_acks(10, 3, keep_first=True) == [0, 3, 3]
+    assert churn_acks(1_000_000, 2, keep_first=True) == [0, 500_000]
     assert batches([2500, 0, 1000], 1000) == [(0, 1000), (2, 1000), (0, 1000), (0, 500)]
 
 

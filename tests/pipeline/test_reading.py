@@ -18,6 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from actors.clock import ManualClock
+from actors.core import commands as cmd
 from actors.core import events as ev
 from actors.core.ids import SequentialIds
 from actors.core.snapshot import decode_snapshot
@@ -359,6 +360,55 @@ def test_the_fold_goes_on_from_a_snapshot_when_a_segment_vanishes_mid_read(
     assert "pruned" in kinds
     assert not kinds & EXCEPTIONS
     assert _finals(rows) == {"q": stats}
+
+
+async def _compacted_log(root: Path) -> tuple[int, dict[str, Any]]:
+    """Two queues of one shard, no archive: "q" takes and acks ~1,500 messages while "few"
+    keeps 20 in the oldest segment, until compaction writes those 20 bodies again further
+    on and the segment goes. A history that starts at one of "few"'s snapshots reads its
+    bodies from the BodiesMoved record."""
+    clock = ManualClock(START_MS)
+    log = LogSettings(
+        segment_bytes=16 * 1024,
+        snapshot_every_records=10**9,
+        snapshot_every_ms=10**12,
+        archive=False,
+    )
+    shard = QueueShard(
+        0, 1, LocalDirStore(root), clock=clock, ids=SequentialIds(), log_settings=log
+    )
+    await shard.start()
+    d = Driver([shard], clock)
+    server = QueueSettings(id_mode="server")
+    for name in ("few", "q"):
+        await shard.create(name, server, [])
+    await d.put("few", *[new(f"few {i:03d} " + "x" * 90) for i in range(20)])
+    for round_ in range(15):
+        await d.put("q", *[new(f"q {round_} {i:03d} " + "y" * 90) for i in range(100)])
+        await d.ack("q", *await d.take("q", 100))
+    for name in ("q", "few"):
+        for _ in range(2):
+            await d.run(name, cmd.Checkpoint())
+            await shard.queues[name].snapshot()
+    for _ in range(500):
+        if not shard._background and not any(q._background for q in shard.queues.values()):
+            break
+        await asyncio.sleep(0.01)
+    assert shard.compactions == 1
+    stats = {name: await d.stats(name) for name in ("few", "q")}
+    await layouts.stop(shard)
+    return clock.now_ms(), stats
+
+
+def test_a_history_reads_bodies_that_compaction_moved(tmp_path: Path) -> None:
+    now, stats = asyncio.run(_compacted_log(tmp_path))
+    assert not (tmp_path / keys.wal_segment_key(0, 1)).exists(), "the oldest segment went"
+    rows = _fold(tmp_path, now)
+    assert _finals(rows) == stats
+    assert not _kinds(rows) & EXCEPTIONS
+    few = [r for r in rows if r["queue"] == "few" and r["type"] == "baseline"]
+    assert len(few) == 20
+    assert {r["body_bytes"] for r in few} == {len(f"few {0:03d} ") + 90}
 
 
 def _last_seq(path: Path) -> int:

@@ -294,6 +294,7 @@ NOT_CREATED_COMMANDS = [
     c.SetKey("k", 1),
     c.GetKey("k"),
     c.Checkpoint(),
+    c.MoveBodies([1]),
     c.Drop(),
     c.StartMove("t"),
     c.CancelMove("t"),

@@ -29,11 +29,12 @@ from hypothesis.stateful import (
 from actors.core import browse, decide
 from actors.core import commands as c
 from actors.core.decide import execute
-from actors.core.events import Event
+from actors.core.events import BodiesMoved, Event
 from actors.core.snapshot import (
     decode_snapshot,
     encode_snapshot,
     encode_snapshot_parts,
+    logical,
     restore,
     snapshot,
 )
@@ -116,9 +117,17 @@ class QueueMachine(RuleBasedStateMachine):
     def place_runs(self) -> None:
         """What a shell does once a put is durable: the run's bodies are read back from
         the log from now on."""
+        moved = {}  # a compaction wrote them again: read from there on (slots before: b"")
+        for e in self.events:
+            if type(e) is BodiesMoved:
+                for i, mid in enumerate(e.ids):
+                    moved[mid] = [b""] * e.firsts[i] + e.bodies[i]
+        placed = set()
         for run in self.state.unplaced:
-            if run.bodies is not None:
-                self.log[len(self.log)] = list(run.bodies)
+            bodies = moved.get(run.id, run.bodies)
+            if bodies is not None and id(run) not in placed:
+                placed.add(id(run))
+                self.log[len(self.log)] = list(bodies)
                 self.state.place(run, len(self.log) - 1)
         self.state.unplaced.clear()
 
@@ -314,6 +323,22 @@ class QueueMachine(RuleBasedStateMachine):
         self.state = rebuilt
         self.place_runs()
 
+    def do_move_bodies(self, pick: list[bool]) -> None:
+        """Compaction: the bodies of some runs are written again; nothing a client sees
+        changes, and they are read from their new place from then on."""
+        self.place_runs()
+        self.state.advance(self.now)
+        state = self.state
+        runs = [r for r in state.runs[state.run_front :] if r.left and r.place is not None]
+        chosen = [r for r, yes in zip(runs, pick * len(runs), strict=False) if yes]
+        before = logical(self.state)
+        moved = self.run(c.MoveBodies([r.id for r in chosen]))
+        assert moved == sum(r.count - r.next for r in chosen)
+        old = {id(r): r.place for r in chosen}
+        self.place_runs()
+        assert all(r.place != old[id(r)] for r in chosen)
+        assert logical(self.state) == before
+
     def do_snapshot_and_continue(self) -> None:
         """Continue from an encoded and decoded snapshot instead of the live state."""
         self.state.advance(self.now)
@@ -384,6 +409,10 @@ class QueueMachine(RuleBasedStateMachine):
     @rule()
     def replay_from_events(self) -> None:
         self.do_replay_from_events()
+
+    @rule(pick=st.lists(st.booleans(), min_size=1, max_size=4))
+    def move_bodies(self, pick: list[bool]) -> None:
+        self.do_move_bodies(pick)
 
     @rule()
     def snapshot_and_continue(self) -> None:
@@ -525,6 +554,7 @@ def _walk_step(m: QueueMachine, rng: random.Random) -> None:
                 m.do_replay_from_events,
                 m.do_snapshot_and_continue,
                 lambda: m.do_peek_ready(rng.randint(1, 5)),
+                lambda: m.do_move_bodies([rng.random() < 0.5 for _ in range(3)]),
             ]
         )()
 

@@ -8,9 +8,10 @@ from __future__ import annotations
 import pytest
 
 from actors.core import commands as c
+from actors.core import events as ev
 from actors.core.decide import execute
 from actors.core.runs import Run
-from actors.core.snapshot import decode_snapshot, encode_snapshot, restore, snapshot
+from actors.core.snapshot import decode_snapshot, encode_snapshot, logical, restore, snapshot
 from actors.core.state import RESERVED, QueueState
 from actors.errors import MessageNotFound
 from actors.ids import SequentialIds
@@ -24,6 +25,7 @@ class Shell:
 
     def __init__(self, name: str = "q", **settings: object) -> None:
         self.log: dict[int, list[bytes]] = {}
+        self.events: list[ev.Event] = []
         self.reads = 0
         self.state = self.spilling(QueueState())
         self.ids = SequentialIds()
@@ -40,9 +42,15 @@ class Shell:
         return self.log[place]
 
     def run(self, command: object) -> object:
-        _events, reply = execute(self.state, command, self.now, self.ids)
+        events, reply = execute(self.state, command, self.now, self.ids)
+        self.events.extend(events)
+        moved = next((e for e in events if type(e) is ev.BodiesMoved), None)
         for run in self.state.unplaced:  # "durable": bodies now come from the log
-            self.log[len(self.log)] = list(run.bodies or [])
+            if moved is None:
+                self.log[len(self.log)] = list(run.bodies or [])
+            else:  # compaction: the same bodies from the record's slot on
+                i = moved.ids.index(run.id)
+                self.log[len(self.log)] = [b""] * moved.firsts[i] + moved.bodies[i]
             self.state.place(run, len(self.log) - 1)
         self.state.unplaced.clear()
         return reply
@@ -247,3 +255,71 @@ def test_acked_messages_are_not_kept_by_runs_behind_one_still_alive() -> None:
     kept = sum(len(r.mat) for r in sh.state.arrivals if isinstance(r, Run))
     assert kept < 5_000  # gone ones swept (20k without), whatever the front run holds
     assert sh.state.total == 1
+
+
+def test_moved_bodies_are_read_from_their_new_place_by_peek_take_update_and_reschedule() -> None:
+    sh = Shell()
+    ids = sh.put(10)
+    other = sh.put(5)
+    [first, second] = sh.state.runs
+    assert [d.id for d in sh.run(c.Take(max=3))] == ids[:3]
+    sh.run(c.Delete(ids[5]))  # out of order: slot 5 leaves the run
+    before = logical(sh.state)
+    events, moved = execute(sh.state, c.MoveBodies([int(ids[0]), int(other[0])]), sh.now, sh.ids)
+    assert events == [
+        ev.BodiesMoved(
+            sh.now,
+            [int(ids[0]), int(other[0])],
+            [3, 0],
+            [[b"m%d" % i for i in range(3, 10)], [b"m%d" % i for i in range(5)]],
+        )
+    ]
+    assert moved == 12
+    assert sh.state.unplaced == [first, second]  # for the shell to place again
+    sh.state.unplaced.clear()
+    sh.log[2], sh.log[3] = [b""] * 3 + events[0].bodies[0], events[0].bodies[1]
+    sh.state.place(first, 2)
+    sh.state.place(second, 3)
+    del sh.log[0], sh.log[1]  # the old segment is gone
+    assert logical(sh.state) == before  # nothing a client sees changed
+    assert sh.run(c.Peek(ids[4])).body == b"m4"
+    with pytest.raises(MessageNotFound):
+        sh.run(c.Peek(ids[5]))
+    assert sh.run(c.Update(id=ids[6], body=b"new")).body == b"new"
+    later = sh.now + 60_000
+    assert sh.run(c.Reschedule(id=ids[7], activate_at_ms=later)).body == b"m7"
+    got = sh.run(c.Take(max=100))
+    assert [(d.id, d.body) for d in got] == [
+        (ids[3], b"m3"),
+        (ids[4], b"m4"),
+        (ids[6], b"new"),
+        (ids[8], b"m8"),
+        (ids[9], b"m9"),
+        *[(other[i], b"m%d" % i) for i in range(5)],
+    ]
+
+
+def test_a_move_skips_runs_that_are_gone_or_not_yet_in_the_log() -> None:
+    sh = Shell()
+    ids = sh.put(3)
+    sh.run(c.Take(max=3))  # the run is taken whole
+    events, moved = execute(sh.state, c.MoveBodies([int(ids[0]), 12345]), sh.now, sh.ids)
+    assert (events, moved) == ([], 0)
+    unplaced = execute(sh.state, c.Put([c.NewMessage(body=b"x")]), sh.now, sh.ids)[1]
+    assert sh.state.unplaced  # written, not yet durable
+    events, moved = execute(sh.state, c.MoveBodies([int(unplaced[0].id)]), sh.now, sh.ids)
+    assert (events, moved) == ([], 0)
+
+
+def test_replaying_a_move_gives_the_state_that_moved() -> None:
+    sh = Shell()
+    ids = sh.put(6)
+    sh.run(c.Take(max=2))
+    events, _ = execute(sh.state, c.MoveBodies([int(ids[0])]), sh.now, sh.ids)
+    replayed = QueueState()
+    replayed.spill = True
+    for e in sh.events:
+        replayed.apply(e)
+    replayed.apply(events[0])
+    assert logical(replayed) == logical(sh.state)
+    assert replayed.unplaced[-1].id == int(ids[0])  # placed again by the replaying shell

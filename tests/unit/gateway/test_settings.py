@@ -160,3 +160,30 @@ def test_the_object_stores_timeouts_are_server_options(tmp_path) -> None:  # typ
     assert _settings({"EVQ_LOG_LEVEL": "debug", "EVQ_DATA": ""}).data == ""  # text stays text
     with pytest.raises(BadRequest, match="s3_request_timeout_ms"):
         _settings({}, *store, "--s3-request-timeout-ms", "0")
+
+
+def test_an_object_store_gets_a_segment_cache_by_default_and_none_turns_it_off() -> None:
+    import tempfile
+
+    from gateway.server import segment_cache_of
+
+    assert segment_cache_of(_settings({})) is None  # a local log reads its own files
+    default = segment_cache_of(_settings({}, "--store", "s3://bucket/a"))
+    assert default is not None
+    assert default.startswith(tempfile.gettempdir())
+    assert default != segment_cache_of(_settings({}, "--store", "s3://bucket/b"))  # by store
+    chosen = _settings({}, "--store", "s3://bucket/a", "--segment-cache", "/var/cache/evq")
+    assert segment_cache_of(chosen) == "/var/cache/evq"
+    assert segment_cache_of(_settings({"EVQ_SEGMENT_CACHE": "/x"}, "--store", "s3://b/a")) == "/x"
+    off = _settings({}, "--store", "s3://bucket/a", "--segment-cache", "none")
+    assert segment_cache_of(off) is None
+
+
+def test_compaction_s_share_is_a_setting_between_0_and_1() -> None:
+    from gateway.server import log_settings_of
+
+    assert log_settings_of(_settings({})).compact_below == 0.5
+    assert log_settings_of(_settings({}, "--compact-below", "0")).compact_below == 0
+    assert log_settings_of(_settings({"EVQ_COMPACT_BELOW": "0.3"})).compact_below == 0.3
+    with pytest.raises(BadRequest, match="compact_below"):
+        _settings({}, "--compact-below", "1.5")

@@ -110,6 +110,7 @@ def samples() -> list[ev.Event]:
         ev.MoveTaskCancelling(T + 20, "task-2"),
         ev.MoveTaskEnded(T + 21, "task-2", "CANCELLED"),
         ev.MoveTaskEnded(T + 22, "task-1", "FAILED", "QueueNotFound"),
+        ev.BodiesMoved(T + 23, [5, 9], [0, 998], [[b"a", b""], [compressible(3000), b"z"]]),
     ]
 
 

@@ -98,6 +98,10 @@ ADDED_IN_V2: dict[type, tuple[ev.Event, str]] = {
         ev.MoveTaskEnded(T, "t", "FAILED", "QueueNotFound"),
         "95aa6d6f76655f656e646564cf0000018bcfe56800a174a64641494c4544ad51756575654e6f74466f756e64",
     ),
+    ev.BodiesMoved: (
+        ev.BodiesMoved(T, [7, 1_700_000_000_123_456], [2, 0], [[b"x", b""], [b"yz"]]),
+        "95a56d6f766564cf0000018bcfe568009207cf00060a24182022409202009292c40178c40091c402797a",
+    ),
 }
 
 
