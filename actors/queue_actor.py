@@ -188,7 +188,6 @@ class QueueActor:
         "_placing",
         "_rearm",
         "_routing",
-        "_snapshot_at_ms",
         "_snapshot_due_ms",
         "_snapshot_due_seq",
         "_snapshot_floors",
@@ -203,6 +202,7 @@ class QueueActor:
         "log_commits",
         "name",
         "next_seq",
+        "snapshot_at_ms",
         "snapshot_bytes",
         "snapshots",
         "state",
@@ -241,7 +241,7 @@ class QueueActor:
         self._rearm = True  # a change may bring the next transition forward
         self._background: set[asyncio.Task[Any]] = set()
         self._snapshotting = False
-        self._snapshot_at_ms = host.clock.now_ms()
+        self.snapshot_at_ms = host.clock.now_ms()
         self._snapshot_due_seq = 0
         self._snapshot_due_ms = 0
         self._snapshot_due()
@@ -532,7 +532,7 @@ class QueueActor:
             durable=c.durable,
             log_bytes=self.log_bytes,
             log_segments=self.log_commits,
-            snapshot_age_s=(now - self._snapshot_at_ms) / 1000 if self._snapshot_at_ms else None,
+            snapshot_age_s=(now - self.snapshot_at_ms) / 1000 if self.snapshot_at_ms else None,
             recovery_s=self._recovery_s(),
             in_queue=c.in_queue,
         )
@@ -667,7 +667,7 @@ class QueueActor:
             return
         settings = self.host.log_settings
         since = self.durable_seq - (self.snapshots[-1] if self.snapshots else 0)
-        due_by_time = now_ms - self._snapshot_at_ms >= settings.snapshot_every_ms
+        due_by_time = now_ms - self.snapshot_at_ms >= settings.snapshot_every_ms
         if since >= settings.snapshot_every_records or (since > 0 and due_by_time):
             self._spawn(self._snapshot_in_background())
 
@@ -676,7 +676,7 @@ class QueueActor:
         settings = self.host.log_settings
         base = self.snapshots[-1] if self.snapshots else 0
         self._snapshot_due_seq = base + settings.snapshot_every_records
-        self._snapshot_due_ms = self._snapshot_at_ms + settings.snapshot_every_ms
+        self._snapshot_due_ms = self.snapshot_at_ms + settings.snapshot_every_ms
 
     async def _snapshot_in_background(self) -> None:
         try:
@@ -707,7 +707,7 @@ class QueueActor:
             key = await write_snapshot(store, self.name, seq, data)
             if key is None:
                 return None
-            self._snapshot_at_ms = self.host.clock.now_ms()
+            self.snapshot_at_ms = self.host.clock.now_ms()
             self.snapshot_bytes = len(data)
             self.snapshots = await prune_snapshots(store, self.name, sorted({*self.snapshots, seq}))
             self._snapshot_floors[seq] = floor

@@ -69,6 +69,8 @@ from actors.settings import LogSettings, QueueSettings, validate_queue_name
 
 __all__ = ["QueueShard", "ShardStatus", "placement"]
 
+TIDY_MS = 60_000  # the periodic prune runs at least this often (ms)
+
 log = logging.getLogger(__name__)
 
 # Puts a batch of dead letters into a queue that may live on another shard.
@@ -170,6 +172,7 @@ class QueueShard:
         self._pruning = False
         self._checkpointing: set[str] = set()
         self._compacted: set[str] = set()  # segments whose bodies were (being) moved
+        self._tidying: asyncio.Future[None] | None = None  # the periodic prune
         self.compactions = 0
         settings = self.log_settings
         self.archive = (
@@ -200,7 +203,18 @@ class QueueShard:
             if queue.legacy:  # its own version-1 segments go once snapshots cover them
                 self._spawn(queue.checkpoint(queue.next_seq - 1))
         self._ready = True
+        self._tidying = asyncio.ensure_future(self._tidy())
         return self.status()
+
+    async def _tidy(self) -> None:
+        """Prune every snapshot interval (a minute at most), as a snapshot does: the log of
+        a shard whose queues went idle still shrinks to what they hold."""
+        period = min(self.log_settings.snapshot_every_ms, TIDY_MS) / 1000
+        while True:
+            await asyncio.sleep(period)
+            if not self._pruning and self._stopped is None and self.log_ready.is_set():
+                self._pruning = True
+                self._spawn(self._prune())
 
     async def _open_log_when_there_is_space(self) -> OpenedShard:
         """Open the log; while its disk has no room for a new segment, or its object store
@@ -305,6 +319,8 @@ class QueueShard:
         """Close every queue: finish writes, snapshot (unless told not to), stop timers; let
         go of the log."""
         self._closed = True
+        if self._tidying is not None:
+            self._tidying.cancel()
         self.keys.close()
         await asyncio.gather(*(q.close(snapshot=snapshot) for q in self.queues.values()))
         with contextlib.suppress(QueueError):
@@ -451,12 +467,18 @@ class QueueShard:
             archive = self.archive
             if archive is not None and archive.sweep_due() and await archive.sweep(self._owns):
                 await self._archive_baselines()
-            if segments and self.wal.next_lsn - segments[0].first_lsn > (
-                self.log_settings.retain_records
-            ):
+            if segments and segments[0].key != self.device.active():
+                # The queues whose records keep the oldest segment take snapshots when the
+                # log holds too many records, or when theirs are older than the snapshot
+                # interval: an idle queue takes none by itself (they follow writes).
+                settings = self.log_settings
+                over = self.wal.next_lsn - segments[0].first_lsn > settings.retain_records
+                now = self.clock.now_ms()
                 for name, seq in self._pinning(segments[0]).items():
                     queue = self.queues.get(name)
-                    if queue is not None and name not in self._checkpointing:
+                    if queue is None or name in self._checkpointing:
+                        continue
+                    if over or now - queue.snapshot_at_ms >= settings.snapshot_every_ms:
                         self._spawn(self._checkpoint(queue, seq))
         except QueueError as exc:  # pruning is retried at the next snapshot
             log.error("shard %d: pruning the log failed: %s", self.index, exc)

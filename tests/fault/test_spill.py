@@ -23,6 +23,7 @@ SequentialIds:
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import shutil
 from collections.abc import AsyncIterator
@@ -497,6 +498,31 @@ async def test_a_crash_in_the_middle_of_a_move_leaves_the_bodies_where_they_were
         [run_] = shard.queues[STALE].state.runs
         assert run_.place[0] == oldest
         assert len(run_.place) == 5  # its put's place
+        assert await stale_bodies(shard) == [(stale[i], body(i)) for i in range(50)]
+    finally:
+        await shard.close()
+
+
+async def test_an_idle_shard_prunes_and_compacts_by_itself(local: ObjectStore) -> None:
+    """No command comes after the churn: the shard's periodic prune (every snapshot
+    interval) has the queues whose snapshots are older than it take new ones, then compacts
+    and deletes the old segments."""
+    clock = ManualClock()
+    settings = msgspec.structs.replace(SETTINGS, snapshot_every_ms=200)  # also the period
+    shard = await open_shard(local, clock, settings)
+    try:
+        stale = await stale_and_churned(shard)
+        oldest = shard._segments[0].key
+        clock.advance(1_000)  # every queue's snapshot (if any) is now older than 200 ms
+        for _ in range(100):
+            await asyncio.sleep(0.1)
+            if oldest not in [k for _, k in await shard.device.segments()]:
+                break
+        else:
+            raise AssertionError("the idle shard kept its oldest segment")
+        await settle(shard)
+        assert shard.compactions == 1
+        assert len(shard.queues[STALE].snapshots) == 2
         assert await stale_bodies(shard) == [(stale[i], body(i)) for i in range(50)]
     finally:
         await shard.close()
