@@ -148,10 +148,9 @@ class LogSettings(msgspec.Struct, frozen=True, kw_only=True):
     spill: bool = True
     body_cache_bytes: int = 16 * 1024 * 1024
     # The oldest segments, when only such bodies keep them, are compacted (those bodies
-    # written again further on, then the segments go) once the bodies are less than this
-    # share of the segments' bytes (0: never). A half keeps the log within twice its live
-    # bodies, and writes a body at most twice over on average.
-    compact_below: float = 0.5
+    # written again further on, then the segments go) once the segments' bytes are more
+    # than this many times the bodies' (as put: the log compresses them). 0: never.
+    compact_over: float = 1.5
     # An object store's shard copies its log's segments into this directory (its own
     # subdirectory per shard, emptied when the shard starts) and reads bodies back from it;
     # None: its runs keep their bodies in memory.

@@ -516,13 +516,13 @@ class QueueShard:
 
     def _maybe_compact(self) -> None:
         """Compact the oldest segments, which only bodies still queued keep (runs.py): when
-        those bodies are less than ``compact_below`` of the segments that would go but for
-        them, each queue that reads some writes them again further on (``BodiesMoved``) and
+        the segments that would go but for them are more than ``compact_over`` times those
+        bodies' bytes, each queue that reads some writes them again further on (``BodiesMoved``) and
         takes snapshots that read them there, and the next prune deletes the segments.
         Crash-safe as it goes: a segment stays until no state and no kept snapshot reads
         from it (:meth:`_holds_bodies`)."""
-        share = self.log_settings.compact_below
-        if share <= 0:
+        over = self.log_settings.compact_over
+        if over <= 0:
             return
         prefix: list[SegmentInfo] = []  # covered by snapshots, not being written
         for info in list(self._segments)[:-1]:
@@ -532,7 +532,7 @@ class QueueShard:
         keys = {info.key for info in prefix}
         if not keys or keys & self._compacted:
             return  # once: segments still kept after their move wait for snapshots
-        limit = share * sum(info.bytes for info in prefix)
+        limit = sum(info.bytes for info in prefix) / over
         live, readers = 0, []
         for queue in self.queues.values():
             found = queue.bodies_in(keys)

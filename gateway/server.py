@@ -152,7 +152,7 @@ def log_settings_of(settings: ServerSettings) -> LogSettings:
         snapshot_every_ms=int(settings.snapshot_every_s * 1000),
         body_cache_bytes=settings.body_cache_mb * 1024 * 1024,
         segment_cache=segment_cache_of(settings),
-        compact_below=settings.compact_below,
+        compact_over=settings.compact_over,
         archive=settings.archive_retention_days != 0,
         archive_retention_days=settings.archive_retention_days or None,
     )

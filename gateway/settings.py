@@ -81,9 +81,9 @@ class ServerSettings(msgspec.Struct, kw_only=True):
     # the copy (default: a directory under the system's temporary one, by store; "none":
     # their messages' bodies stay in memory).
     segment_cache: str | None = None
-    # Compaction: the oldest segments, kept only for queued bodies, are rewritten once those
-    # are under this share of them (actors/settings.py LogSettings; 0: never).
-    compact_below: Annotated[float, msgspec.Meta(ge=0, le=1)] = 0.5
+    # Compaction: the oldest segments, kept only for queued bodies, are rewritten once they
+    # are more than this many times those bodies (actors/settings.py LogSettings; 0: never).
+    compact_over: Annotated[float, msgspec.Meta(ge=0)] = 1.5
     # Days the archive keeps what the log prunes (actors/log/archive.py); None: forever;
     # 0: no archive (pruned history is gone).
     archive_retention_days: Annotated[int, msgspec.Meta(ge=0)] | None = None
@@ -286,11 +286,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "(default: under the temporary directory; none: bodies stay in memory)",
     )
     add(
-        "--compact-below",
+        "--compact-over",
         type=float,
-        metavar="SHARE",
-        help="compact the oldest log segments once queued bodies are under this share of "
-        "them (default 0.5; 0: never)",
+        metavar="TIMES",
+        help="compact the oldest log segments once they are more than this many times the "
+        "bodies of queued messages that keep them (default 1.5; 0: never)",
     )
     add(
         "--archive-retention-days",

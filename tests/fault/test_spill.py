@@ -367,13 +367,13 @@ async def on(shard: QueueShard, queue: str, *commands: object) -> list[Any]:
     return results
 
 
-async def stale_and_churned(shard: QueueShard, n: int = 50) -> list[str]:
-    """An ``n``-message put on STALE (50: ~5 kB of bodies, under a fifth of a 64 kB
-    segment), then ~440 kB of puts on Q, every one taken and acked: the oldest segment only
-    holds STALE's bodies alive. Returns STALE's ids."""
+async def stale_and_churned(shard: QueueShard, n: int = 50, puts: int = 40) -> list[str]:
+    """An ``n``-message put on STALE (50: ~5 kB of bodies), then ``puts`` puts of 100 on Q
+    (40: ~440 kB), every one taken and acked: the oldest segments only hold STALE's
+    bodies alive. Returns STALE's ids."""
     await shard.create(STALE, SERVER_IDS, [])
     [put] = await on(shard, STALE, cmd.Put([cmd.NewMessage(body=body(i)) for i in range(n)]))
-    await fill(shard, 40)
+    await fill(shard, puts)
     while True:
         [taken] = await run(shard, cmd.Take(max=500))
         if not taken:
@@ -424,11 +424,11 @@ async def test_a_segment_with_few_live_bodies_is_compacted_and_goes_and_they_sur
 
 
 async def test_segments_with_many_live_bodies_are_not_compacted(local: ObjectStore) -> None:
-    """Half or more of the segments that bodies keep are live bodies: moving them would
-    write much to free little (``compact_below``)."""
+    """The segments that bodies keep are not even 1.5 times those bodies: moving them would
+    write much to free little (``compact_over``)."""
     shard = await open_shard(local, ManualClock())
     try:
-        await stale_and_churned(shard, 200)
+        await stale_and_churned(shard, 200, puts=10)  # ~21 kB kept, ~110 kB acked
         await fill(shard, 40, queue=STALE)  # ~440 kB more of STALE's, never taken
         oldest = shard._segments[0].key
         await snapshot_both(shard)
@@ -447,7 +447,7 @@ async def test_a_move_replayed_without_its_snapshots_reads_the_new_place_and_fre
     its place: recovery restores the snapshot (old place: its segment is still there), and
     replaying the record moves the run again."""
     clock = ManualClock()
-    settings = msgspec.structs.replace(SETTINGS, compact_below=0.0)  # moves by hand here
+    settings = msgspec.structs.replace(SETTINGS, compact_over=0.0)  # moves by hand here
     shard = await open_shard(local, clock, settings)
     stale = await stale_and_churned(shard)
     await snapshot_both(shard)
@@ -459,7 +459,7 @@ async def test_a_move_replayed_without_its_snapshots_reads_the_new_place_and_fre
     assert moved == 45
     await shard.close(snapshot=False)
 
-    shard = await open_shard(local, clock)  # compact_below back at its default
+    shard = await open_shard(local, clock)  # compact_over back at its default
     try:
         [run_] = shard.queues[STALE].state.runs
         assert run_.place[0] != oldest
@@ -479,7 +479,7 @@ async def test_a_crash_in_the_middle_of_a_move_leaves_the_bodies_where_they_were
     before it, and the run reads its bodies from its put, whose segment was kept."""
     assert isinstance(local, LocalDirStore)
     clock = ManualClock()
-    settings = msgspec.structs.replace(SETTINGS, compact_below=0.0)
+    settings = msgspec.structs.replace(SETTINGS, compact_over=0.0)
     shard = await open_shard(local, clock, settings)
     stale = await stale_and_churned(shard)
     await snapshot_both(shard)

@@ -179,11 +179,11 @@ def test_an_object_store_gets_a_segment_cache_by_default_and_none_turns_it_off()
     assert segment_cache_of(off) is None
 
 
-def test_compaction_s_share_is_a_setting_between_0_and_1() -> None:
+def test_compaction_s_ratio_is_a_setting() -> None:
     from gateway.server import log_settings_of
 
-    assert log_settings_of(_settings({})).compact_below == 0.5
-    assert log_settings_of(_settings({}, "--compact-below", "0")).compact_below == 0
-    assert log_settings_of(_settings({"EVQ_COMPACT_BELOW": "0.3"})).compact_below == 0.3
-    with pytest.raises(BadRequest, match="compact_below"):
-        _settings({}, "--compact-below", "1.5")
+    assert log_settings_of(_settings({})).compact_over == 1.5
+    assert log_settings_of(_settings({}, "--compact-over", "0")).compact_over == 0
+    assert log_settings_of(_settings({"EVQ_COMPACT_OVER": "3"})).compact_over == 3
+    with pytest.raises(BadRequest, match="compact_over"):
+        _settings({}, "--compact-over", "-1")
