@@ -191,6 +191,7 @@ class QueueActor:
         "_snapshot_due_ms",
         "_snapshot_due_seq",
         "_snapshot_floors",
+        "_snapshot_idle",
         "_snapshotting",
         "_takers",
         "counters",
@@ -241,6 +242,8 @@ class QueueActor:
         self._rearm = True  # a change may bring the next transition forward
         self._background: set[asyncio.Task[Any]] = set()
         self._snapshotting = False
+        self._snapshot_idle = asyncio.Event()  # set while no snapshot is being written
+        self._snapshot_idle.set()
         self.snapshot_at_ms = host.clock.now_ms()
         self._snapshot_due_seq = 0
         self._snapshot_due_ms = 0
@@ -475,6 +478,13 @@ class QueueActor:
             await self.checkpoint(self.next_seq - 1)
         return moved
 
+    def reads_old_bodies(self, end_lsn: int) -> bool:
+        """Whether a kept snapshot reads bodies from before ``end_lsn`` while the state no
+        longer does (they were taken or moved since): new snapshots would let it go."""
+        floors = [f for f in self._snapshot_floors.values() if f]
+        now = spilled_floor(self.state)
+        return bool(floors) and min(floors) < end_lsn and not (now and now < end_lsn)
+
     @property
     def body_floor(self) -> int | None:
         """The lowest LSN whose block holds bodies this queue may still read back, from its
@@ -694,6 +704,7 @@ class QueueActor:
         if self._snapshotting:
             return None
         self._snapshotting = True
+        self._snapshot_idle.clear()
         try:
             seq = self.next_seq - 1
             if seq == 0 or seq in self.snapshots:
@@ -719,6 +730,7 @@ class QueueActor:
             return key
         finally:
             self._snapshotting = False
+            self._snapshot_idle.set()
 
     async def checkpoint(self, upto: int) -> None:
         """Take snapshots until both kept ones cover record ``upto`` (so the shard log up to
@@ -728,9 +740,10 @@ class QueueActor:
         Raises:
             QueueError: the log or the store failed.
         """
-        for _ in range(2):
+        for _ in range(4):  # two, and two more if others being written covered less
             if self.snapshot_floor >= upto or self.stopped is not None:
                 return
+            await self._snapshot_idle.wait()  # one being written already may not cover it
             if self.snapshots and self.snapshots[-1] == self.next_seq - 1:
                 await self.execute(cmd.Checkpoint())
             await self.snapshot()

@@ -458,6 +458,7 @@ class QueueShard:
                 if self._pinning(segments[0]):
                     break
                 if self._holds_bodies(segments[1].first_lsn):
+                    self._refresh(segments[1].first_lsn)
                     self._maybe_compact()
                     break
                 if self.archive is not None:
@@ -513,6 +514,13 @@ class QueueShard:
 
     def _owns(self, queue: str) -> bool:
         return placement(queue, self.count) == self.index
+
+    def _refresh(self, end_lsn: int) -> None:
+        """Queues whose kept snapshots alone read bodies before ``end_lsn`` (taken or moved
+        since, and the queue idle: it snapshots after its own writes only) take new ones."""
+        for name, queue in self.queues.items():
+            if name not in self._checkpointing and queue.reads_old_bodies(end_lsn):
+                self._spawn(self._checkpoint(queue, queue.next_seq - 1))
 
     def _maybe_compact(self) -> None:
         """Compact the oldest segments, which only bodies still queued keep (runs.py): when
