@@ -70,6 +70,7 @@ from actors.settings import LogSettings, QueueSettings, validate_queue_name
 __all__ = ["QueueShard", "ShardStatus", "placement"]
 
 TIDY_MS = 60_000  # the periodic prune runs at least this often (ms)
+CHECKPOINTS_AT_ONCE = 8  # queues refreshing their snapshots for the prune at a time
 
 log = logging.getLogger(__name__)
 
@@ -480,7 +481,7 @@ class QueueShard:
                     if queue is None or name in self._checkpointing:
                         continue
                     if over or now - queue.snapshot_at_ms >= settings.snapshot_every_ms:
-                        self._spawn(self._checkpoint(queue, seq))
+                        self._start_checkpoint(queue, seq)
         except QueueError as exc:  # pruning is retried at the next snapshot
             log.error("shard %d: pruning the log failed: %s", self.index, exc)
         finally:
@@ -519,8 +520,10 @@ class QueueShard:
         """Queues whose kept snapshots alone read bodies before ``end_lsn`` (taken or moved
         since, and the queue idle: it snapshots after its own writes only) take new ones."""
         for name, queue in self.queues.items():
+            if len(self._checkpointing) >= CHECKPOINTS_AT_ONCE:
+                return  # the rest at the next prunes, which these snapshots start
             if name not in self._checkpointing and queue.reads_old_bodies(end_lsn):
-                self._spawn(self._checkpoint(queue, queue.next_seq - 1))
+                self._start_checkpoint(queue, queue.next_seq - 1)
 
     def _maybe_compact(self) -> None:
         """Compact the oldest segments, which only bodies still queued keep (runs.py): when
@@ -585,8 +588,11 @@ class QueueShard:
                 pins[name] = seq
         return pins
 
+    def _start_checkpoint(self, queue: QueueActor, upto: int) -> None:
+        self._checkpointing.add(queue.name)  # at once: the next caller in this turn sees it
+        self._spawn(self._checkpoint(queue, upto))
+
     async def _checkpoint(self, queue: QueueActor, upto: int) -> None:
-        self._checkpointing.add(queue.name)
         try:
             await queue.checkpoint(upto)
         except QueueError as exc:

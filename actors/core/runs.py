@@ -79,6 +79,7 @@ class Run:
         "out",
         "place",
         "seq",
+        "size",
     )
 
     def __init__(self, seq: int, ids: list[int], at_ms: int, bodies: list[bytes]) -> None:
@@ -94,6 +95,7 @@ class Run:
         self.bodies: list[bytes] | None = bodies  # until placed
         self.place: Any = None
         self.lengths = array("I", [len(b) for b in bodies])
+        self.size = sum(self.lengths)  # bytes of all its bodies
         # materialized messages still to be expired by retention with the run (the state's
         # arrival order holds the run, not them); gone ones are dropped from the front, and
         # swept by the state once they outnumber its live messages (QueueState._maybe_compact)
@@ -118,6 +120,11 @@ class Run:
         if 0 <= i < self.count and i >= self.next and i not in self.out:
             return i
         return None
+
+    def spilled_bytes(self) -> int:
+        """About the bytes of the bodies still spilled (exact while they are all the same
+        length): what compaction would write again."""
+        return self.size * self.left // self.count
 
     def spilled(self) -> Iterator[int]:
         """The slots still spilled, in order."""
@@ -179,6 +186,7 @@ class Run:
         run.lengths = array("I")
         run.lengths.frombytes(r.lengths)
         run.lengths = _little(run.lengths)
+        run.size = sum(run.lengths)
         run.mat = deque()
         return run
 

@@ -406,12 +406,14 @@ class _Recovery:
                     continue
                 skip = max(0, queue.next_seq - first_seq)
                 events = [decode_record(r) for r in records[skip:]]
-                decoded.append((queue, first_seq, skip, events))
+                decoded.append((queue, first_seq, skip, events, first_seq + len(records) - 1))
         except DataError:
             return False
         self._where = (info.key, block.offset, block.end - block.offset, block.first_lsn)
-        for queue, first_seq, skip, events in decoded:
-            info.queues[queue.name] = first_seq + skip + len(events) - 1
+        for queue, first_seq, skip, events, last in decoded:
+            # the block's last record of the queue, applied or covered by its snapshot
+            # (this said the snapshot's seq, and kept the segment until snapshots past it)
+            info.queues[queue.name] = last
             self._apply(queue, first_seq + skip, events)
         return True
 

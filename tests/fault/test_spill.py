@@ -36,8 +36,10 @@ import pytest
 from actors.clock import ManualClock
 from actors.core import commands as cmd
 from actors.core.ids import SequentialIds
+from actors.core.snapshot import decode_snapshot
 from actors.errors import DataError, QueueError
 from actors.log import keys
+from actors.log.codec import decode_snapshot_object
 from actors.log.faults import FaultyStore
 from actors.log.store import LocalDirStore, ObjectStore
 from actors.reshard import reshard
@@ -551,5 +553,69 @@ async def test_an_idle_queue_whose_snapshots_alone_read_old_bodies_takes_new_one
         assert queue.snapshots != snapshots
         assert queue.body_floor is None
         assert oldest not in [k for _, k in await shard.device.segments()]
+    finally:
+        await shard.close()
+
+
+async def test_after_a_restart_no_segment_goes_that_a_kept_snapshot_reads_bodies_from(
+    local: ObjectStore,
+) -> None:
+    """A restarted shard does not know where its queues' older snapshots read bodies from:
+    it keeps the log until they took new ones. So when the newest snapshot turns out to be
+    damaged, the one recovery falls back on still reads every body."""
+    assert isinstance(local, LocalDirStore)
+    clock = ManualClock()
+    shard = await open_shard(local, clock)
+    ids = await fill(shard, 40)
+    queue = shard.queues[Q]
+    await run(shard, cmd.Checkpoint())
+    await queue.snapshot()  # reads bodies from the oldest segment on
+    [taken] = await run(shard, cmd.Take(max=1000))
+    await run(shard, cmd.Ack([cmd.LeaseRef(d.id, d.lease) for d in taken]))
+    [taken] = await run(shard, cmd.Take(max=1000))
+    await run(shard, cmd.Ack([cmd.LeaseRef(d.id, d.lease) for d in taken]))
+    await run(shard, cmd.Checkpoint())
+    await queue.snapshot()  # reads from further on: the first 2000 are gone
+    await shard.close(snapshot=False)
+
+    shard = await open_shard(local, clock)
+    await fill(shard, 1, queue=STALE)
+    await shard.queues[STALE].snapshot()  # a prune
+    await settle(shard)
+    on_disk = {k for _, k in await shard.device.segments()}
+    kept = shard.queues[Q].snapshots
+    for seq in kept:
+        path = Path(local.root) / keys.snapshot_key(Q, seq)
+        snap = decode_snapshot(decode_snapshot_object(path.read_bytes())[2])
+        assert {r.place[0] for r in snap.runs if r.place is not None} <= on_disk
+    newest = Path(local.root) / keys.snapshot_key(Q, kept[-1])
+    data = bytearray(newest.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # damaged: recovery falls back on the older one
+    newest.write_bytes(bytes(data))
+    await shard.close(snapshot=False)
+
+    shard = await open_shard(local, clock)
+    try:
+        assert await take_all(shard) == [(ids[i], body(i)) for i in range(2000, 4000)]
+    finally:
+        await shard.close()
+
+
+async def test_a_restarted_shard_knows_each_segments_last_record_of_a_queue(
+    local: ObjectStore,
+) -> None:
+    """Recovery, restoring a snapshot, skips the records it covers; it must still note each
+    segment's real last record of the queue (it noted the snapshot's, and so kept every
+    segment until snapshots past it)."""
+    clock = ManualClock()
+    shard = await open_shard(local, clock)
+    await fill(shard, 40)
+    before = {s.key: s.queues.get(Q) for s in shard._segments}
+    await shard.close()  # a snapshot covers every record
+    shard = await open_shard(local, clock)
+    try:
+        after = {s.key: s.queues.get(Q) for s in shard._segments if s.key in before}
+        assert after == before
+        assert len(set(after.values())) == len(after)  # each segment its own
     finally:
         await shard.close()
