@@ -394,7 +394,7 @@ async def snapshot_both(shard: QueueShard) -> None:
 
 
 async def stale_bodies(shard: QueueShard) -> list[tuple[str, bytes]]:
-    [taken] = await on(shard, STALE, cmd.Take(max=100))
+    [taken] = await on(shard, STALE, cmd.Take(max=100, visibility_timeout_ms=600_000))
     return [(d.id, d.body) for d in taken]
 
 
@@ -416,11 +416,22 @@ async def test_a_segment_with_few_live_bodies_is_compacted_and_goes_and_they_sur
     assert len(shard._segments) <= 2  # what was left of ~7 segments
     [view] = await on(shard, STALE, cmd.Peek(stale[7]))
     assert view.body == body(7)
+    [patched, later] = await on(
+        shard,
+        STALE,
+        cmd.Update(id=stale[8], body=b"patched"),
+        cmd.Reschedule(id=stale[9], delay_ms=60_000),
+    )
+    assert (patched.body, later.body) == (b"patched", body(9))
     await shard.close(snapshot=snapshot)
 
     shard = await open_shard(local, clock)
     try:
-        assert await stale_bodies(shard) == [(stale[i], body(i)) for i in range(50)]
+        expected = [(stale[i], body(i)) for i in range(50) if i != 9]
+        expected[8] = (stale[8], b"patched")
+        assert await stale_bodies(shard) == expected
+        clock.advance(60_000)
+        assert await stale_bodies(shard) == [(stale[9], body(9))]
     finally:
         await shard.close()
 
