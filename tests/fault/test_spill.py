@@ -107,6 +107,11 @@ async def take_all(shard: QueueShard) -> list[tuple[str, bytes]]:
         got += [(d.id, d.body) for d in taken]
 
 
+async def segments_of(shard: QueueShard) -> set[str]:
+    """The keys of the log segments on disk (or in the store)."""
+    return {k for _, k in await shard.device.segments()}
+
+
 def spilled(shard: QueueShard) -> int:
     return shard.queues[Q].state.spilled
 
@@ -187,7 +192,7 @@ async def test_a_segment_stays_while_a_queue_may_read_bodies_from_it(local: Obje
         await settle(shard)
         assert queue.body_floor is None
         assert shard._segments[0].key != oldest  # nothing spilled: the old segments went
-        assert oldest not in [k for _, k in await shard.device.segments()]
+        assert oldest not in await segments_of(shard)
     finally:
         await shard.close()
 
@@ -412,7 +417,7 @@ async def test_a_segment_with_few_live_bodies_is_compacted_and_goes_and_they_sur
     assert shard.compactions == 1
     assert run_.place[0] != oldest
     assert len(run_.place) == 7  # in a BodiesMoved record now
-    assert oldest not in [k for _, k in await shard.device.segments()]
+    assert oldest not in await segments_of(shard)
     assert len(shard._segments) <= 2  # what was left of ~7 segments
     [view] = await on(shard, STALE, cmd.Peek(stale[7]))
     assert view.body == body(7)
@@ -479,7 +484,7 @@ async def test_a_move_replayed_without_its_snapshots_reads_the_new_place_and_fre
         assert run_.place[6] == 5
         clock.advance(60_000)  # the five leases run out
         await snapshot_both(shard)
-        assert oldest not in [k for _, k in await shard.device.segments()]
+        assert oldest not in await segments_of(shard)
         assert sorted(await stale_bodies(shard)) == sorted((stale[i], body(i)) for i in range(50))
     finally:
         await shard.close()
@@ -529,7 +534,7 @@ async def test_an_idle_shard_prunes_and_compacts_by_itself(local: ObjectStore) -
         clock.advance(1_000)  # every queue's snapshot (if any) is now older than 200 ms
         for _ in range(100):
             await asyncio.sleep(0.1)
-            if oldest not in [k for _, k in await shard.device.segments()]:
+            if oldest not in await segments_of(shard):
                 break
         else:
             raise AssertionError("the idle shard kept its oldest segment")
@@ -563,7 +568,7 @@ async def test_an_idle_queue_whose_snapshots_alone_read_old_bodies_takes_new_one
         await settle(shard)
         assert queue.snapshots != snapshots
         assert queue.body_floor is None
-        assert oldest not in [k for _, k in await shard.device.segments()]
+        assert oldest not in await segments_of(shard)
     finally:
         await shard.close()
 
@@ -593,7 +598,7 @@ async def test_after_a_restart_no_segment_goes_that_a_kept_snapshot_reads_bodies
     await fill(shard, 1, queue=STALE)
     await shard.queues[STALE].snapshot()  # a prune
     await settle(shard)
-    on_disk = {k for _, k in await shard.device.segments()}
+    on_disk = await segments_of(shard)
     kept = shard.queues[Q].snapshots
     for seq in kept:
         path = Path(local.root) / keys.snapshot_key(Q, seq)
