@@ -63,6 +63,7 @@ log = logging.getLogger(__name__)
 # is refused with Unavailable, undecided.
 RELOAD_WAIT_S = 5.0
 MOVE_BYTES = 4 * 1024 * 1024  # bodies per BodiesMoved record, at most about
+UNKNOWN_FLOOR = 1  # where a snapshot of before this process reads bodies from: anywhere
 
 # Hands dead letters of a queue to its dead-letter queue; must be idempotent per message.
 DeadLetterRouter = Callable[[str, str, list[QueuedMessage]], Awaitable[None]]
@@ -481,7 +482,12 @@ class QueueActor:
         where their runs read bodies from, so they keep the whole log (LSN 1) until two new
         snapshots replace them (the prune asks for them: :meth:`reads_old_bodies`). Without
         a reader, runs keep their bodies and no snapshot reads any (0)."""
-        return dict.fromkeys(snapshots, 1 if self.host.bodies is not None else 0)
+        return dict.fromkeys(snapshots, UNKNOWN_FLOOR if self.host.bodies is not None else 0)
+
+    @property
+    def floors_unknown(self) -> bool:
+        """Whether a kept snapshot is from before this process (:meth:`_floors_unknown`)."""
+        return UNKNOWN_FLOOR in self._snapshot_floors.values()
 
     def reads_old_bodies(self, end_lsn: int) -> bool:
         """Whether a kept snapshot reads bodies from before ``end_lsn`` while the state no

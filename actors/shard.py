@@ -518,11 +518,19 @@ class QueueShard:
 
     def _refresh(self, end_lsn: int) -> None:
         """Queues whose kept snapshots alone read bodies before ``end_lsn`` (taken or moved
-        since, and the queue idle: it snapshots after its own writes only) take new ones."""
+        since) take new ones: at once if they are from before this process (nobody knows
+        where those read), else once they are older than the snapshot interval (a busy
+        queue's own next snapshots catch up by themselves; an idle one's never would, as a
+        queue snapshots after its own writes only)."""
+        now, every = self.clock.now_ms(), self.log_settings.snapshot_every_ms
         for name, queue in self.queues.items():
             if len(self._checkpointing) >= CHECKPOINTS_AT_ONCE:
                 return  # the rest at the next prunes, which these snapshots start
-            if name not in self._checkpointing and queue.reads_old_bodies(end_lsn):
+            if (
+                name not in self._checkpointing
+                and (queue.floors_unknown or now - queue.snapshot_at_ms >= every)
+                and queue.reads_old_bodies(end_lsn)
+            ):
                 self._start_checkpoint(queue, queue.next_seq - 1)
 
     def _maybe_compact(self) -> None:

@@ -11,8 +11,8 @@ through a put of 1000 read its block once; ``cache_bytes`` bounds the bodies it 
 
 Reads are synchronous: the engine asks while it decides, and a shard decides one command
 at a time. Only a local file is read so: a local log's segment, or the local copy of an
-object-store log's (actors/log/segcache.py); without a copy, an object store's runs keep
-their bodies in memory (docs/DESIGN-NOTES.md).
+object-store log's (CachedObjectLogDevice, actors/log/device.py); without a copy, an
+object store's runs keep their bodies in memory (docs/DESIGN-NOTES.md).
 """
 
 from __future__ import annotations

@@ -7,7 +7,8 @@
   ``LOCK`` file keeps a second process from writing the same log.
 - :class:`ObjectLogDevice` (S3, GCS, Azure, memory, and any store wrapped for fault
   injection): one object per group commit, created with ``put_if_absent``, so a zombie's
-  write fails instead of forking the log.
+  write fails instead of forking the log; :class:`CachedObjectLogDevice` also keeps a local
+  copy of the objects to read bodies back from.
 
 Both read back through the same codec (:mod:`actors.log.wal`); the shard's writer
 (:mod:`actors.log.shardlog`) and recovery (:mod:`actors.log.shard_recovery`) use only this
@@ -21,6 +22,7 @@ import errno
 import fcntl
 import logging
 import os
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -43,6 +45,7 @@ from actors.log.store import (
 from actors.log.wal import SEGMENT_HEADER_SIZE, decode_wal_header, encode_wal_header
 
 __all__ = [
+    "CachedObjectLogDevice",
     "Disk",
     "LocalLogDevice",
     "LogDevice",
@@ -139,14 +142,12 @@ def open_device(
 ) -> LogDevice:
     """The device for shard ``shard``'s log in ``store``: appended files in a local
     directory, objects anywhere else (with ``cache_dir``, copied there as well, so that
-    bodies are read back locally: actors/log/segcache.py)."""
+    bodies are read back locally: :class:`CachedObjectLogDevice`)."""
     if isinstance(store, LocalDirStore):
         return LocalLogDevice(
             store, shard, clock=clock, segment_bytes=segment_bytes, roll_after_ms=roll_after_ms
         )
     if cache_dir is not None:
-        from actors.log.segcache import CachedObjectLogDevice  # it builds on this module
-
         return CachedObjectLogDevice(store, shard, cache_dir)
     return ObjectLogDevice(store, shard)
 
@@ -253,6 +254,90 @@ class ObjectLogDevice:
 
     async def close(self) -> None:
         """Nothing held."""
+
+
+class CachedObjectLogDevice(ObjectLogDevice):
+    """An object-store log whose objects are also copied into ``cache_dir`` as they are
+    written or read, so that :meth:`read_at` reads spilled bodies with a ``pread``, never
+    with a GET (docs/DESIGN-NOTES.md, "100M queued messages").
+
+    No fsync: it is a copy; the store holds the log. It starts empty each time the log is
+    opened, and recovery, which reads every segment the shard keeps, fills it again;
+    deleting or cutting a segment drops its copy. So it holds what the store's log holds,
+    and a body placed in a segment can always be read back from it.
+    """
+
+    def __init__(self, store: ObjectStore, shard: int, cache_dir: str) -> None:
+        super().__init__(store, shard)
+        self.cache_dir = os.path.join(cache_dir, f"shard-{shard:04d}")
+        self.files = SegmentFiles(self.cache_dir)
+        self._dirs: set[str] = set()
+
+    def __repr__(self) -> str:
+        return f"CachedObjectLogDevice({self.url!r}, cache={self.cache_dir!r})"
+
+    async def open(self) -> None:
+        """Start the copy empty: what an earlier process left may no longer be the log
+        (recovery reads every segment kept, and copies it again)."""
+        self.files.close()
+        self._dirs.clear()
+        try:
+            shutil.rmtree(self.cache_dir, ignore_errors=True)
+            os.makedirs(self.cache_dir, exist_ok=True)
+        except OSError as exc:
+            raise StoreError(f"cannot make {self.cache_dir}: {exc}", ambiguous=False) from exc
+        await super().open()
+
+    async def read(self, key: str) -> bytes:
+        data = await super().read(key)
+        self._keep(key, data)
+        return data
+
+    def written(self, key: str, data: bytes) -> None:
+        self._keep(key, data)
+
+    async def truncate(self, key: str, length: int) -> None:
+        self._drop(key)
+        await super().truncate(key, length)
+
+    async def delete(self, key: str) -> None:
+        self._drop(key)
+        await super().delete(key)
+
+    def read_at(self, key: str, offset: int, length: int) -> bytes:
+        return self.files.read_at(key, offset, length)
+
+    async def close(self) -> None:
+        self.files.close()
+        await super().close()
+
+    def _keep(self, key: str, data: bytes) -> None:
+        path = self.files.path(key)
+        parent = os.path.dirname(path)
+        tmp = path + ".tmp"
+        try:
+            if parent not in self._dirs:
+                os.makedirs(parent, exist_ok=True)
+                self._dirs.add(parent)
+            with open(tmp, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        except OSError as exc:
+            raise StoreError(
+                f"cannot copy {key} into {self.cache_dir}: {exc}", ambiguous=True
+            ) from exc
+        self.files.forget(key)  # a descriptor of an older copy reads the old file
+
+    def _drop(self, key: str) -> None:
+        self.files.forget(key)
+        try:
+            os.unlink(self.files.path(key))
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            raise StoreError(
+                f"cannot drop {key} from {self.cache_dir}: {exc}", ambiguous=False
+            ) from exc
 
 
 # ------------------------------------------------------------------ local files

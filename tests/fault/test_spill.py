@@ -365,6 +365,7 @@ async def test_the_servers_own_ids_spill_too(local: ObjectStore) -> None:
 # ---------------------------------------------------------------- compaction
 
 STALE = "stale"  # a queue whose few bodies sit in a segment the other queue has churned
+EVERY_MINUTE = msgspec.structs.replace(SETTINGS, snapshot_every_ms=60_000)
 
 
 async def on(shard: QueueShard, queue: str, *commands: object) -> list[Any]:
@@ -549,9 +550,11 @@ async def test_an_idle_shard_prunes_and_compacts_by_itself(local: ObjectStore) -
 async def test_an_idle_queue_whose_snapshots_alone_read_old_bodies_takes_new_ones(
     local: ObjectStore,
 ) -> None:
-    """Its runs were taken since its snapshots, and it went idle: the next prune (another
-    queue's snapshot here) has it take new snapshots, and the old segments go."""
-    shard = await open_shard(local, ManualClock())
+    """Its runs were taken since its snapshots, and it went idle: once they are older than
+    the snapshot interval, the next prune (another queue's snapshot here) has it take new
+    ones, and the old segments go."""
+    clock = ManualClock()
+    shard = await open_shard(local, clock, EVERY_MINUTE)
     try:
         await fill(shard, 40)
         queue = shard.queues[Q]
@@ -563,6 +566,7 @@ async def test_an_idle_queue_whose_snapshots_alone_read_old_bodies_takes_new_one
             await run(shard, cmd.Ack([cmd.LeaseRef(d.id, d.lease) for d in taken]))
         assert queue.body_floor is not None  # only its snapshots read there now
         snapshots = list(queue.snapshots)
+        clock.advance(61_000)
         await fill(shard, 1, queue=STALE)
         await shard.queues[STALE].snapshot()  # a prune, as any snapshot starts one
         await settle(shard)
@@ -577,8 +581,9 @@ async def test_after_a_restart_no_segment_goes_that_a_kept_snapshot_reads_bodies
     local: ObjectStore,
 ) -> None:
     """A restarted shard does not know where its queues' older snapshots read bodies from:
-    it keeps the log until they took new ones. So when the newest snapshot turns out to be
-    damaged, the one recovery falls back on still reads every body."""
+    it keeps the log until they took new ones (the first prune asks for them). So when the
+    newest snapshot turns out to be damaged, the one recovery falls back on still reads
+    every body."""
     assert isinstance(local, LocalDirStore)
     clock = ManualClock()
     shard = await open_shard(local, clock)
@@ -595,11 +600,13 @@ async def test_after_a_restart_no_segment_goes_that_a_kept_snapshot_reads_bodies
     await shard.close(snapshot=False)
 
     shard = await open_shard(local, clock)
+    old = shard.queues[Q].snapshots
     await fill(shard, 1, queue=STALE)
-    await shard.queues[STALE].snapshot()  # a prune
+    await shard.queues[STALE].snapshot()  # a prune: Q's snapshots are replaced first
     await settle(shard)
     on_disk = await segments_of(shard)
     kept = shard.queues[Q].snapshots
+    assert kept[0] > old[-1]
     for seq in kept:
         path = Path(local.root) / keys.snapshot_key(Q, seq)
         snap = decode_snapshot(decode_snapshot_object(path.read_bytes())[2])
