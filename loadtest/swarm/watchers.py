@@ -4,7 +4,9 @@ driven by the event loop's ``add_reader`` (no transport, protocol or task per co
 :class:`WsWatcher` speaks WebSocket ``/v1/ws`` with a minimal client of its own
 (:func:`ws_client_frame`); :class:`PollWatcher` long-polls ``GET /v1/watch/{key}`` on one
 keep-alive connection. Both follow the one-shot protocol (after each event they arm the key
-again with the version they got) and report to their ``Swarm`` (``swarm.client``).
+again with the version they got) and report to their swarm: what they need of it is
+:class:`Reporter` (``swarm.client.Swarm`` is one; this module does not import it, so the two
+do not import each other).
 """
 
 from __future__ import annotations
@@ -16,14 +18,11 @@ import hashlib
 import random
 import socket
 import struct
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import msgspec
 
 from .common import WS_GUID, now
-
-if TYPE_CHECKING:
-    from .client import Swarm
 
 __all__ = [
     "ARMED",
@@ -32,6 +31,7 @@ __all__ = [
     "OPEN",
     "SO_TIMESTAMPNS",
     "PollWatcher",
+    "Reporter",
     "Watcher",
     "WsWatcher",
     "ws_client_frame",
@@ -43,6 +43,24 @@ _LINGER_RESET = struct.pack("ii", 1, 0)  # close with RST
 
 # Watcher states
 CONNECTING, OPEN, ARMED, CLOSED = 0, 1, 2, 3
+
+
+class Reporter(Protocol):
+    """What a watcher needs of the swarm that drives it (``swarm.client.Swarm``)."""
+
+    loop: asyncio.AbstractEventLoop
+    closing: bool
+    host_header: bytes
+    watch_json: list[bytes]
+    poll_request: list[bytes]
+
+    def on_event(self, w: Watcher, version: int, t: float, k: float) -> None: ...
+
+    def lost(self, w: Watcher, was: int) -> None: ...
+
+    def note_error(self, what: str) -> None: ...
+
+    def armed(self) -> None: ...
 
 
 class ServerMsg(msgspec.Struct):
@@ -102,7 +120,7 @@ class Watcher:
         "version",
     )
 
-    def __init__(self, swarm: Swarm, kidx: int, version: int) -> None:
+    def __init__(self, swarm: Reporter, kidx: int, version: int) -> None:
         self.swarm = swarm
         self.kidx = kidx
         self.version = version
@@ -218,7 +236,7 @@ class WsWatcher(Watcher):
 
     __slots__ = ("accept",)
 
-    def __init__(self, swarm: Swarm, kidx: int, version: int) -> None:
+    def __init__(self, swarm: Reporter, kidx: int, version: int) -> None:
         super().__init__(swarm, kidx, version)
         self.accept = b""
 
@@ -304,7 +322,7 @@ class PollWatcher(Watcher):
 
     __slots__ = ()
 
-    def __init__(self, swarm: Swarm, kidx: int, version: int) -> None:
+    def __init__(self, swarm: Reporter, kidx: int, version: int) -> None:
         super().__init__(swarm, kidx, 0)
 
     def hello(self) -> bytes:

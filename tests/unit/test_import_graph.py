@@ -7,7 +7,10 @@ The layers, from the bottom: the pure engine and the log (``actors/``, with ``wa
 bookkeeping beside it); the server's HTTP side (``gateway/``) and the Spark jobs
 (``pipeline/``) on it; the clients (``evq.client``), the handler SDK above them
 (``evq.handlers``), the public face (``evq``) and, on top of everything it dispatches to,
-the command line (``evq.cli``).
+the command line (``evq.cli``). The load tools (``loadtest/``) sit on top of it all: they
+may import anything of ours and nothing imports them. Its scripts import one another as
+top-level modules (``from served import EvqServe``: the folder is on ``sys.path`` when one
+runs), named here ``loadtest.served``.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGES = ("actors", "gateway", "watch", "pipeline", "evq")
+TOOLS = "loadtest"  # scripts, importing one another as top-level modules
 
 # (importer, imported): no module within the first may import a module within the second.
 FORBIDDEN = [
@@ -32,6 +36,7 @@ FORBIDDEN = [
         for up in ("gateway", "pipeline", "evq.handlers", "evq.cli")
     ],
     *[("evq.handlers", up) for up in ("gateway", "pipeline", "evq.cli")],
+    *[(low, TOOLS) for low in PACKAGES],
 ]
 # Only the command line itself and `python -m evq` may import the command line.
 CLI, CLI_USERS = "evq.cli", ("evq.cli", "evq.__main__")
@@ -44,7 +49,7 @@ def _within(module: str, package: str) -> bool:
 def _modules(root: Path) -> dict[str, Path]:
     """Module name → file, for every module of our packages under ``root``."""
     found: dict[str, Path] = {}
-    for package in PACKAGES:
+    for package in (*PACKAGES, TOOLS):
         for path in (root / package).rglob("*.py"):
             parts = path.relative_to(root).with_suffix("").parts
             found[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
@@ -52,15 +57,23 @@ def _modules(root: Path) -> dict[str, Path]:
 
 
 def _targets(node: ast.Import | ast.ImportFrom, package: str) -> list[list[str]]:
-    """For each name the statement imports, the modules it may mean, most specific first."""
+    """For each name the statement imports, the modules it may mean, most specific first
+    (in ``loadtest/``, a top-level name may be one of its own scripts: ``loadtest.<name>``)."""
+    tool = _within(package, TOOLS)
     if isinstance(node, ast.Import):
-        return [[alias.name] for alias in node.names]
+        return [[f"{TOOLS}.{a.name}", a.name] if tool else [a.name] for a in node.names]
     if node.level:
         base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
         module = f"{base}.{node.module}" if node.module else base
     else:
         module = node.module or ""
-    return [[f"{module}.{alias.name}", module] for alias in node.names]
+    found = []
+    for alias in node.names:
+        candidates = [f"{module}.{alias.name}", module]
+        if tool and not node.level:
+            candidates = [f"{TOOLS}.{c}" for c in candidates] + candidates
+        found.append(candidates)
+    return found
 
 
 def _graph(root: Path) -> dict[str, set[str]]:
@@ -196,7 +209,7 @@ def _tree(root: Path, files: dict[str, str]) -> Path:
         path = root / name
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
-    for package in PACKAGES:
+    for package in (*PACKAGES, TOOLS):
         (root / package).mkdir(exist_ok=True)
     return root
 
@@ -220,3 +233,33 @@ def test_the_checks_catch_a_loop_and_an_upward_import(tmp_path: Path, hidden: bo
     graph = _graph(root)
     assert _loops(graph) == [["actors.a", "gateway.b"]]
     assert _upward(graph) == ["actors.a -> gateway.b", "evq.client -> evq.cli"]
+
+
+@pytest.mark.parametrize("hidden", [False, True], ids=["top-level", "type-checking"])
+def test_the_checks_see_the_load_tools_scripts_and_packages(tmp_path: Path, hidden: bool) -> None:
+    """A loop between two load-tool modules (also through ``TYPE_CHECKING``, as
+    ``swarm.client`` and ``swarm.watchers`` had), and a product module importing a tool."""
+    back = (
+        "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .client import S\n"
+        if hidden
+        else "from .client import S\n"
+    )
+    root = _tree(
+        tmp_path,
+        {
+            "loadtest/served.py": "import actors.a\n",
+            "loadtest/bench.py": "from served import EvqServe\nimport swarm\n",
+            "loadtest/swarm/__init__.py": "",
+            "loadtest/swarm/client.py": "from .watchers import W\n",
+            "loadtest/swarm/watchers.py": back,
+            "actors/__init__.py": "",
+            "actors/a.py": "from loadtest import served\n",
+        },
+    )
+    graph = _graph(root)
+    assert graph["loadtest.bench"] == {"loadtest.served", "loadtest.swarm"}
+    assert _loops(graph) == [
+        ["actors.a", "loadtest.served"],
+        ["loadtest.swarm.client", "loadtest.swarm.watchers"],
+    ]
+    assert _upward(graph) == ["actors.a -> loadtest.served"]
