@@ -31,7 +31,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-# mypy with pyproject.toml's [tool.mypy] (strict for actors/core, actors/log, watch/, the
+# mypy with pyproject.toml's [tool.mypy] (strict for actors/core, actors/log, actors/status, watch/, the
 # watch transports' hub and codec, and evq/__init__.py).
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy actors gateway watch pipeline evq

@@ -41,7 +41,7 @@ from actors.errors import QueueError, Unavailable
 from actors.metrics import QueueMetrics
 from actors.queue_actor import Call
 from actors.settings import QueueSettings
-from actors.shard import ShardStatus
+from actors.status import ShardStatus
 
 __all__ = [
     "CALLS_IN_FLIGHT",

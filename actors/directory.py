@@ -22,7 +22,8 @@ from actors.keyspace import home_of
 from actors.log.store import ObjectStore
 from actors.metrics import QueueMetrics
 from actors.settings import LogSettings, QueueSettings
-from actors.shard import QueueShard, ShardStatus, placement
+from actors.shard import QueueShard, placement
+from actors.status import ShardStatus
 
 __all__ = ["ChannelDirectory", "Directory", "LocalDirectory", "RayDirectory"]
 

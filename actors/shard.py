@@ -29,8 +29,6 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-import msgspec
-
 from actors.clock import Clock, SystemClock
 from actors.core import commands as cmd
 from actors.core import replies as rp
@@ -51,13 +49,11 @@ from actors.log import keys
 from actors.log.archive import Archive
 from actors.log.bodies import Bodies, Readable
 from actors.log.device import LogDevice, ObjectLogDevice, open_device
-from actors.log.replay import RecoveryReport
 from actors.log.shard_recovery import (
     SHARD_STREAM,
     OpenedShard,
     Progress,
     SegmentInfo,
-    ShardReport,
     open_shard_log,
     placement,
 )
@@ -66,8 +62,9 @@ from actors.log.store import DiskFailed, KeyNotFound, ObjectStore, StoreError
 from actors.metrics import QueueMetrics
 from actors.queue_actor import Call, Entry, QueueActor, spilling, unavailable
 from actors.settings import LogSettings, QueueSettings, validate_queue_name
+from actors.status import LogWrites, RecoveryReport, ShardReport, ShardStatus
 
-__all__ = ["QueueShard", "ShardStatus", "placement"]
+__all__ = ["QueueShard", "placement"]
 
 TIDY_MS = 60_000  # the periodic prune runs at least this often (ms)
 CHECKPOINTS_AT_ONCE = 8  # queues refreshing their snapshots for the prune at a time
@@ -80,32 +77,6 @@ Forward = Callable[[str, list[object]], Awaitable[list[Any]]]
 
 def _tombstone(name: str) -> str:
     return f"{keys.queue_prefix(name)}DELETED"
-
-
-class LogWrites(msgspec.Struct):
-    """What a shard has written to its log since it started (commits are blocks)."""
-
-    blocks: int = 0
-    records: int = 0
-    bytes: int = 0  # of the records
-    segments: int = 0  # segments the log holds now (not yet pruned)
-
-
-class ShardStatus(msgspec.Struct):
-    """Whether a shard has recovered its queues, and what recovery found (in each queue's
-    snapshots and own version-1 segments, and in the shard's log)."""
-
-    index: int
-    ready: bool
-    queues: int
-    recovering: int
-    reports: list[RecoveryReport]
-    failed: dict[str, str]
-    log: ShardReport | None = None
-    writes: LogWrites | None = None
-    # Appended with defaults: a gateway and shards of different versions still agree.
-    log_failed: str | None = None  # why the log is not written any more (a failed fsync)
-    disk_full: str | None = None  # why puts are refused (the log's disk is full)
 
 
 class QueueShard:

@@ -30,7 +30,8 @@ from actors.errors import QueueError
 from actors.log.stores import open_store
 from actors.logsetup import LogConfig, configure
 from actors.settings import LogSettings, QueueSettings
-from actors.shard import QueueShard, ShardStatus, placement, tune_allocator
+from actors.shard import QueueShard, placement, tune_allocator
+from actors.status import ShardStatus
 
 __all__ = [
     "NAMESPACE",

@@ -35,7 +35,7 @@ from prometheus_client.registry import Collector
 
 from actors.metrics import Histogram as PlainHistogram
 from actors.metrics import QueueMetrics
-from actors.shard import ShardStatus
+from actors.status import ShardStatus
 from gateway import logs, native
 
 __all__ = ["GAUGES", "METRICS", "GatewayMetrics", "LiveGauge", "install", "register_gauge"]

@@ -14,7 +14,7 @@ from typing import Any
 from actors.core import commands as cmd
 from actors.core import replies as rp
 from actors.settings import QueueSettings
-from actors.shard import ShardStatus
+from actors.status import ShardStatus
 from gateway import door
 from gateway.app import make_app
 

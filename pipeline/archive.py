@@ -25,7 +25,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from actors.log.replay import Discarded
+from actors.status import Discarded
 from pipeline.frames import LoadedEvents, check_store, load_events, progress
 
 __all__ = ["ArchiveResult", "run_archive"]

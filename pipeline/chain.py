@@ -23,7 +23,7 @@ from collections.abc import Iterable
 
 import msgspec
 
-from actors.log.replay import Discarded
+from actors.status import Discarded
 
 __all__ = ["VANISHED", "Chain", "Cut", "SegmentMeta", "cut"]
 

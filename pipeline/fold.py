@@ -19,7 +19,7 @@ from __future__ import annotations
 from actors.core.events import Event
 from actors.core.snapshot import Snapshot
 from actors.core.state import QueueState
-from actors.log.replay import Discarded
+from actors.status import Discarded
 from pipeline.chain import VANISHED, Chain, SegmentMeta
 from pipeline.logread import (
     QueueObjects,

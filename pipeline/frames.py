@@ -16,7 +16,7 @@ from pyspark.sql import DataFrame, DataFrameReader, SparkSession
 from pyspark.sql import functions as F
 
 from actors.errors import QueueError
-from actors.log.replay import Discarded
+from actors.status import Discarded
 from pipeline.chain import SegmentMeta
 from pipeline.logread import SyncStore, queue_objects, shard_logs
 from pipeline.rows import SEGMENT, wal_segment_meta

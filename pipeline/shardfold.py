@@ -24,7 +24,7 @@ from collections.abc import Iterable, Iterator
 import pyarrow as pa
 
 from actors.core.events import QueueCreated
-from actors.log.replay import Discarded
+from actors.status import Discarded
 from pipeline.fold import QueueFold
 from pipeline.logread import (
     BATCH_ROWS,

@@ -43,7 +43,7 @@ from actors.core.ids import SequentialIds
 from actors.core.snapshot import Snapshot
 from actors.core.state import DEAD, DELAYED, READY, RESERVED, QueuedMessage, QueueState
 from actors.log import keys
-from actors.log.replay import Discarded
+from actors.status import Discarded
 from pipeline.rows import Rows
 
 __all__ = ["MINUTE_MS", "TIMELINE_SCHEMA", "Timeline", "TimelineRows", "damage_rows"]

@@ -25,7 +25,7 @@ from collections.abc import Mapping, Sequence
 import msgspec
 
 from actors.log import keys
-from actors.log.replay import Discarded
+from actors.status import Discarded
 from pipeline.chain import VANISHED, Chain, Cut, SegmentMeta
 
 __all__ = ["LogChain", "LogCut", "WalMeta", "cut_logs", "damage_by_queue", "log_of"]

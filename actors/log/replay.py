@@ -27,40 +27,13 @@ from actors.log.codec import (
     decode_snapshot_object,
 )
 from actors.log.store import KeyNotFound, ObjectStore
+from actors.status import Discarded, RecoveryReport
 
-__all__ = ["Discarded", "RecoveryReport", "Replayed", "replay"]
+__all__ = ["Replayed", "replay"]
 
 log = logging.getLogger(__name__)
 
 Progress = Callable[[int, int, int], None]  # (segments done, segments total, records done)
-
-
-class Discarded(msgspec.Struct, frozen=True):
-    """An object (or its tail) that recovery did not use, and why."""
-
-    object: str
-    offset: int  # byte offset of the first byte not used (0: the whole object)
-    records: int | None  # records not used (None: unknown, e.g. a damaged header)
-    reason: str
-
-
-class RecoveryReport(msgspec.Struct, kw_only=True):
-    """What a recovery used, what it discarded, and how long it took."""
-
-    queue: str
-    epoch: int = 0  # the incarnation that recovered (set by the caller)
-    snapshot: str | None = None
-    snapshot_seq: int = 0
-    segments_replayed: int = 0
-    records_replayed: int = 0
-    last_seq: int = 0
-    discarded: list[Discarded] = msgspec.field(default_factory=list)
-    duration_ms: int = 0
-
-    @property
-    def clean(self) -> bool:
-        """Nothing was discarded."""
-        return not self.discarded
 
 
 class Replayed(msgspec.Struct):

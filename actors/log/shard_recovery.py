@@ -40,11 +40,12 @@ from actors.log import keys
 from actors.log.bodies import Bodies, Readable, inline_runs, place_of
 from actors.log.device import LogDevice
 from actors.log.layout import claim_layout
-from actors.log.replay import Discarded, RecoveryReport, replay
+from actors.log.replay import replay
 from actors.log.shardlog import ShardLog
 from actors.log.snapshots import encode_state, write_snapshot
 from actors.log.store import KeyNotFound, ObjectStore, copy_object
 from actors.log.wal import Block, WalRead, decode_groups, decode_record, scan_segment
+from actors.status import Discarded, RecoveryReport, ShardReport
 
 __all__ = [
     "SHARD_STREAM",
@@ -103,25 +104,6 @@ class SegmentInfo:
         self.first_lsn = first_lsn
         self.queues: dict[str, int] = {}
         self.bytes = 0  # of its blocks
-
-
-class ShardReport(msgspec.Struct, kw_only=True):
-    """What the opening of a shard's log found in the log itself (each queue's own findings
-    are in its :class:`RecoveryReport`)."""
-
-    shard: int
-    epoch: int = 0
-    segments: int = 0
-    records: int = 0
-    queues: int = 0
-    discarded: list[Discarded] = msgspec.field(default_factory=list)
-    repaired: list[str] = msgspec.field(default_factory=list)  # torn tails cut, for people
-    duration_ms: int = 0
-
-    @property
-    def clean(self) -> bool:
-        """Nothing acknowledged was discarded."""
-        return not self.discarded
 
 
 class StoredReport(msgspec.Struct):

@@ -16,7 +16,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from actors.shard import ShardStatus
+from actors.status import ShardStatus
 from gateway import native
 
 __all__ = ["FILES", "routes", "status_doc"]

@@ -30,13 +30,13 @@ from actors.core.state import QueueState
 from actors.errors import QueueError
 from actors.ids import SequentialIds
 from actors.log import keys
-from actors.log.replay import Discarded
-from actors.log.shard_recovery import SHARD_STREAM, ShardReport, StoredReport
+from actors.log.shard_recovery import SHARD_STREAM, StoredReport
 from actors.log.store import LocalDirStore
 from actors.log.wal import decode_record
 from actors.queue_actor import QueueActor
 from actors.settings import LogSettings, QueueSettings
 from actors.shard import QueueShard
+from actors.status import Discarded, ShardReport
 from tests.fault.actor_support import settle_shard
 from tests.unit.log import layout
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from actors.log.replay import Discarded
+from actors.status import Discarded
 from pipeline.chain import VANISHED, SegmentMeta, cut
 from pipeline.walchain import LogChain, WalMeta, cut_logs
 

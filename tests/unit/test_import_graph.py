@@ -263,3 +263,20 @@ def test_the_checks_see_the_load_tools_scripts_and_packages(tmp_path: Path, hidd
         ["loadtest.swarm.client", "loadtest.swarm.watchers"],
     ]
     assert _upward(graph) == ["actors.a -> loadtest.served"]
+
+
+def test_a_shard_status_is_read_without_the_shard() -> None:
+    """The gateway, the dashboard and /metrics read ``ShardStatus`` (actors/status.py) off the
+    data channel: neither the status nor the channel loads the shard's module."""
+    import subprocess
+    import sys
+
+    probe = (
+        "import sys, actors.status, actors.channel; "
+        "print(sorted(m for m in ('actors.shard', 'actors.log.shard_recovery') "
+        "if m in sys.modules))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=ROOT
+    )
+    assert done.stdout.strip() == "[]"

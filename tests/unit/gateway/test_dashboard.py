@@ -13,9 +13,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from actors.log.replay import Discarded, RecoveryReport
 from actors.log.store import LocalDirStore
-from actors.shard import ShardStatus, placement
+from actors.shard import placement
+from actors.status import Discarded, RecoveryReport, ShardStatus
 from gateway import dashboard
 from tests.unit.gateway.conftest import Api, GatedStore, Serve
 
