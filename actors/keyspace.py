@@ -29,13 +29,12 @@ from typing import Any
 from actors.clock import Clock
 from actors.core import commands as cmd
 from actors.core import replies as rp
-from actors.core.decide import validate_key
+from actors.core.keys import QUEUE_PREFIX, SYS_PREFIX, validate_key
 from actors.errors import BadRequest, QueueError
 from watch.core import KeyState, WatchTable
 
 __all__ = [
     "PARTITIONS",
-    "QUEUE_PREFIX",
     "ShardKeys",
     "home_of",
     "is_partition",
@@ -45,8 +44,6 @@ __all__ = [
 
 PARTITIONS = 16
 PARTITION_PREFIX = "__evq-keys-"
-QUEUE_PREFIX = "queue:"
-SYS_PREFIX = "sys:"
 COALESCE_S = 0.05
 
 

@@ -51,8 +51,8 @@ import msgspec
 from aiohttp import web
 
 from actors.clock import Clock, SystemClock
+from actors.core.keys import QUEUE_PREFIX, SYS_PREFIX
 from actors.errors import BadRequest
-from actors.keyspace import QUEUE_PREFIX, SYS_PREFIX
 
 __all__ = [
     "AUTH",

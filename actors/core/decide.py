@@ -23,6 +23,7 @@ from actors.core import commands as cmd
 from actors.core import events as ev
 from actors.core import replies as rp
 from actors.core.ids import IdSource
+from actors.core.keys import validate_key
 from actors.core.state import GONE, READY, RESERVED, STATE_NAMES, QueuedMessage, QueueState
 from actors.errors import (
     BadRequest,
@@ -699,8 +700,6 @@ def _delete(state: QueueState, c: cmd.Delete, now: int, ids: IdSource) -> Decisi
 
 # ------------------------------------------------------------------ watch keys
 
-MAX_KEY_LEN = 256
-
 
 def _checkpoint(state: QueueState, c: cmd.Checkpoint, now: int, ids: IdSource) -> Decision:
     return [ev.Checkpoint(now)], None
@@ -724,17 +723,6 @@ def _move_bodies(state: QueueState, c: cmd.MoveBodies, now: int, ids: IdSource) 
 
 def _drop(state: QueueState, c: cmd.Drop, now: int, ids: IdSource) -> Decision:
     return [ev.QueueDeleted(now)], None
-
-
-def validate_key(key: object) -> str:
-    """A watch key: 1-256 printable characters.
-
-    Raises:
-        BadRequest: not such a string.
-    """
-    if not isinstance(key, str) or not 0 < len(key) <= MAX_KEY_LEN or not key.isprintable():
-        raise BadRequest("keys are 1-256 printable characters", key=str(key)[:100])
-    return key
 
 
 def _set_key(state: QueueState, c: cmd.SetKey, now: int, ids: IdSource) -> Decision:

@@ -26,8 +26,8 @@ from typing import Any, Protocol
 
 from actors.clock import Clock, SystemClock
 from actors.core import replies as rp
+from actors.core.keys import SYS_PREFIX
 from actors.errors import BadRequest, QueueError
-from actors.keyspace import SYS_PREFIX
 from watch.core import KeyState, WatchTable
 
 __all__ = ["Hub", "Sink"]

@@ -12,7 +12,7 @@ from typing import Any
 
 from aiohttp import web
 
-from actors.core.decide import validate_key
+from actors.core.keys import validate_key
 from actors.errors import BadRequest
 from gateway.auth import AUTH, may_read_key, presented
 from gateway.door import HEAD_LIMIT, Doorway, Head

@@ -12,7 +12,7 @@ from typing import Any, Protocol
 import msgspec
 from aiohttp import web
 
-from actors.core.decide import validate_key
+from actors.core.keys import validate_key
 from actors.errors import Overloaded
 from gateway.watches.codec import text_frame
 from gateway.watches.hub import Hub

@@ -18,7 +18,7 @@ from typing import Any
 import msgspec
 from aiohttp import WSMsgType, web
 
-from actors.core.decide import validate_key
+from actors.core.keys import validate_key
 from actors.errors import BadRequest
 from gateway.auth import AUTH, TOKEN, Token, may_read_key, presented
 from gateway.door import Doorway, Head

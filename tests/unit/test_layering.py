@@ -14,6 +14,7 @@ PURE = [
     "actors/core/*.py",
     "actors/errors.py",
     "actors/settings.py",
+    "actors/status.py",
     "actors/log/codec.py",
     "actors/log/keys.py",
     "actors/log/wal.py",
