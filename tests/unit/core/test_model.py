@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import random
+import zlib
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -559,7 +560,17 @@ def _walk_step(m: QueueMachine, rng: random.Random) -> None:
         )()
 
 
-WALK_SEED = int(os.environ.get("EVQ_SEED", "0")) or random.SystemRandom().randrange(2**32)
+def _walk_seed() -> int:
+    """EVQ_SEED when given; else one per run, the same in every pytest-xdist worker (they
+    must collect the same test ids: the seed is in them)."""
+    if given := int(os.environ.get("EVQ_SEED", "0")):
+        return given
+    if run := os.environ.get("PYTEST_XDIST_TESTRUNUID"):
+        return zlib.crc32(run.encode())
+    return random.SystemRandom().randrange(2**32)
+
+
+WALK_SEED = _walk_seed()
 
 
 @pytest.mark.parametrize("seed", [WALK_SEED], ids=lambda s: f"seed={s}")
