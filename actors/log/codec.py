@@ -29,8 +29,10 @@ __all__ = [
     "decode_snapshot_object",
     "encode_payloads",
     "encode_segment",
+    "encode_segment_header",
     "encode_snapshot_object",
     "encode_snapshot_object_parts",
+    "read_segment_header",
     "snapshot_object_header",
 ]
 
@@ -95,10 +97,41 @@ def encode_payloads(events: Sequence[Event]) -> list[bytes]:
     return [encode(e) for e in events]
 
 
+def encode_segment_header(magic: bytes, version: int, epoch: int, first: int, last: int) -> bytes:
+    """The 32-byte header of a segment of either version: ``magic``, ``version``, no flags,
+    ``epoch``, ``first`` (its first sequence number or LSN), a 32-bit ``last`` field (version
+    1: its record count; version 2: its shard) and a CRC-32 of the rest (FORMAT.md)."""
+    head = _SEG_HEADER.pack(magic, version, 0, epoch, first, last, 0)[:-4]
+    return head + struct.pack("<I", zlib.crc32(head))
+
+
+def read_segment_header(
+    data: bytes | memoryview, magic: bytes, version: int, what: str
+) -> tuple[int, int, int]:
+    """``(epoch, first, last)`` of a segment header written by :func:`encode_segment_header`
+    with ``magic`` and ``version`` (``what``: the kind of segment, for errors).
+
+    Raises:
+        DataError: too short, wrong magic, unknown version or flags, or a CRC mismatch.
+    """
+    if len(data) < SEGMENT_HEADER_SIZE:
+        raise DataError(f"segment of {len(data)} bytes is shorter than its header")
+    found, found_version, flags, epoch, first, last, crc = _SEG_HEADER.unpack_from(data)
+    if found != magic:
+        raise DataError(f"not a {what} (bad magic)")
+    if zlib.crc32(bytes(data[: SEGMENT_HEADER_SIZE - 4])) != crc:
+        raise DataError("segment header checksum mismatch")
+    if found_version != version:
+        raise DataError(f"{what} format version {found_version} is not readable by this version")
+    if flags:
+        raise DataError(f"unknown segment flags {flags:#x}")
+    return epoch, first, last
+
+
 def encode_segment(epoch: int, first_seq: int, payloads: Sequence[bytes]) -> bytes:
     """A segment holding ``payloads`` (from :func:`encode_payloads`) from ``first_seq`` on."""
-    header = _SEG_HEADER.pack(SEGMENT_MAGIC, SEGMENT_VERSION, 0, epoch, first_seq, len(payloads), 0)
-    parts = [header[:-4], struct.pack("<I", zlib.crc32(header[:-4]))]
+    header = encode_segment_header(SEGMENT_MAGIC, SEGMENT_VERSION, epoch, first_seq, len(payloads))
+    parts = [header]
     compressor: zstandard.ZstdCompressor | None = None
     for payload in payloads:
         flags = 0
@@ -123,18 +156,8 @@ def decode_segment_header(data: bytes | memoryview) -> SegmentHeader:
     Raises:
         DataError: too short, wrong magic, unknown version or flags, or a CRC mismatch.
     """
-    if len(data) < SEGMENT_HEADER_SIZE:
-        raise DataError(f"segment of {len(data)} bytes is shorter than its header")
-    magic, version, flags, epoch, first_seq, count, crc = _SEG_HEADER.unpack_from(data)
-    if magic != SEGMENT_MAGIC:
-        raise DataError("not a segment (bad magic)")
-    if zlib.crc32(bytes(data[: SEGMENT_HEADER_SIZE - 4])) != crc:
-        raise DataError("segment header checksum mismatch")
-    if version != SEGMENT_VERSION:
-        raise DataError(f"segment format version {version} is not readable by this version")
-    if flags:
-        raise DataError(f"unknown segment flags {flags:#x}")
-    return SegmentHeader(version, epoch, first_seq, count)
+    epoch, first_seq, count = read_segment_header(data, SEGMENT_MAGIC, SEGMENT_VERSION, "segment")
+    return SegmentHeader(SEGMENT_VERSION, epoch, first_seq, count)
 
 
 def decode_segment(data: bytes) -> SegmentRead:

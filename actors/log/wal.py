@@ -23,7 +23,15 @@ import zstandard
 
 from actors.core.events import Event
 from actors.errors import DataError
-from actors.log.codec import MAX_RECORD  # one limit for a record of either version
+
+# One limit for a record of either version, one segment header (magic, version, flags,
+# epoch, first LSN, shard, CRC: 32 bytes).
+from actors.log.codec import (
+    MAX_RECORD,
+    SEGMENT_HEADER_SIZE,
+    encode_segment_header,
+    read_segment_header,
+)
 
 __all__ = [
     "BLOCK_HEADER_SIZE",
@@ -47,11 +55,8 @@ __all__ = [
 WAL_MAGIC = b"EVQW"
 WAL_VERSION = 2
 
-# magic, version, flags, epoch, first_lsn, shard, header crc
-_SEG_HEADER = struct.Struct("<4sHHQQII")
 # body length, crc, epoch, first_lsn, count, flags
 _BLOCK_HEADER = struct.Struct("<IIQQII")
-SEGMENT_HEADER_SIZE = _SEG_HEADER.size  # 32
 BLOCK_HEADER_SIZE = _BLOCK_HEADER.size  # 32
 
 MAX_BLOCK = 1 << 30  # a longer block is damage (a put is at most 128 MiB of bodies)
@@ -180,8 +185,7 @@ def _inflate(frame: bytes) -> bytes:
 
 def encode_wal_header(epoch: int, first_lsn: int, shard: int) -> bytes:
     """The 32-byte header of a segment."""
-    head = _SEG_HEADER.pack(WAL_MAGIC, WAL_VERSION, 0, epoch, first_lsn, shard, 0)[:-4]
-    return head + struct.pack("<I", zlib.crc32(head))
+    return encode_segment_header(WAL_MAGIC, WAL_VERSION, epoch, first_lsn, shard)
 
 
 def decode_wal_header(data: bytes | memoryview) -> WalHeader:
@@ -190,18 +194,8 @@ def decode_wal_header(data: bytes | memoryview) -> WalHeader:
     Raises:
         DataError: too short, wrong magic, unknown version or flags, or a CRC mismatch.
     """
-    if len(data) < SEGMENT_HEADER_SIZE:
-        raise DataError(f"segment of {len(data)} bytes is shorter than its header")
-    magic, version, flags, epoch, first_lsn, shard, crc = _SEG_HEADER.unpack_from(data)
-    if magic != WAL_MAGIC:
-        raise DataError("not a shard log segment (bad magic)")
-    if zlib.crc32(bytes(data[: SEGMENT_HEADER_SIZE - 4])) != crc:
-        raise DataError("segment header checksum mismatch")
-    if version != WAL_VERSION:
-        raise DataError(f"shard log format version {version} is not readable by this version")
-    if flags:
-        raise DataError(f"unknown segment flags {flags:#x}")
-    return WalHeader(version, epoch, first_lsn, shard)
+    epoch, first_lsn, shard = read_segment_header(data, WAL_MAGIC, WAL_VERSION, "shard log segment")
+    return WalHeader(WAL_VERSION, epoch, first_lsn, shard)
 
 
 def encode_block(
