@@ -7,6 +7,7 @@ import argparse
 import re
 from datetime import UTC, datetime
 
+from actors.cliargs import count_arg
 from actors.logsetup import add_log_arguments
 
 __all__ = ["add_arguments", "duration_ms", "time_ms"]
@@ -37,16 +38,6 @@ def duration_ms(text: str) -> int:
     if match is None:
         raise argparse.ArgumentTypeError(f"not a duration (e.g. 90s, 15m, 12h, 7d): {text!r}")
     return int(float(match[1]) * _UNITS_MS[match[2] or "s"])
-
-
-def _count(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, not {text!r}")
-    return value
 
 
 def _common(p: argparse.ArgumentParser) -> None:
@@ -81,7 +72,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     s.add_argument("--as-of", type=time_ms, metavar="TIME", help="end of the history (default now)")
     s.add_argument(
         "--max-deliveries",
-        type=_count,
+        type=count_arg,
         default=5,
         metavar="N",
         help="list messages delivered more than N times (default 5)",

@@ -11,6 +11,7 @@ from typing import IO, Any
 
 import msgspec
 
+from actors.cliargs import count_arg
 from evq.client_wire import ItemResult
 
 __all__ = [
@@ -45,17 +46,6 @@ def seconds_arg(text: str) -> float:
         raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
     if not value >= 0:
         raise argparse.ArgumentTypeError(f"seconds must be >= 0, not {text!r}")
-    return value
-
-
-def count_arg(text: str) -> int:
-    """A whole number, at least 1 (argparse type)."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, not {text!r}")
     return value
 
 

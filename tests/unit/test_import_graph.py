@@ -168,10 +168,12 @@ def test_the_public_face_offers_the_clients_the_handler_sdk_and_the_errors() -> 
 
     assert {"Client", "AsyncClient", "handler", "Job", "Send", "run"} <= set(evq.__all__)
     assert set(errors.__all__) <= set(evq.__all__)
-    lazy = set(evq._HOME)
+    import evq.handlers
+
+    lazy = {*evq._CLIENTS, *evq.handlers.__all__}
     assert lazy <= set(evq.__all__) == set(dir(evq))
-    assert not lazy & set(vars(evq))  # the client and handler SDK wait for first use
     assert set(evq.__all__) - lazy <= set(vars(evq))  # the errors and types are there
+    assert not {"client", "client_wire", "handlers"} & set(evq.__all__)  # submodules are not
     for name in evq.__all__:
         assert getattr(evq, name) is not None, name
     with pytest.raises(AttributeError):
