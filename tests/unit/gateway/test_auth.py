@@ -20,6 +20,9 @@ from tests.unit.gateway.conftest import Api, Serve
 ADMIN = Token(name="admin", token="admin-token-0123456789", queues={"*": "admin"})
 WRITER = Token(name="writer", token="writer-token-0123456789", queues={"orders*": "write"})
 READER = Token(name="reader", token="reader-token-0123456789", queues={"*": "read"})
+ORDERS_ADMIN = Token(
+    name="orders-admin", token="orders-admin-0123456789", queues={"orders*": "admin"}
+)
 LEVEL_TOKEN = {"read": READER, "write": WRITER, "admin": ADMIN}
 BELOW = {"write": READER, "admin": WRITER}  # a token one level short on "orders"
 
@@ -41,7 +44,7 @@ async def call(api: Api, method: str, path: str, token: Any, doc: Any = None) ->
 
 @pytest.fixture
 async def secured(serve: Serve) -> Api:
-    api = await serve(AppOptions(tokens=[ADMIN, WRITER, READER]), ready=False)
+    api = await serve(AppOptions(tokens=[ADMIN, WRITER, READER, ORDERS_ADMIN]), ready=False)
     await api.client.get("/readyz")
     return api
 
@@ -81,6 +84,9 @@ async def test_under_privileged_tokens_are_403_and_enough_passes(
     if target in ("queue", "key"):
         nobody = Token(name="x", token="x" * 20, queues={"other-*": "admin"})
         assert nobody.level("orders") == 0
+    if target == "cluster":  # the whole server's: admin of some queues is not enough
+        assert await call(secured, method, path, WRITER, doc={}) == 403
+        assert await call(secured, method, path, ORDERS_ADMIN, doc={}) == 403
     status = await call(secured, method, path, LEVEL_TOKEN[perm], doc={})
     assert status not in (401, 403), (method, path, status)
 
