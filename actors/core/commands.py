@@ -108,10 +108,16 @@ class Put(msgspec.Struct, frozen=True, tag=True):
 
 
 class Take(msgspec.Struct, frozen=True, tag=True):
-    """Reserve up to ``max`` ready messages, each under a fresh lease."""
+    """Reserve up to ``max`` ready messages, each under a fresh lease.
+
+    ``attempt`` (SQS's ``ReceiveRequestAttemptId``): a take retried with the same attempt
+    within ``ATTEMPT_WINDOW_MS`` of the one that reserved messages gets those same messages
+    and leases again, as long as none of them was acked, released, touched or let go since
+    (a caller whose answer was lost would otherwise leave them reserved for nobody)."""
 
     max: int = 1
     visibility_timeout_ms: int | None = None
+    attempt: str | None = None  # appended
 
 
 class LeaseRef(msgspec.Struct, frozen=True):

@@ -24,7 +24,15 @@ from actors.core import events as ev
 from actors.core import replies as rp
 from actors.core.ids import IdSource
 from actors.core.keys import validate_key
-from actors.core.state import GONE, READY, RESERVED, STATE_NAMES, QueuedMessage, QueueState
+from actors.core.state import (
+    ATTEMPT_WINDOW_MS,
+    GONE,
+    READY,
+    RESERVED,
+    STATE_NAMES,
+    QueuedMessage,
+    QueueState,
+)
 from actors.errors import (
     BadRequest,
     Conflict,
@@ -351,28 +359,76 @@ def _take(
     limit = c.max
     if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= MAX_BATCH:
         raise BadRequest(f"max must be 1-{MAX_BATCH}")
+    attempt = c.attempt
+    if attempt is not None:
+        _check_attempt(attempt)
+        again = _taken_again(state, attempt, now)
+        if again is not None:
+            return [], again
     deadline = now + _visibility(c.visibility_timeout_ms, state.settings)
     picked = _peek_ready(state, limit, consume)
     if not picked:
         return [], []
     leases = [ids.next_lease() for _ in picked]
     deliveries = [
-        rp.Delivery(
-            str(m.id),
-            m.body,
-            m.activate_at_ms,
-            m.enqueued_at_ms,
-            m.receive_count + 1,
-            str(lease),
-            deadline,
-            m.attributes,
-            m.group,
-            m.first_taken_ms or now,
-        )
+        _delivery(m, m.receive_count + 1, lease, deadline, m.first_taken_ms or now)
         for m, lease in zip(picked, leases, strict=True)
     ]
-    event = ev.MessagesTaken(now, [m.id for m in picked], leases, deadline)
+    event = ev.MessagesTaken(now, [m.id for m in picked], leases, deadline, attempt)
     return [event], deliveries
+
+
+def _delivery(
+    m: QueuedMessage, receive_count: int, lease: int, deadline: int, first_taken_ms: int
+) -> rp.Delivery:
+    return rp.Delivery(
+        str(m.id),
+        m.body,
+        m.activate_at_ms,
+        m.enqueued_at_ms,
+        receive_count,
+        str(lease),
+        deadline,
+        m.attributes,
+        m.group,
+        first_taken_ms,
+    )
+
+
+MAX_ATTEMPT_LEN = 128
+_ATTEMPT_CHARS = frozenset(
+    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789!\"#$%&'()*+,-./:;<=>?@[\\]^_`{|}~"
+)
+
+
+def _check_attempt(attempt: object) -> None:
+    """An attempt id is 1-128 of SQS's characters (letters, digits and punctuation)."""
+    if (
+        not isinstance(attempt, str)
+        or not 0 < len(attempt) <= MAX_ATTEMPT_LEN
+        or not set(attempt) <= _ATTEMPT_CHARS
+    ):
+        raise BadRequest(
+            f"an attempt id is 1-{MAX_ATTEMPT_LEN} letters, digits or punctuation characters"
+        )
+
+
+def _taken_again(state: QueueState, attempt: str, now: int) -> list[rp.Delivery] | None:
+    """The deliveries of the take that ``attempt`` names, again, when it is recent and each
+    of its messages is still reserved under the lease and deadline it gave (None: take anew)."""
+    found = state.attempts.get(attempt)
+    if found is None:
+        return None
+    at, taken_ids, leases, deadline = found
+    if now - at >= ATTEMPT_WINDOW_MS or deadline <= now:
+        return None
+    again = []
+    for mid, lease in zip(taken_ids, leases, strict=True):
+        m = state.messages.get(mid)
+        if m is None or m.state != RESERVED or m.lease != lease or m.deadline_ms != deadline:
+            return None  # acked, released, touched or expired since: not the same take
+        again.append(_delivery(m, m.receive_count, lease, deadline, m.first_taken_ms or at))
+    return again
 
 
 def _peek_ready(state: QueueState, limit: int, consume: bool = False) -> list[QueuedMessage]:

@@ -93,11 +93,13 @@ class MessagesPut(_Base, frozen=True, tag="put"):
 
 
 class MessagesTaken(_Base, frozen=True, tag="taken"):
-    """Messages reserved under fresh leases (``leases[i]`` for ``ids[i]``) until ``deadline_ms``."""
+    """Messages reserved under fresh leases (``leases[i]`` for ``ids[i]``) until ``deadline_ms``;
+    ``attempt``: the take's attempt id (``Take.attempt``), so that a retry finds them."""
 
     ids: list[MessageId]
     leases: list[int]
     deadline_ms: int
+    attempt: str | None = None  # appended
 
 
 class MessagesAcked(_Base, frozen=True, tag="acked"):

@@ -52,6 +52,8 @@ class Snapshot(msgspec.Struct, array_like=True, gc=False):
     keys: list[tuple[str, int, Any]] = []  # watch keys of a key partition (appended field)
     move_tasks: list[rp.MoveTask] = []  # the queue's recent move tasks (appended field)
     runs: list[RunRecord] = []  # runs with spilled messages (appended field)
+    # takes' attempt ids: (attempt, taken at, ids, leases, deadline), oldest first (appended)
+    attempts: list[tuple[str, int, list[ev.MessageId], list[int], int]] = []
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -81,6 +83,7 @@ def snapshot(state: QueueState) -> Snapshot:
         [(key, version, value) for key, (version, value) in state.keys.items()],
         list(state.move_tasks),
         [run.record() for run in state.runs[state.run_front :] if run.left],
+        [(attempt, *taken) for attempt, taken in state.attempts.items()],
     )
 
 
@@ -190,6 +193,7 @@ def restore(snap: Snapshot) -> QueueState:
         s.idem_order.append((at, key))
     s.keys = {key: (version, value) for key, version, value in snap.keys}
     s.move_tasks = list(snap.move_tasks)
+    s.attempts = {a: (at, ids, leases, deadline) for a, at, ids, leases, deadline in snap.attempts}
     return s
 
 

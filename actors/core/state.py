@@ -58,6 +58,10 @@ DELAYED, READY, RESERVED, GONE, DEAD = 0, 1, 2, 3, 4
 
 _COMPACT_SLACK = 4096
 MAX_MOVE_TASKS = 10  # move tasks a queue remembers (SQS lists the 10 most recent)
+# How long a take's attempt id finds its messages again (SQS: ReceiveRequestAttemptId, 5
+# minutes), and how many attempts a queue remembers at most (the oldest go first).
+ATTEMPT_WINDOW_MS = 5 * 60 * 1000
+MAX_ATTEMPTS = 10_000
 
 
 class MessageState(enum.Enum):
@@ -124,6 +128,10 @@ class Observer(Protocol):
         """``m`` became ready (at ``m.activate_at_ms``)."""
 
 
+# A take's attempt (Take.attempt): (taken at, ids, leases, deadline).
+Attempt = tuple[int, list[ev.MessageId], list[int], int]
+
+
 class QueueState:
     """Everything one queue knows. Build it with ``QueueState()`` and apply events."""
 
@@ -131,6 +139,7 @@ class QueueState:
         "ack_waits",
         "acked_total",
         "arrivals",
+        "attempts",
         "clock_ms",
         "dead_lettered",
         "delayed",
@@ -186,6 +195,9 @@ class QueueState:
         self.enqueued_total = self.purged_total = 0
         self.keys: dict[str, tuple[int, Any]] = {}  # watch keys of a key partition
         self.move_tasks: list[rp.MoveTask] = []  # the newest last, at most MAX_MOVE_TASKS
+        # Takes with an attempt id (Take.attempt): id -> (taken at, ids, leases, deadline),
+        # oldest first; forgotten ATTEMPT_WINDOW_MS after, or past MAX_ATTEMPTS.
+        self.attempts: dict[str, Attempt] = {}
         self.transitions = 0  # time-driven transitions made by advance (not part of snapshots)
         self.observer: Observer | None = None  # not part of snapshots either
         # A shell's list to learn each acked message's time in the queue (ms from its put to
@@ -292,6 +304,19 @@ class QueueState:
             n += 1
         self.n_ready -= n
         self.n_reserved += n
+        if e.attempt is not None:
+            self._remember_attempt(e.attempt, e)
+
+    def _remember_attempt(self, attempt: str, e: ev.MessagesTaken) -> None:
+        attempts = self.attempts
+        attempts.pop(attempt, None)  # the newest last: a retried take that took anew
+        horizon = e.at_ms - ATTEMPT_WINDOW_MS
+        while attempts:
+            oldest = next(iter(attempts))
+            if attempts[oldest][0] > horizon and len(attempts) < MAX_ATTEMPTS:
+                break
+            del attempts[oldest]
+        attempts[attempt] = (e.at_ms, list(e.ids), list(e.leases), e.deadline_ms)
 
     def _apply_acked(self, e: ev.MessagesAcked) -> None:
         messages = self.messages

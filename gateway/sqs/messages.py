@@ -316,7 +316,10 @@ async def receive_message(ctx: Context) -> dict[str, Any]:
     patterns = p.strings("MessageAttributeNames")
     if wait is None:
         wait = wait_seconds_of(await ctx.settings(name))
-    take = cmd.Take(limit, None if visibility is None else visibility * 1000)
+    # FIFO only, as SQS: a retry with the same id within 5 minutes gets the same messages
+    # and receipt handles (actors/core/decide.py, _taken_again); standard queues ignore it.
+    attempt = p.string("ReceiveRequestAttemptId") if name.endswith(".fifo") else None
+    take = cmd.Take(limit, None if visibility is None else visibility * 1000, attempt)
     deliveries = await ctx.take(name, take, float(wait))
     render = _renderer(ctx, name, system, patterns)
     messages = [render(d) for d in deliveries]

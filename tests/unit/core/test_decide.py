@@ -2609,3 +2609,77 @@ def test_invalid_keys_are_bad_requests(key: object) -> None:
     execute(state, c.Create("__evq-keys-00", QueueSettings()), 1, ids)
     with pytest.raises(BadRequest):
         execute(state, c.SetKey(key, 1), 2, ids)  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- take attempts (SQS FIFO)
+
+ATTEMPT_WINDOW = 5 * 60 * 1000
+
+
+def _fifo_with_two_groups() -> Q:
+    q = Q(FIFO)
+    q.put(T1, nm(b"a1", group="a"), nm(b"a2", group="a"), nm(b"b1", group="b"))
+    return q
+
+
+def test_a_take_retried_with_its_attempt_id_gets_the_same_messages_and_leases() -> None:
+    q = _fifo_with_two_groups()
+    events, first = q.run(c.Take(2, attempt="try-1"), T2)
+    assert [e.attempt for e in events] == ["try-1"]  # type: ignore[attr-defined]
+    assert [d.body for d in first] == [b"a1", b"a2"]
+    events, again = q.run(c.Take(2, attempt="try-1"), T2 + 1_000)
+    assert (events, again) == ([], first)  # nothing reserved anew, same receive counts
+    # another attempt finds the group busy and the other group's message, as any take
+    assert [d.body for d in q.take(T2 + 1_000, max=2)] == [b"b1"]
+
+
+@pytest.mark.parametrize(
+    "change", ["ack", "release", "touch", "lease-expired", "window-over", "other-attempt"]
+)
+def test_an_attempt_whose_take_changed_since_takes_anew(change: str) -> None:
+    q = _fifo_with_two_groups()
+    [d1, _] = q.run(c.Take(2, attempt="try-1"), T2)[1]
+    now = T2 + 1_000
+    if change == "ack":
+        assert q.ack(now, (d1.id, d1.lease)) == ["ok"]
+    elif change == "release":
+        assert q.release(now, d1.id, d1.lease) == ["ok"]
+    elif change == "touch":
+        q.run(c.Touch([c.TouchItem(id=d1.id, lease=d1.lease)]), now)
+    elif change == "lease-expired":
+        now = T2 + VT
+    elif change == "window-over":  # leases longer than the window: the window still ends
+        q = _fifo_with_two_groups()
+        q.run(c.Take(2, visibility_timeout_ms=2 * ATTEMPT_WINDOW, attempt="try-1"), T2)
+        now = T2 + ATTEMPT_WINDOW
+    else:
+        q.run(c.Take(1, attempt="try-2"), now)  # takes b1; try-1's own take is intact...
+        events, again = q.run(c.Take(2, attempt="try-1"), now)
+        assert events == []  # ...and still found
+        assert [d.body for d in again] == [b"a1", b"a2"]
+        return
+    events, taken = q.run(c.Take(2, attempt="try-1"), now)
+    assert [e.attempt for e in events] == ["try-1"]  # type: ignore[attr-defined]
+    if change == "lease-expired":  # a1 came back: taken a second time, beside b1
+        assert sorted((d.body, d.receive_count) for d in taken) == [(b"a1", 2), (b"b1", 1)]
+    else:  # group a is still busy with what the first take reserved
+        assert [d.body for d in taken] == [b"b1"]
+    assert d1.lease not in {d.lease for d in taken}  # never the first take's lease again
+
+
+def test_attempts_survive_a_snapshot_and_the_oldest_are_forgotten() -> None:
+    q = _fifo_with_two_groups()
+    first = q.run(c.Take(1, attempt="try-1"), T2)[1]
+    restored = restore(decode_snapshot(encode_snapshot(snapshot(q.state))))
+    assert restored.attempts == q.state.attempts
+    events, again = execute(restored, c.Take(1, attempt="try-1"), T2 + 10, SequentialIds())
+    assert (events, again) == ([], first)
+    # a later take with an attempt forgets attempts older than the window
+    q.run(c.Take(1, attempt="try-late"), T2 + ATTEMPT_WINDOW + 1)
+    assert list(q.state.attempts) == ["try-late"]
+
+
+@pytest.mark.parametrize("attempt", ["", "x" * 129, "é", "tab\there", 7])
+def test_a_bad_attempt_id_is_a_bad_request(attempt: object) -> None:
+    q = _fifo_with_two_groups()
+    q.fails(c.Take(1, attempt=attempt), T2, BadRequest)  # type: ignore[arg-type]

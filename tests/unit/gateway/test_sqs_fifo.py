@@ -177,3 +177,42 @@ def test_on_a_fifo_queue_only_the_latest_receipt_handle_holds(sqs: Any) -> None:
     }
     sqs.delete_message(QueueUrl=url, ReceiptHandle=second["ReceiptHandle"])
     assert bodies(sqs, url) == []
+
+
+def test_a_receive_retried_with_its_attempt_id_gets_the_same_messages_and_handles(
+    sqs: Any,
+) -> None:
+    """ReceiveRequestAttemptId: a client whose answer was lost retries with the same id and
+    gets the same messages and receipt handles, instead of a blocked group (AWS SDK for
+    JavaScript v3 retries so); another id, or the same one after a delete, is a new receive."""
+    url = fifo_queue(sqs)
+    for body, group in [("a1", "A"), ("a2", "A"), ("b1", "B")]:
+        send(sqs, url, body, group)
+
+    def receive(attempt: str) -> list[tuple[str, str]]:
+        messages = sqs.receive_message(
+            QueueUrl=url, MaxNumberOfMessages=2, ReceiveRequestAttemptId=attempt
+        ).get("Messages", [])
+        return [(m["Body"], m["ReceiptHandle"]) for m in messages]
+
+    first = receive("lost-answer-1")
+    assert [b for b, _ in first] == ["a1", "a2"]
+    assert receive("lost-answer-1") == first  # the retry: the same messages and handles
+    assert [b for b, _ in receive("another-1")] == ["b1"]  # group A is still in flight
+    assert receive("lost-answer-1") == first
+    sqs.delete_message(QueueUrl=url, ReceiptHandle=first[0][1])
+    assert receive("lost-answer-1") == []  # changed since: a new receive, A still busy (a2)
+    with pytest.raises(ClientError) as info:
+        receive("bad id with spaces and é")
+    assert error_code(info.value) == ("ClientError", "InvalidParameterValue")
+
+
+def test_a_standard_queue_ignores_the_attempt_id(sqs: Any) -> None:
+    url = sqs.create_queue(QueueName=unique())["QueueUrl"]
+    sqs.send_message(QueueUrl=url, MessageBody="m1")
+    sqs.send_message(QueueUrl=url, MessageBody="m2")
+    got = [
+        sqs.receive_message(QueueUrl=url, ReceiveRequestAttemptId="same")["Messages"][0]["Body"]
+        for _ in range(2)
+    ]
+    assert sorted(got) == ["m1", "m2"]

@@ -75,7 +75,7 @@ them forever (the other tests in this module check that).
 # Event types that gained an appended field with a default after the v2 golden file was
 # written (allowed; see FORMAT.md, "Compatibility rules"). Their blocks are not compared
 # byte for byte.
-GAINED_FIELDS_IN_V2: set[type] = set()
+GAINED_FIELDS_IN_V2: set[type] = {ev.MessagesTaken}  # attempt
 
 # Event types added to format version 2 after its golden file was written (a new tag each,
 # allowed; FORMAT.md). Their records are frozen here instead: T, then the msgpack of one of
