@@ -38,8 +38,8 @@ from actors import errors as _errors
 from actors.core import commands as cmd
 from actors.core import replies as rp
 from actors.errors import QueueError, Unavailable
+from actors.flow import Call
 from actors.metrics import QueueMetrics
-from actors.queue_actor import Call
 from actors.settings import QueueSettings
 from actors.status import ShardStatus
 

@@ -1,11 +1,17 @@
-"""One queue as a running thing: the engine, its timers, its snapshots. A plain asyncio class.
+"""One queue as a running thing: what it does between commands, by itself. A plain asyncio
+class.
+
+The split of a shard, one sentence each: a command's life (admitted, decided, appended,
+released once durable) is :mod:`actors.flow`'s; which queues exist and the log's life are the
+shard's (:mod:`actors.shard`); what one queue does between commands is this module's — its
+alarm, its waiting (long-poll) takes, routing its dead letters and running its move task, its
+snapshots, and placing its runs in the log once the log holds them. The flow tells a queue
+of its events as they are decided (:meth:`QueueActor.decided`) and once durable
+(:meth:`QueueActor.durable`); the queue's own commands (snapshot markers, dead-letter
+confirmations, moves) go through the flow like everyone's (:meth:`QueueActor.execute`).
 
 Commands run one at a time, in arrival order (the event loop is the serial command stream):
-each is decided and applied at once, so the next command sees its effects, and its events
-join the shard log's current batch (:mod:`actors.log.shardlog`: every queue of a shard
-shares one log and one group commit). Its reply — even an error — is released only when every
-event this queue decided before it is durable, so no reply ever tells of a change a crash
-could lose.
+each is decided and applied at once, so the next command sees its effects.
 
 The queue does not own the log: its host (the shard, :class:`QueueHost`) does, and handles
 failed writes for all of its queues at once (it reads the log again and hands each queue its
@@ -22,14 +28,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
 from actors.clock import Clock
 from actors.core import commands as cmd
-from actors.core.decide import execute as execute_command
 from actors.core.events import (
     BodiesMoved,
     Checkpoint,
@@ -46,6 +50,7 @@ from actors.core.ids import IdSource
 from actors.core.runs import Run
 from actors.core.state import QueuedMessage, QueueState
 from actors.errors import NotReady, QueueError, Unavailable
+from actors.flow import Entry, Flow
 from actors.log.bodies import Bodies, place_of
 from actors.log.shardlog import Batch, ShardLog
 from actors.log.snapshots import encode_state, prune_legacy, prune_snapshots, write_snapshot
@@ -98,6 +103,11 @@ class QueueHost(Protocol):
         """``queue`` has a new snapshot (the log may be prunable)."""
         ...
 
+    @property
+    def flow(self) -> Flow:
+        """Runs the queue's own commands, as everyone's (actors/flow.py)."""
+        ...
+
 
 class QueueListener(Protocol):
     """Told of a queue's durable changes (the shard's key table: ``queue:`` keys)."""
@@ -114,65 +124,6 @@ class QueueListener(Protocol):
 def _resolve(fut: asyncio.Future[bool], value: bool) -> None:
     if not fut.done():
         fut.set_result(value)
-
-
-class Call:
-    """The results of one call of one or more commands, in order; its future resolves once
-    every command's reply is released. One future per call, not per command: a batch of
-    commands from a gateway costs one wake-up."""
-
-    __slots__ = ("future", "pending", "results")
-
-    def __init__(self, size: int) -> None:
-        self.future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
-        self.pending = size
-        self.results: list[Any] = [None] * size
-        if not size:
-            self.future.set_result(self.results)
-
-    def settle(self, index: int, value: Any) -> None:
-        self.results[index] = value
-        self.pending -= 1
-        if not self.pending and not self.future.done():
-            self.future.set_result(self.results)
-
-
-class Entry:
-    """A command waiting for its reply to become true (durable)."""
-
-    __slots__ = (
-        "call",
-        "command",
-        "done",
-        "error",
-        "index",
-        "last_seq",
-        "queue",
-        "reply",
-        "started",
-    )
-
-    def __init__(self, queue: QueueActor, command: object, call: Call, index: int) -> None:
-        self.queue = queue
-        self.command = command
-        self.call = call
-        self.index = index
-        self.started = time.perf_counter()  # for the time-to-durable histogram
-        self.reply: Any = None
-        self.error: QueueError | None = None
-        self.last_seq = 0  # the sequence number of its last event (0: it has none)
-        self.done = False
-
-    def release(self) -> None:
-        """Give the caller its outcome."""
-        if not self.done:
-            self.done = True
-            self.call.settle(self.index, self.error if self.error is not None else self.reply)
-
-    def fail(self, error: QueueError) -> None:
-        if not self.done:
-            self.done = True
-            self.call.settle(self.index, error)
 
 
 class QueueActor:
@@ -323,11 +274,7 @@ class QueueActor:
         Raises:
             QueueError: the queue stopped serving (Fenced, NotReady).
         """
-        await self.wait_ready()
-        call = Call(len(commands))
-        for index, command in enumerate(commands):
-            self.decide(Entry(self, command, call, index))
-        return await call.future
+        return await self.host.flow.execute_many(self, commands)
 
     async def wait_ready(self) -> None:
         """Until the queue may decide (its shard's log works).
@@ -354,35 +301,25 @@ class QueueActor:
                     queue=self.name,
                 ) from None
 
-    def decide(self, entry: Entry) -> None:
-        """Decide and apply now; release the reply when everything before it is durable."""
-        try:
-            events, entry.reply = execute_command(
-                self.state, entry.command, self.host.clock.now_ms(), self.host.ids
-            )
-        except QueueError as exc:
-            events, entry.error = [], exc
-        batch: Batch | None
-        if events:
-            self._count(events, entry.reply)
-            self._rearm = self._rearm or _may_bring_forward(events)
-            wal = self.host.wal
-            batch = self._last_batch = wal.append(self.name, self.next_seq, events)
-            self.log_bytes += wal.appended_bytes
-            if self.state.unplaced:
-                self._to_place(events, batch)
-            self.next_seq += len(events)
-            entry.last_seq = self.next_seq - 1
-            if self._takers and self.state.n_ready:
-                # Waiting takes decide now, into the same write (their replies still wait
-                # for it): a consumer's wait costs one durable write, not two.
-                self._wake_takers(self.state.n_ready)
-        else:
-            batch = self._last_batch
-        if batch is None:
-            entry.release()
-        else:
-            batch.entries.append(entry)
+    @property
+    def last_batch(self) -> Batch | None:
+        """The newest batch holding this queue's events that is not released yet."""
+        return self._last_batch
+
+    def decided(self, events: list[Any], reply: Any, batch: Batch, size: int) -> None:
+        """The flow appended ``events`` (decided now, ``size`` bytes of records) to ``batch``:
+        count them, note where their runs go, and let waiting takes decide into the same
+        write (their replies still wait for it: a consumer's wait costs one durable write,
+        not two)."""
+        self._count(events, reply)
+        self._rearm = self._rearm or _may_bring_forward(events)
+        self._last_batch = batch
+        self.log_bytes += size
+        if self.state.unplaced:
+            self._to_place(events, batch)
+        self.next_seq += len(events)
+        if self._takers and self.state.n_ready:
+            self._wake_takers(self.state.n_ready)
 
     def durable(self, batch: Batch, last_seq: int, now_ms: int) -> None:
         """``batch``, which holds this queue's events up to ``last_seq``, is durable (with
@@ -824,11 +761,3 @@ def _may_bring_forward(events: list[Any]) -> bool:
         elif kind not in _NEVER_SOONER:
             return True
     return False
-
-
-def unavailable(queue: str) -> Unavailable:
-    """The error of a command whose write failed: it may or may not have happened."""
-    return Unavailable(
-        f"queue {queue}: the log write failed; the command may or may not have happened",
-        queue=queue,
-    )

@@ -1,6 +1,11 @@
 """A shard: many queues in one process, each an independent :class:`QueueActor`, sharing one
 log.
 
+The split, one sentence each: a command's life (admitted, decided, appended, released once
+durable) is :mod:`actors.flow`'s; which queues exist and the log's life (recovery, the reload
+after a failed write, pruning, compaction) are this module's; what one queue does between
+commands is :mod:`actors.queue_actor`'s.
+
 A Ray actor is a whole process (~50 MiB here), so queues share a few shard processes; a
 queue lives on shard ``placement(name, count)``. A shard is a plain asyncio class: Ray wraps
 it only where it is spawned (:mod:`actors.spawn`), and the tests use it directly.
@@ -37,12 +42,12 @@ from actors.core.state import QueuedMessage, QueueState
 from actors.errors import (
     Fenced,
     NotReady,
-    Overloaded,
     QueueError,
     QueueExists,
     QueueNotFound,
     Unavailable,
 )
+from actors.flow import Call, Entry, Flow, unavailable
 from actors.ids import RandomIds
 from actors.keyspace import ShardKeys, is_partition, partition_of
 from actors.log import keys
@@ -60,7 +65,7 @@ from actors.log.shard_recovery import (
 from actors.log.shardlog import Batch, ShardLog
 from actors.log.store import DiskFailed, KeyNotFound, ObjectStore, StoreError
 from actors.metrics import QueueMetrics
-from actors.queue_actor import Call, Entry, QueueActor, spilling, unavailable
+from actors.queue_actor import QueueActor, spilling
 from actors.settings import LogSettings, QueueSettings, validate_queue_name
 from actors.status import LogWrites, RecoveryReport, ShardReport, ShardStatus
 
@@ -153,6 +158,7 @@ class QueueShard:
             else None
         )
         self.keys = ShardKeys(self.clock, self._get_app_key, self._get_stats)
+        self.flow = Flow(self)  # every command's life, from arrival to reply
 
     # ---------------------------------------------------------------- lifecycle
 
@@ -230,7 +236,7 @@ class QueueShard:
         self.report = opened.report
         self.reports = opened.reports
         wal = opened.wal
-        wal.on_durable = self._on_durable
+        wal.on_durable = self.flow.durable
         wal.on_broken = self._on_broken
         wal.on_failed = self._on_failed
         self.wal = wal
@@ -304,28 +310,20 @@ class QueueShard:
 
     # ---------------------------------------------------------------- the log
 
-    def _on_durable(self, batch: Batch) -> None:
+    def written(self, batch: Batch) -> None:
+        """``batch`` is durable (the flow releases its replies): count the block, note the
+        segment it went to and the last record of each of its queues there."""
         written = self._written
         written.blocks += 1
         written.records += batch.count
         written.bytes += batch.size
-        now = time.perf_counter()
-        for entry in batch.entries:
-            if entry.last_seq:
-                entry.queue.observe_durable(entry, now)
-            entry.release()
         info = self._segments[-1] if self._segments else None
         if info is None or info.key != batch.segment:
             info = SegmentInfo(batch.segment, batch.first_lsn)
             self._segments.append(info)
-        queues = self.queues
-        now_ms = self.clock.now_ms()
         info.bytes += batch.length
         for name, first, records in batch.groups.values():
-            last = info.queues[name] = first + len(records) - 1
-            queue = queues.get(name)
-            if queue is not None:
-                queue.durable(batch, last, now_ms)
+            info.queues[name] = first + len(records) - 1
 
     def _on_broken(self, exc: QueueError) -> None:
         """A write failed: decide nothing more until the log has been read again."""
@@ -401,12 +399,7 @@ class QueueShard:
                 entry.fail(self._stopped or NotReady(f"shard {self.index} is shutting down"))
             return
         self._install(opened)
-        for entry in unsure:
-            if entry.last_seq and entry.last_seq <= entry.queue.durable_seq:
-                entry.release()  # it landed: its reply is true
-            else:
-                entry.reply, entry.error, entry.last_seq = None, None, 0
-                entry.queue.decide(entry)
+        self.flow.settle_after_reload(unsure)
 
     def snapshot_taken(self, queue: QueueActor) -> None:
         """A queue has a new snapshot: drop the segments that snapshots now cover; keep room
@@ -691,103 +684,38 @@ class QueueShard:
 
     # ---------------------------------------------------------------- commands
 
+    # The shard's face to the data channel and Ray; the flow does the work (actors/flow.py).
+
     async def execute_many(self, name: str, commands: list[object]) -> list[Any]:
         """Run commands on queue ``name`` in order; each result is a reply or a QueueError."""
-        return await self.run_batch([(name, c) for c in commands])
+        return await self.flow.run_batch([(name, c) for c in commands])
 
     async def run_batch(self, items: Sequence[tuple[str, object]]) -> list[Any]:
-        """Run ``(queue, command)`` items in one go — in order within each queue, all in one
-        group commit when they write; each result is a reply or a QueueError."""
-        call = self.begin(items)
-        if call is not None:
-            return await call.future
-        results = []  # a queue to create first, or the log is reloading: one by one
-        for name, command in items:
-            try:
-                queue = await self.get(name)
-                results += await self._run(queue, [command])
-            except QueueError as exc:
-                results.append(exc)
-        return results
+        """See :meth:`Flow.run_batch`."""
+        return await self.flow.run_batch(items)
 
     def begin(self, items: Sequence[tuple[str, object]]) -> Call | None:
-        """Decide every item now; return the call whose future resolves with the results
-        once they are durable, or None when something must be awaited first (a key
-        partition to create, recovery, a reload): then use :meth:`run_batch`."""
-        if not (self._ready and self.log_ready.is_set()) or self._closed:
-            return None
-        queues = self.queues
-        call = Call(len(items))
-        full = self.device.full()
-        keys = False
-        for index, (name, command) in enumerate(items):
-            queue = queues.get(name)
-            if queue is None or not queue.state.created:
-                if is_partition(name) and queue is None:
-                    return None  # created on first use (await create())
-                error = self._missing(name, queue)
-                if error is not None:
-                    call.settle(index, error)
-                    continue
-                assert queue is not None
-            if queue.stopped is not None:
-                call.settle(index, queue.stopped)
-            elif type(command) is cmd.Put and not self._let_in(command, full):
-                call.settle(index, self._refused(name, full))
-            else:
-                queue.decide(Entry(queue, command, call, index))
-                keys = keys or type(command) is cmd.SetKey
-        if keys:
-            call.future.add_done_callback(lambda f: self._publish_keys(items, f.result()))
-        return call
+        """See :meth:`Flow.begin`."""
+        return self.flow.begin(items)
 
-    def _let_in(self, put: cmd.Put, full: str | None) -> bool:
-        """Whether a put may go in now (then it counts against the memory budget)."""
-        if full is not None or self.memory.over():
-            return False
+    @property
+    def serving(self) -> bool:
+        """Recovered, its log readable (not reloading), not closing."""
+        return self._ready and self.log_ready.is_set() and not self._closed
+
+    def full(self) -> str | None:
+        """Why puts are refused because the log's disk is full (None: it is not)."""
+        return self.device.full()
+
+    def over_budget(self) -> bool:
+        return self.memory.over()
+
+    def admit(self, put: cmd.Put) -> None:
         self.memory.admit(put)
-        return True
 
-    def _missing(self, name: str, queue: QueueActor | None) -> QueueError | None:
-        """Why ``name`` cannot take commands (None: it is being created; they wait)."""
-        if queue is not None:
-            return None
-        try:
-            validate_queue_name(name, internal=True)
-        except QueueError as exc:
-            return exc
-        return QueueNotFound("no such queue", queue=name)
-
-    def _refused(self, name: str, full: str | None = None) -> QueueError:
-        """Why a put is refused: the log's disk is full (503, Retry-After), or the shard is
-        over its memory budget (429)."""
-        if full is not None:
-            return Unavailable(full, queue=name, shard=self.index)
-        return Overloaded(
-            f"shard {self.index} is over its memory budget; take and ack messages, or retry later",
-            queue=name,
-            memory_budget=True,
-        )
-
-    def _publish_keys(self, items: Sequence[tuple[str, object]], results: list[Any]) -> None:
-        for (_, command), result in zip(items, results, strict=True):
-            if type(command) is cmd.SetKey and isinstance(result, rp.KeyView):
-                self.keys.key_set(result)
-
-    async def _run(self, queue: QueueActor, commands: list[object]) -> list[Any]:
-        """Commands on one queue (the memory budget and a full disk refuse puts)."""
-        full = self.device.full()
-        if (full or self.memory.over()) and any(type(c) is cmd.Put for c in commands):
-            others = [c for c in commands if type(c) is not cmd.Put]
-            done = iter(await queue.execute_many(others) if others else [])
-            results = [
-                self._refused(queue.name, full) if type(c) is cmd.Put else next(done)
-                for c in commands
-            ]
-        else:
-            results = await queue.execute_many(commands)
-        self._publish_keys([(queue.name, c) for c in commands], results)
-        return results
+    def keys_set(self, views: list[rp.KeyView]) -> None:
+        for view in views:
+            self.keys.key_set(view)
 
     async def take(self, name: str, command: cmd.Take, wait_s: float) -> list[Any]:
         """A take that waits up to ``wait_s`` for messages.
