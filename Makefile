@@ -10,7 +10,12 @@ SERVER := $(VENV)/.installed-server
 LEGACY_VENV := .venv-sqs-legacy
 LEGACY      := $(LEGACY_VENV)/.installed
 
-.PHONY: setup serve test test-all lint typecheck fmt bench clean
+.PHONY: setup serve test test-all check lint typecheck fmt bench clean
+
+# pytest-xdist workers for `test` and `check` (the machines here have two cores; the suite's
+# integration tests mostly wait on servers, so two workers roughly halve its time).
+WORKERS ?= 2
+XDIST   := -n $(WORKERS) --dist loadgroup
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -41,10 +46,16 @@ fmt: $(STAMP)
 	$(VENV)/bin/ruff check --fix .
 
 test: $(STAMP) lint typecheck chromium java fuse $(LEGACY)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest $(XDIST) $(PYTEST_ARGS)
+
+# The inner loop while working (about 2-3 minutes): lint, types, and the unit tests (pure
+# engine, codecs, the gateway in-process, the manifests): no Ray, no server processes, no
+# Spark. CI runs `make test`.
+check: $(STAMP) lint typecheck
+	$(PY) -m pytest $(XDIST) tests/unit tests/k8s $(PYTEST_ARGS)
 
 test-all: $(STAMP) chromium java fuse $(LEGACY)
-	$(PY) -m pytest -m '' $(PYTEST_ARGS)
+	$(PY) -m pytest -m '' $(XDIST) $(PYTEST_ARGS)
 
 bench: $(STAMP)
 	$(PY) loadtest/bench_engine.py

@@ -86,3 +86,25 @@ def s3_server() -> Iterator[S3Server]:
         yield s3
     finally:
         server.stop()
+
+
+# ------------------------------------------------------------------ pytest-xdist
+
+# Modules whose tests run on one worker, one after the other, beside everything else: those
+# that start Spark (one SparkSession per worker process: a JVM of ~1.7 GiB and ~10 s of CPU,
+# started once if they share a worker).
+_WORKER_GROUPS = {
+    "tests/pipeline/": "spark",
+}
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under ``pytest -n N --dist loadgroup`` (``make test``), a module's tests stay on one
+    worker (its module-scoped servers start once), as with ``--dist loadfile``; the modules
+    of ``_WORKER_GROUPS`` share a worker. Without xdist the mark does nothing."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        path = item.nodeid.split("::", 1)[0]
+        group = next((g for prefix, g in _WORKER_GROUPS.items() if path.startswith(prefix)), path)
+        item.add_marker(pytest.mark.xdist_group(group))
