@@ -1,5 +1,6 @@
 """Operations against a real ``evq serve`` with Ray and two gateway processes: tokens from
-a file on every process, /metrics after real traffic, structured JSON logs."""
+a file on every process, ``--auto-create`` on every process, /metrics after real traffic
+(counts, the time-to-durable and time-in-queue histograms), structured JSON logs."""
 
 from __future__ import annotations
 
@@ -43,8 +44,9 @@ def test_tokens_metrics_and_json_logs_on_a_real_server(
     tokens = tmp_path / "tokens.toml"
     tokens.write_text(TOKENS)
     server = make_server(
-        "--shards", "2", "--workers", "2", "--tokens-file", str(tokens), "--log-format", "json"
-    )
+        "--shards", "2", "--workers", "2", "--tokens-file", str(tokens), "--log-format", "json",
+        "--auto-create",
+    )  # fmt: skip
     url = server.url
     # Every gateway process enforces the tokens (new connections spread over both).
     for _ in range(6):
@@ -57,6 +59,19 @@ def test_tokens_metrics_and_json_logs_on_a_real_server(
         taken = c.take("jobs-a", 2)
         c.ack("jobs-a", taken[0])
         assert c.list_queues() == ["jobs-a"]
+        # --auto-create: a put creates its queue (a token that may write there suffices),
+        # whichever gateway process the put reaches; a take of an unknown queue does not
+        for i in range(4):
+            with Client(url, token=PRODUCER, retries=0) as fresh:  # a new connection each
+                fresh.put("jobs-auto", [f"made on first put {i}"])
+        assert c.list_queues() == ["jobs-a", "jobs-auto"]
+        stats = c.get_queue("jobs-auto").stats
+        assert stats is not None
+        assert stats.ready == 4
+        status, doc = request(
+            "POST", f"{url}/v1/queues/jobs-none/take", {}, headers=bearer(PRODUCER)
+        )
+        assert (status, doc["error"]["code"]) == (404, "QueueNotFound")
     body = {"messages": [{"body": "x"}]}
     status, doc = request("POST", f"{url}/v1/queues/other/messages", body, headers=bearer(PRODUCER))
     assert (status, doc["error"]["code"]) == (403, "Forbidden")
@@ -77,6 +92,12 @@ def test_tokens_metrics_and_json_logs_on_a_real_server(
     assert samples[("evq_queue_puts_total", (("queue", "jobs-a"),))] == 3
     assert samples[("evq_queue_acks_total", (("queue", "jobs-a"),))] == 1
     assert samples[("evq_queue_time_to_durable_seconds_count", (("queue", "jobs-a"),))] >= 3
+    # time in queue: one message acked, so one observation, in every bucket from its own on
+    in_queue = "evq_queue_time_in_queue_seconds"
+    assert samples[(f"{in_queue}_count", (("queue", "jobs-a"),))] == 1
+    assert 0 < samples[(f"{in_queue}_sum", (("queue", "jobs-a"),))] < 60
+    assert samples[(f"{in_queue}_bucket", (("le", "+Inf"), ("queue", "jobs-a")))] == 1
+    assert samples[(f"{in_queue}_count", (("queue", "jobs-auto"),))] == 0
 
     assert server.stop() == 0
     lines = [line for line in server.log(whole=True).splitlines() if line.startswith("{")]
