@@ -429,7 +429,7 @@ CLIS = {
 @pytest.fixture(scope="module", params=list(CLIS))
 def aws(
     request: pytest.FixtureRequest, server: Server, tmp_path_factory: pytest.TempPathFactory
-) -> Cli:
+) -> Iterator[Cli]:
     """One AWS CLI, as OPS, with nothing of the machine's AWS configuration."""
     path, protocol = CLIS[request.param]
     assert path.exists(), f"{path} is missing: `make test` creates it"
@@ -444,7 +444,10 @@ def aws(
         found = re.search(r" botocore/(\d+)\.(\d+)\.(\d+)", version)
         assert found, version
         assert tuple(map(int, found.groups())) > (1, 34, 50), version
-    return cli
+    try:
+        yield cli
+    finally:
+        cli.close()
 
 
 def cli_observe(aws: Cli, sqs: Any, scenario: str) -> tuple[str, dict[str, Any]]:

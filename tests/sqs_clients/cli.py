@@ -5,9 +5,13 @@ protocol, awscli 1.32.50 in ``.venv-sqs-legacy`` the query protocol), a boto3 cl
 for the set-up that is not the point (queues the CLI is not asked to make, messages it is
 not asked to send, waiting for a state), and a name prefix of its own. It returns what the
 user saw: the CLI's JSON output (``None`` when it printed nothing, as it does for an empty
-reply), or the error it printed (``{"error": code, "message": …}``). Every ``aws`` call is a
-process of its own, bounded by a timeout. A message made invisible for 0 s (a release)
-stands for a visibility timeout that ran out, so that nothing here sleeps.
+reply), or the error it printed (``{"error": code, "message": …}``). Each command runs the
+CLI's own driver in a process that stays (``cli_host.py``, started with the CLI's Python and
+environment: what a command does and prints is what ``aws …`` does and prints, without a
+new interpreter and its imports per command); :meth:`Cli.run` and :meth:`Cli.version` run
+the ``aws`` executable itself. Every call is bounded by a timeout. A message made invisible
+for 0 s (a release) stands for a visibility timeout that ran out, so that nothing here
+sleeps.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import selectors
 import subprocess
 import time
 from collections.abc import Callable
@@ -80,18 +85,59 @@ class Cli:
         self.path, self.endpoint, self.region, self.env = path, endpoint, region, env
         self.protocol = protocol  # what its botocore speaks to SQS: "json" or "query"
         self.timeout = timeout
+        self._host: subprocess.Popen[str] | None = None
+
+    def _args(self, args: tuple[str, ...]) -> list[str]:
+        options = ["--endpoint-url", self.endpoint, "--region", self.region, "--output", "json"]
+        return [*options, "sqs", *args]
 
     def run(self, *args: str) -> subprocess.CompletedProcess[str]:
         """``aws --endpoint-url … --region … --output json sqs ARGS`` as it ran."""
-        command = [str(self.path), "--endpoint-url", self.endpoint, "--region", self.region]
         return subprocess.run(
-            [*command, "--output", "json", "sqs", *args],
+            [str(self.path), *self._args(args)],
             env=self.env,
             capture_output=True,
             text=True,
             timeout=self.timeout,
             check=False,
         )
+
+    def hosted(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """What :meth:`run` gives, from the CLI's driver in the process that stays."""
+        host = self._host
+        if host is None or host.poll() is not None:
+            python = self.path.parent / "python"
+            script = Path(__file__).with_name("cli_host.py")
+            host = self._host = subprocess.Popen(
+                [str(python), str(script)],
+                env=self.env,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
+        assert host.stdin is not None
+        assert host.stdout is not None
+        host.stdin.write(json.dumps(self._args(args)) + "\n")
+        host.stdin.flush()
+        with selectors.DefaultSelector() as sel:
+            sel.register(host.stdout, selectors.EVENT_READ)
+            if not sel.select(self.timeout):
+                host.kill()
+                raise subprocess.TimeoutExpired(["aws", *args], self.timeout)
+        line = host.stdout.readline()
+        assert line, f"the CLI host exited with {host.wait()}"
+        doc = json.loads(line)
+        return subprocess.CompletedProcess(["aws", *args], doc["rc"], doc["out"], doc["err"])
+
+    def close(self) -> None:
+        """Stop the process that runs the commands."""
+        host, self._host = self._host, None
+        if host is not None:
+            try:
+                host.communicate(timeout=10)  # closes its stdin: it ends; reads its stdout
+            except subprocess.TimeoutExpired:
+                host.kill()
+                host.communicate()
 
     def __call__(self, *args: str) -> Any:
         """The output, decoded (None: it printed nothing).
@@ -100,7 +146,7 @@ class Cli:
             CliError: the service's error, as the CLI printed it.
             AssertionError: the CLI failed otherwise (its stderr).
         """
-        done = self.run(*args)
+        done = self.hosted(*args)
         if done.returncode != 0:
             found = _ERROR.search(done.stderr)
             assert found, f"aws {' '.join(args)} exited {done.returncode}:\n{done.stderr}"
