@@ -10,7 +10,11 @@ What a pod has and this machine has not is replaced, and only that:
 - ``AWS_ENDPOINT_URL_S3`` is moto's S3 server on 127.0.0.1, where the test creates the
   bucket of ``EVQ_STORE``;
 - ``EVQ_PORT`` is a free port (8700 may be taken on a shared machine);
-- ``PATH`` finds ``ray`` and ``evq`` in this virtualenv, as the image's does.
+- ``PATH`` finds ``ray`` and ``evq`` in this virtualenv, as the image's does;
+- ``RAY_TMPDIR`` gives the container its own ``/tmp``, as a pod has: the head's temp dir is
+  ``$RAY_TMPDIR/ray``, where ``ray start`` records the cluster's address for ``--ray-address
+  =auto`` to read (the machine's ``/tmp/ray`` may hold another cluster's address, and other
+  tests' Ray clusters run beside this one).
 
 The container's ``/bin/sh -c`` line then runs unchanged: ``ray start`` joins the cluster as
 a node without CPUs, and ``exec evq serve --ray-address=auto`` starts, creates the shards
@@ -75,7 +79,7 @@ class Manifests:
 
 
 @pytest.fixture
-def shard_node(s3_server: S3Server) -> Iterator[tuple[str, Manifests]]:
+def shard_node(s3_server: S3Server) -> Iterator[tuple[str, Manifests, Path]]:
     """A one-node Ray cluster with the shard worker group's resources and environment."""
     manifests = Manifests()
     group = manifests.shard_group()
@@ -92,7 +96,7 @@ def shard_node(s3_server: S3Server) -> Iterator[tuple[str, Manifests]]:
             "--head",
             *("--port", str(port), "--node-ip-address", HEAD_IP, "--num-cpus", "1"),
             *("--resources", json.dumps(resources)),
-            *("--include-dashboard", "false", "--temp-dir", str(root)),
+            *("--include-dashboard", "false", "--temp-dir", str(root / "ray")),
         ],
         root / "head.log",
         env=env,
@@ -105,20 +109,21 @@ def shard_node(s3_server: S3Server) -> Iterator[tuple[str, Manifests]]:
             interval=1.0,
             what="a one-node Ray cluster",
         )
-        yield address, manifests
+        yield address, manifests, root
     finally:
         node.kill()
         shutil.rmtree(root, ignore_errors=True)
 
 
 def test_the_gateway_container_starts_as_shipped_and_serves_with_its_tokens(
-    shard_node: tuple[str, Manifests], s3_server: S3Server, tmp_path: Path
+    shard_node: tuple[str, Manifests, Path], s3_server: S3Server, tmp_path: Path
 ) -> None:
-    address, manifests = shard_node
+    address, manifests, pod_tmp = shard_node
     container = manifests.gateway()
     env = {**cluster_env(), **manifests.world.env(container)}
     env.update(
         RAY_HEAD_ADDRESS=address,
+        RAY_TMPDIR=str(pod_tmp),
         AWS_ENDPOINT_URL_S3=s3_server.endpoint,
         EVQ_PORT=str(free_port()),
         PATH=f"{BIN}:{os.environ['PATH']}",
