@@ -165,10 +165,9 @@ class QueueFold:
     def finish(self, as_of_ms: int) -> None:
         """Report damage and write the end rows. When records may be missing at the end,
         the history goes on from the snapshots past them first, as recovery would."""
-        if self.missing:
-            expected = self.chain.expected or 1
-            while (resumed := self._resume(expected)) is not None:
-                expected = resumed + 1
+        if self.missing:  # the newest usable snapshot: one snapshot read, not one per
+            # snapshot taken since (a busy queue takes them faster than they are read)
+            self._resume(self.chain.expected or 1, newest=True)
         self.discarded.extend(self.chain.result.discarded)
         self.timeline.damage(self.discarded)
         self.timeline.finish(as_of_ms)
@@ -195,12 +194,14 @@ class QueueFold:
             return self.listed.snapshots
         return snapshot_keys(self.store, self.queue)
 
-    def _resume(self, covering: int) -> int | None:
+    def _resume(self, covering: int, *, newest: bool = False) -> int | None:
         """Go on from the oldest usable snapshot at or past record ``covering`` (the
         history broke: records were pruned while being read, or are damaged but covered by a
-        snapshot). Returns its sequence number (None: there is none)."""
+        snapshot), or the ``newest`` one (no records follow). Returns its sequence number
+        (None: there is none)."""
         self.listed = None  # snapshots taken since the log was listed may be the ones
-        for seq, key in self._snapshots():
+        snapshots = self._snapshots()
+        for seq, key in reversed(snapshots) if newest else snapshots:
             if seq < covering:
                 continue
             got = self._snapshot(key)

@@ -18,7 +18,9 @@ listings below are ordered and have no gap and no overlap where the log had none
 
 Reading while the server writes is safe: a reader lists, then reads what it listed. Objects
 written later are not part of this read; a segment that vanished between listing and
-reading was pruned behind snapshots (:mod:`pipeline.chain`); and the last segment of a local
+reading was pruned behind snapshots (:mod:`pipeline.chain`), and is looked for in the
+archive as it is now; a snapshot whose bodies' segment went with it, once newer snapshots
+replaced it, vanished as well (not damage); and the last segment of a local
 shard log, still being appended to, simply ends where its data ends (zeros, or a block being
 written: a torn end, never acknowledged yet).
 """
@@ -93,9 +95,10 @@ class SyncStore:
         """Sorted keys under ``prefix``. Raises: StoreError."""
         return self.run(self.store.list(prefix))
 
-    def archived(self) -> dict[str, str]:
-        """The archive's objects: live name → archived key (listed once per store)."""
-        if self._archived is None:
+    def archived(self, *, again: bool = False) -> dict[str, str]:
+        """The archive's objects: live name → archived key (listed once per store, or
+        ``again``: an object pruned after the first listing was archived since)."""
+        if self._archived is None or again:
             found: dict[str, str] = {}
             for key in self.list(keys.ARCHIVE_ROOT):
                 live = keys.unarchived(key)
@@ -262,9 +265,22 @@ def read_snapshot(store: SyncStore, key: str) -> tuple[Snapshot, QueueState] | s
         state.read = _runs_reader(store, snap.name)
         try:
             state.unspill_all()
-        except (DataError, KeyNotFound) as exc:
+        except KeyNotFound as exc:
+            if not _exists(store, key):  # newer snapshots replaced it, then the log went
+                return VANISHED
+            return f"snapshot unusable: the log that holds its bodies does not read: {exc}"
+        except DataError as exc:
             return f"snapshot unusable: the log that holds its bodies does not read: {exc}"
     return snap, state
+
+
+def _exists(store: SyncStore, key: str) -> bool:
+    """Whether ``key`` is still in the live log or the archive. Raises: StoreError."""
+    try:
+        store.get(key)
+    except KeyNotFound:
+        return keys.unarchived(key) in store.archived(again=True)
+    return True
 
 
 def _runs_reader(store: SyncStore, queue: str) -> Callable[[Any], list[bytes]]:
@@ -282,8 +298,8 @@ def _runs_reader(store: SyncStore, queue: str) -> Callable[[Any], list[bytes]]:
             last.clear()
             try:
                 data = store.get(segment)
-            except KeyNotFound:
-                archived = store.archived().get(segment)
+            except KeyNotFound:  # pruned: archived, maybe after the archive was listed
+                archived = store.archived().get(segment) or store.archived(again=True).get(segment)
                 if archived is None:
                     raise
                 data = store.get(archived)
