@@ -25,7 +25,9 @@ bound (``--max-requests``), then
 
 Every second it samples the RSS of each process of the server's session (the gateway, its
 workers, the shards, Ray's own) and counts answers by kind: 2xx, 429 with and without
-Retry-After, 503, other, client timeouts, connection errors; p50/p99 of answered requests.
+Retry-After (and of those, ``r429_over_budget``: a shard over its memory budget refused, not a
+gateway's own bounds), 503, other, client timeouts, connection errors; p50/p99 of answered
+requests.
 It prints JSON lines (``baseline``, ``calibration``, ``offered``, ``progress`` every
 ``--progress`` s, ``overload``, ``recovery``, then ``summary``) and exits 1 when
 

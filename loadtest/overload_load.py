@@ -28,6 +28,8 @@ __all__ = [
     "quantile",
 ]
 
+# What a shard's 429 says (actors/flow.py), not the gateway's own bounds' (gateway/limits.py).
+OVER_BUDGET = b"over its memory budget"
 KINDS = ("ok", "r429", "r429_no_retry_after", "r503", "other", "timeout", "conn_error")
 
 
@@ -166,10 +168,16 @@ class Tally:
         self.kinds: Counter[str] = Counter()
         self.hist: Counter[int] = Counter()
         self.messages = 0
+        self.over_budget = 0  # of the 429s: a shard over its memory budget refused
 
     def report(self) -> dict[str, Any]:
-        doc = {"kinds": dict(self.kinds), "hist": dict(self.hist), "messages": self.messages}
-        self.kinds, self.hist, self.messages = Counter(), Counter(), 0
+        doc = {
+            "kinds": dict(self.kinds),
+            "hist": dict(self.hist),
+            "messages": self.messages,
+            "over_budget": self.over_budget,
+        }
+        self.kinds, self.hist, self.messages, self.over_budget = Counter(), Counter(), 0, 0
         return doc
 
 
@@ -209,6 +217,8 @@ class Load:
         self.pool.put_back(conn, True)
         tally.hist[bucket(1000 * (time.monotonic() - started))] += 1
         tally.kinds[_kind(status, retry_after)] += 1
+        if status == 429 and OVER_BUDGET in body:
+            tally.over_budget += 1
         return body if 200 <= status < 300 else None
 
     async def put(self, raw: bytes, batch: int, started: float) -> None:

@@ -120,6 +120,7 @@ class Totals:
         self.kinds = {op: Counter[str]() for op in ("put", "take", "ack")}
         self.hist = {op: Counter[int]() for op in ("put", "take", "ack")}
         self.messages: Counter[str] = Counter()
+        self.over_budget: Counter[str] = Counter()
         self.not_sent = 0
 
     def add(self, doc: dict[str, Any]) -> None:
@@ -127,6 +128,7 @@ class Totals:
             self.kinds[op].update(doc[op]["kinds"])
             self.hist[op].update({int(k): v for k, v in doc[op]["hist"].items()})
             self.messages[op] += doc[op]["messages"]
+            self.over_budget[op] += doc[op].get("over_budget", 0)
         self.not_sent += doc["not_sent"]
 
     def summary(self, seconds: float) -> dict[str, Any]:
@@ -136,6 +138,7 @@ class Totals:
                 continue
             out[op] = {
                 **{k: kinds.get(k, 0) for k in KINDS},
+                "r429_over_budget": self.over_budget[op],
                 "messages": self.messages[op],
                 "p50_ms": quantile(self.hist[op], 0.5),
                 "p99_ms": quantile(self.hist[op], 0.99),

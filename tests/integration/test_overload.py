@@ -18,7 +18,10 @@ import pytest
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 ROOT = Path(__file__).resolve().parents[2]
-BUDGET_MB = 256  # idle shards are ~130 MiB; the budget keeps 32 for two gateways' puts in flight
+# Idle shards are ~130 MiB, and a shard keeps ~50 MiB of its budget as room for the puts its
+# gateways can have on their way in and for its next snapshots. Queued bodies stay in the log
+# (a message costs a shard ~150 B of memory): the 12-s overload grows a shard by ~50 MiB.
+BUDGET_MB = 208
 
 
 Run = tuple[subprocess.CompletedProcess[str], list[dict[str, Any]]]
@@ -65,14 +68,14 @@ def test_ten_times_the_sustainable_load_gets_429s_within_the_budget_and_recovers
             assert counts.get("timeout", 0) == 0, (phase, op, counts)
             assert counts.get("conn_error", 0) == 0, (phase, op, counts)
 
-    # memory: the budget was reached, and every process was sampled
+    # memory: the shards' budget was reached, and every process was sampled
+    assert over["r429_over_budget"] > 100, over  # the shards refused, not only the gateways
     memory = summary["memory"]
     shards = {k: v for k, v in memory.items() if k.startswith("shard:")}
     assert len(shards) == 2, memory
     for doc in shards.values():
         assert doc["limit_mib"] == BUDGET_MB + summary["allowances"]["shard_mib"]
-        # the budget was reached (less the room it keeps for puts on their way in), not idled under
-        assert doc["peak_mib"] > 0.8 * BUDGET_MB
+        assert doc["peak_mib"] > doc["base_mib"], doc  # it held the backlog until it refused
     assert {k.split(":")[0] for k in memory} == {"gateway", "worker", "shard"}
     assert summary["recovery"]["take"]["messages"] > 0  # the consumers drained
 
