@@ -1,6 +1,8 @@
-"""One sitting, side by side: evq against beanstalkd (``-f 0``: fsync before every reply) and
-RabbitMQ (classic queue, persistent messages, publisher confirms), with the shared harness's
-load generator and load shape (``../shared/bench``), one after the other on this machine.
+"""One sitting, side by side: evq against beanstalkd (``-f 0``: fsync before every reply),
+RabbitMQ (classic queue, persistent messages, publisher confirms), PostgreSQL as a queue
+(SKIP LOCKED, ``synchronous_commit=on``) and Redis (``appendfsync always``), with the shared
+harness's load generator and load shape (``../shared/bench``), one after the other on this
+machine.
 
 Rows (100-B messages, closed loop, ``--runs`` runs of ``--duration`` s each, medians):
 
@@ -9,17 +11,19 @@ Rows (100-B messages, closed loop, ``--runs`` runs of ``--duration`` s each, med
 - 16 producers + 16 consumers taking 1 message and acking it;
 - evq only: 100 messages per put, 16 producers (messages/s = puts/s x 100).
 
-Peers run through the harness's own ``bench_beanstalkd.py`` and ``bench_rabbitmq.py`` (a fresh
-server per run); evq is one ``evq serve`` with its defaults on a fresh data directory
-(``loadtest/served.py``), measured through ``adapters/http_json.py`` like ``run_all.sh ours``.
+Peers run through the harness's own ``bench_beanstalkd.py``, ``bench_rabbitmq.py``,
+``bench_postgres.py`` and ``bench_redis.py`` (a fresh server per run); evq is one ``evq
+serve`` with its defaults on a fresh data directory (``loadtest/served.py``), measured
+through ``adapters/http_json.py`` like ``run_all.sh ours``.
 Raw records go to ``--out`` (``<group>.jsonl`` per target, the harness's format); the table is
-printed as Markdown and written to ``--out/table.md``.
+printed as Markdown and written to ``--out/table.md``, with a last column: evq's median over
+the best peer's in that row (acked/s in the take-and-ack row).
 
     .venv/bin/python loadtest/sitting.py [--runs 3] [--duration 5] [--out DIR] \\
-        [--only evq|beanstalkd|rabbitmq ...] [--serve --shards 1 ...]
+        [--only evq|beanstalkd|rabbitmq|postgres|redis ...] [--serve --shards 1 ...]
 
-Needs the harness set up once (``../shared/bench/run_all.sh setup``: beanstalkd, RabbitMQ
-and the load generator's virtualenv at ``/tmp/venv-anchors``). About 15 minutes.
+Needs the harness set up once (``../shared/bench/run_all.sh setup``: the peers' servers and
+the load generator's virtualenv at ``/tmp/venv-anchors``). About 25 minutes.
 """
 
 from __future__ import annotations
@@ -39,6 +43,15 @@ from served import ROOT, EvqServe
 
 BENCH = ROOT.parent / "shared" / "bench"
 LOADGEN_PY = "/tmp/venv-anchors/bin/python"
+
+# record group -> column title, in table order
+TARGETS = {
+    "beanstalkd": "beanstalkd -f 0",
+    "rabbitmq": "RabbitMQ classic, confirms",
+    "postgres": "PostgreSQL, SKIP LOCKED",
+    "redis": "Redis, AOF always",
+    "evq": "evq",
+}
 
 # (row key, title) in table order
 ROWS = [
@@ -78,6 +91,11 @@ def peers(out: Path, args: argparse.Namespace) -> None:
         bench = [LOADGEN_PY, "bench_rabbitmq.py", "--queue-types", "classic", "--sizes", "100"]
         _run([*bench, "--conc", "1,16,64", "--mixed-sizes", "100"], env)
         _run([*bench, "--conc", "64", "--mixed-sizes", "", "--procs", "8"], env)
+    for peer in ("postgres", "redis"):
+        if peer in args.only:
+            bench = [LOADGEN_PY, f"bench_{peer}.py", "--sizes", "100"]
+            _run([*bench, "--conc", "1,16,64", "--mixed-sizes", "100"], env)
+            _run([*bench, "--conc", "64", "--mixed-sizes", "", "--procs", "8"], env)
 
 
 def evq(out: Path, args: argparse.Namespace) -> None:
@@ -126,7 +144,7 @@ def _row_of(rec: dict[str, Any]) -> tuple[str, str] | None:
         return None
     if group == "rabbitmq" and "classic" not in name:
         return None
-    if group not in ("beanstalkd", "rabbitmq", "evq"):
+    if group not in TARGETS:
         return None
     if "mixed" in name:
         return (group, "mixed") if "take 100" not in name else None
@@ -156,22 +174,36 @@ def table(out: Path) -> str:
         row = _row_of(rec)
         if row is not None:
             newest[row] = rec
-    targets = [
-        ("beanstalkd", "beanstalkd -f 0"),
-        ("rabbitmq", "RabbitMQ classic, confirms"),
-        ("evq", "evq"),
-    ]
-    lines = ["| | " + " | ".join(t for _, t in targets) + " |", "|---" * 4 + "|"]
+    targets = list(TARGETS.items())
+    lines = ["| | " + " | ".join(t for _, t in targets) + " | evq / best peer |"]
+    lines.append("|---" * (len(targets) + 2) + "|")
     for key, title in ROWS:
         cells = []
         for target, _ in targets:
             rec = newest.get((target, key))
             cells.append(_cell(key, rec) if rec is not None else "—")
-        lines.append(f"| {title} | " + " | ".join(cells) + " |")
+        lines.append(f"| {title} | " + " | ".join(cells) + f" | {_ratio(key, newest)} |")
     when = sorted({r["ts"] for r in newest.values()})
     lines.append("")
     lines.append(f"Records from {when[0]} to {when[-1]}." if when else "No records.")
     return "\n".join(lines)
+
+
+def _rate(key: str, rec: dict[str, Any] | None) -> float | None:
+    """The median rate of a row (acked/s for the mixed row, puts/s otherwise)."""
+    if rec is None:
+        return None
+    got = _median(rec["runs"], "acked_s" if key == "mixed" else "put_s")
+    return None if got is None else got[0]
+
+
+def _ratio(key: str, newest: dict[tuple[str, str], dict[str, Any]]) -> str:
+    """evq's median over the best peer's, in that row."""
+    ours = _rate(key, newest.get(("evq", key)))
+    best = [r for t in TARGETS if t != "evq" if (r := _rate(key, newest.get((t, key))))]
+    if ours is None or not best:
+        return "—"
+    return f"{ours / max(best):.2f}x"
 
 
 def _cell(key: str, rec: dict[str, Any]) -> str:
@@ -203,7 +235,7 @@ def main() -> None:
     ap.add_argument("--quiet-wait", type=float, default=60.0, help="wait for a quiet machine")
     ap.add_argument("--out", default=None, help="results directory (default: a new one in /tmp)")
     ap.add_argument("--dir", default=None, help="where evq's data directory goes")
-    ap.add_argument("--only", nargs="+", default=["beanstalkd", "rabbitmq", "evq"])
+    ap.add_argument("--only", nargs="+", default=list(TARGETS))
     ap.add_argument("--table-only", action="store_true", help="print the table of --out")
     ap.add_argument("--serve", nargs=argparse.REMAINDER, default=[], help="evq serve options")
     args = ap.parse_args()

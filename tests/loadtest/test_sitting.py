@@ -1,8 +1,10 @@
-"""loadtest/sitting.py's table: the harness's records of the three targets become one row per
-load shape, medians with the runs' range, and records of other shapes stay out.
+"""loadtest/sitting.py's table: the harness's records of the five targets become one row per
+load shape, medians with the runs' range, evq over the best peer of the row, and records of
+other shapes stay out.
 
-The sitting itself needs the shared harness's servers (beanstalkd, RabbitMQ) and takes about
-15 minutes: it is a documented command (loadtest/RESULTS.md), not part of the suite."""
+The sitting itself needs the shared harness's servers (beanstalkd, RabbitMQ, PostgreSQL,
+Redis) and takes about 25 minutes: it is a documented command (loadtest/RESULTS.md), not part
+of the suite."""
 
 from __future__ import annotations
 
@@ -63,6 +65,27 @@ def test_the_table_shows_medians_per_target_and_shape(tmp_path: Path) -> None:
         # a newer record of the same shape replaces the older one
         _record("evq", "put, 64 producers, 100 B, 8 procs", _puts(6), producers=64, procs=8),
     ]
+    postgres = [
+        _record("postgres", "pgmq-style put, 1 producers, 100 B", _puts(40, 50, 60), producers=1),
+        _record(
+            "postgres",
+            "pgmq-style mixed 16 prod + 16 cons (take 1 + ack), 100 B",
+            [{"put_s": 9, "acked_s": a} for a in (2, 3, 4)],
+            producers=16,
+            consumers=16,
+        ),
+    ]
+    redis = [
+        _record(
+            "redis",
+            "appendfsync always put, 64 producers, 100 B",
+            _puts(3, 4, 5),
+            producers=64,
+            procs=8,
+        ),
+    ]
+    (tmp_path / "postgres.jsonl").write_text("\n".join(postgres) + "\n")
+    (tmp_path / "redis.jsonl").write_text("\n".join(redis) + "\n")
     (tmp_path / "beanstalkd.jsonl").write_text("\n".join(beanstalkd) + "\n")
     (tmp_path / "evq.jsonl").write_text("\n".join(evq) + "\n")
     run = subprocess.run(
@@ -78,17 +101,27 @@ def test_the_table_shows_medians_per_target_and_shape(tmp_path: Path) -> None:
         for line in run.stdout.splitlines()
         if line.startswith("| ") and "---" not in line
     }
+    # columns: beanstalkd, RabbitMQ, PostgreSQL, Redis, evq, evq over the best peer
     assert rows["1 producer, single puts"] == [
         "20/s (10-30), p50 2.000 ms",  # the median of the runs' p50s (1, 2, 3)
         "—",
+        "50/s (40-60), p50 2.000 ms",
+        "—",
         "200/s (100-300), p50 2.000 ms",
+        "4.00x",  # 200 over PostgreSQL's 50
     ]
     assert rows["64 producers, single puts, 8 load-generator processes"] == [
         "8/s (7-9)",
         "—",
+        "—",
+        "4/s (3-5)",
         "6/s (6-6)",
+        "0.75x",  # 6 over beanstalkd's 8
     ]
-    assert rows["16 producers + 16 consumers (take 1, ack)"][0] == ("50 put/s, **5 acked/s** (4-6)")
-    assert rows["16 producers, 100 messages per put"] == ["—", "—", "200 msg/s (100-300)"]
-    assert rows["16 producers, single puts"] == ["—", "—", "—"]
+    mixed = rows["16 producers + 16 consumers (take 1, ack)"]
+    assert mixed[0] == "50 put/s, **5 acked/s** (4-6)"
+    assert mixed[2] == "9 put/s, **3 acked/s** (2-4)"
+    assert mixed[4:] == ["—", "—"]  # no evq record: no ratio
+    assert rows["16 producers, 100 messages per put"] == ["—"] * 4 + ["200 msg/s (100-300)", "—"]
+    assert rows["16 producers, single puts"] == ["—"] * 6
     assert (tmp_path / "table.md").read_text().strip() == run.stdout.strip()
