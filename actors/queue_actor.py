@@ -371,15 +371,15 @@ class QueueActor:
         runs.clear()
 
     def _place(self) -> None:
-        placing = self._placing
+        placing, bodies = self._placing, self.host.bodies
         while placing and placing[0][0].released is None:  # durable, with all before it
             batch, seq, event, run = placing.popleft()
-            self.state.place(
-                run,
-                place_of(
-                    batch.segment, batch.offset, batch.length, seq, batch.first_lsn, event, run.id
-                ),
+            place = place_of(
+                batch.segment, batch.offset, batch.length, seq, batch.first_lsn, event, run.id
             )
+            if bodies is not None and run.left and run.bodies is not None:
+                bodies.keep(self.name, place, run.bodies, run.size)  # read by the next takes
+            self.state.place(run, place)
 
     def bodies_in(self, segments: set[str]) -> int:
         """About the bytes of the bodies this queue still reads from ``segments`` (O(1) a

@@ -7,7 +7,9 @@ bodies start at. Reading it reads the whole block at once (one
 ``pread``, through the page cache: a take reads the bodies it wants soon after they were
 written, or in the order they were written), verifies its checksum, and decodes that one
 record. A bounded cache keeps the bodies of the records read last, so the takes that work
-through a put of 1000 read its block once; ``cache_bytes`` bounds the bodies it holds.
+through a put of 1000 read its block once, and those of the puts placed last (the shell
+gives them as it places them), so a take soon after its put reads nothing; ``cache_bytes``
+bounds the bodies it holds.
 
 Reads are synchronous: the engine asks while it decides, and a shard decides one command
 at a time. Only a local file is read so: a local log's segment, or the local copy of an
@@ -80,8 +82,7 @@ class Bodies:
             DataError: the block is gone, damaged, or does not hold that put.
             StoreError: the disk failed.
         """
-        segment, offset, length = place[0], place[1], place[2]
-        key = (queue, segment, offset, place[3], place[5] if len(place) > 5 else -1)
+        key = _key(queue, place)
         cache = self._cache
         found = cache.get(key)
         if found is not None:
@@ -89,14 +90,27 @@ class Bodies:
             self.hits += 1
             return found[0]
         self.blocks_read += 1
-        bodies = bodies_in(self.device.read_at(segment, offset, length), queue, place)
-        size = sum(len(b) for b in bodies)
+        bodies = bodies_in(self.device.read_at(place[0], place[1], place[2]), queue, place)
+        self._add(key, bodies, sum(len(b) for b in bodies))
+        return bodies
+
+    def keep(self, queue: str, place: Any, bodies: list[bytes], size: int) -> None:
+        """The bodies of a put of ``queue`` just placed at ``place`` (``size``: their
+        bytes), kept as if read back: a take soon after its put reads no block."""
+        if size <= self.cache_bytes:
+            self._add(_key(queue, place), bodies, size)
+
+    def _add(self, key: tuple[Any, ...], bodies: list[bytes], size: int) -> None:
+        cache = self._cache
         cache[key] = (bodies, size)
         self.cached += size
         while self.cached > self.cache_bytes and len(cache) > 1:
             _, (_, dropped) = cache.popitem(last=False)
             self.cached -= dropped
-        return bodies
+
+
+def _key(queue: str, place: Any) -> tuple[Any, ...]:
+    return (queue, place[0], place[1], place[3], place[5] if len(place) > 5 else -1)
 
 
 def bodies_in(data: bytes, queue: str, place: Any) -> list[bytes]:
