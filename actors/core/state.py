@@ -57,6 +57,12 @@ __all__ = [
 DELAYED, READY, RESERVED, GONE, DEAD = 0, 1, 2, 3, 4
 
 _COMPACT_SLACK = 4096
+
+# A put of fewer messages is held as a run only once the queue holds RUN_DEPTH ready ones:
+# a run costs more to build and to take from than the messages it holds, and only saves
+# memory (and the bodies') while they wait.
+RUN_MIN_PUT = 16
+RUN_DEPTH = 10_000
 MAX_MOVE_TASKS = 10  # move tasks a queue remembers (SQS lists the 10 most recent)
 # How long a take's attempt id finds its messages again (SQS: ReceiveRequestAttemptId, 5
 # minutes), and how many attempts a queue remembers at most (the oldest go first).
@@ -165,6 +171,7 @@ class QueueState:
         "ready",
         "reserved",
         "run_front",
+        "run_min_put",
         "runs",
         "settings",
         "spill",
@@ -205,6 +212,9 @@ class QueueState:
         self.ack_waits: list[int] | None = None
         # Spilling (runs.py): set by a shell; like the observer, not part of snapshots.
         self.spill = False
+        # Puts of fewer messages are runs only in a deep queue (RUN_MIN_PUT; tests of the
+        # representation lower it); not part of snapshots.
+        self.run_min_put = RUN_MIN_PUT
         self.read: BodyReader | None = None  # reads a placed run's bodies back
         self.runs: list[Run] = []  # runs with spilled slots (and dead ones before run_front)
         self.run_front = 0
@@ -419,9 +429,9 @@ class QueueState:
         self._update_move(e.task, status=e.status, reason=e.reason)
 
     def _apply_dropped(self, e: ev.QueueDeleted) -> None:
-        observer, waits, spill, read = self.observer, self.ack_waits, self.spill, self.read
+        kept = self.observer, self.ack_waits, self.spill, self.run_min_put, self.read
         QueueState.__init__(self)  # a deleted queue is as if it never was
-        self.observer, self.ack_waits, self.spill, self.read = observer, waits, spill, read
+        self.observer, self.ack_waits, self.spill, self.run_min_put, self.read = kept
 
     # ---------------------------------------------------------------- time
 
@@ -668,6 +678,8 @@ class QueueState:
         every run's, no group, attributes or observer (which wants each message)."""
         if self.settings.fifo or self.observer is not None:
             return False
+        if len(e.items) < self.run_min_put and self.n_ready < RUN_DEPTH:
+            return False  # a few messages into a shallow queue: taken soon, from memory
         runs = self.runs
         at = e.at_ms
         last = runs[-1].last_id if runs else 0

@@ -91,6 +91,7 @@ class QueueMachine(RuleBasedStateMachine):
     """Drives the engine and the reference side by side."""
 
     spill = False  # hold ready puts as runs, their bodies in a "log" (runs.py)
+    run_min_put = 1  # puts of fewer messages stay messages (QueueState.run_min_put)
 
     def __init__(self) -> None:
         super().__init__()
@@ -111,7 +112,7 @@ class QueueMachine(RuleBasedStateMachine):
 
     def spilling(self, state: QueueState) -> QueueState:
         """``state``, spilling if this machine spills (as a shell sets it up)."""
-        state.spill = self.spill
+        state.spill, state.run_min_put = self.spill, self.run_min_put
         state.read = self.log.__getitem__
         return state
 
@@ -477,8 +478,11 @@ class SpillingQueueMachine(QueueMachine):
         retention=st.integers(30_000, 200_000),
         vt=st.integers(1_000, 20_000),
         window=st.integers(1_000, 60_000),
+        run_min_put=st.integers(1, 3),
     )
-    def create_spilling(self, max_receives, retention, vt, window) -> None:
+    def create_spilling(self, max_receives, retention, vt, window, run_min_put) -> None:
+        # 1: every put is a run; 2 or 3: small puts stay messages, between runs
+        self.run_min_put = self.state.run_min_put = run_min_put
         QueueMachine.create(self, True, False, max_receives, retention, vt, window, False)
 
     def create(self, *args, **kwargs) -> None:  # not a rule here: create_spilling is

@@ -12,7 +12,7 @@ from actors.core import events as ev
 from actors.core.decide import execute
 from actors.core.runs import Run
 from actors.core.snapshot import decode_snapshot, encode_snapshot, logical, restore, snapshot
-from actors.core.state import RESERVED, QueueState
+from actors.core.state import RESERVED, RUN_DEPTH, RUN_MIN_PUT, QueueState
 from actors.errors import MessageNotFound
 from actors.ids import SequentialIds
 from actors.settings import QueueSettings
@@ -33,7 +33,7 @@ class Shell:
         assert self.run(c.Create(name, QueueSettings(id_mode="server", **settings))) is True
 
     def spilling(self, state: QueueState) -> QueueState:
-        state.spill = True
+        state.spill, state.run_min_put = True, 1  # every put a run, however small
         state.read = self.read
         return state
 
@@ -317,9 +317,29 @@ def test_replaying_a_move_gives_the_state_that_moved() -> None:
     sh.run(c.Take(max=2))
     events, _ = execute(sh.state, c.MoveBodies([int(ids[0])]), sh.now, sh.ids)
     replayed = QueueState()
-    replayed.spill = True
+    replayed.spill, replayed.run_min_put = True, 1
     for e in sh.events:
         replayed.apply(e)
     replayed.apply(events[0])
     assert logical(replayed) == logical(sh.state)
     assert replayed.unplaced[-1].id == int(ids[0])  # placed again by the replaying shell
+
+
+def test_small_puts_are_runs_only_in_a_deep_queue() -> None:
+    """By default a put of fewer than RUN_MIN_PUT messages stays messages while the queue is
+    shallow (taken soon, from memory), and is a run once RUN_DEPTH messages are ready."""
+    sh = Shell()
+    s = sh.state
+    s.run_min_put = RUN_MIN_PUT
+    [small] = sh.put(1)
+    assert (len(s.runs), len(s.messages)) == (0, 1)
+    sh.put(RUN_MIN_PUT)
+    assert (len(s.runs), s.spilled) == (1, RUN_MIN_PUT)
+    for _ in range(RUN_DEPTH // 1000):
+        sh.run(c.Put([c.NewMessage(body=b"x")] * 1000))
+    [deep] = sh.put(1)
+    assert (s.runs[-1].count, s.runs[-1].id) == (1, int(deep))
+    assert int(deep) not in s.messages
+    # taken in put order, across both
+    got = sh.run(c.Take(max=2))
+    assert [d.id for d in got][:1] == [small]  # type: ignore[attr-defined]
