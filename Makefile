@@ -12,10 +12,10 @@ LEGACY      := $(LEGACY_VENV)/.installed
 
 .PHONY: setup serve test test-all check lint typecheck fmt bench clean
 
-# pytest-xdist workers for `test` and `check` (the machines here have two cores; the suite's
-# integration tests mostly wait on servers, so two workers roughly halve its time).
+# pytest-xdist workers for `test` and `check`: a module's tests on one worker, the Spark
+# modules all on one (tests/conftest.py); the machines here have two cores.
 WORKERS ?= 2
-XDIST   := -n $(WORKERS) --dist loadgroup
+XDIST   := -n $(WORKERS) --dist loadfile
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)

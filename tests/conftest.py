@@ -12,6 +12,7 @@ import logging
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from obstore.store import S3Store
@@ -98,13 +99,21 @@ _WORKER_GROUPS = {
 }
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under ``pytest -n N --dist loadgroup`` (``make test``), a module's tests stay on one
-    worker (its module-scoped servers start once), as with ``--dist loadfile``; the modules
-    of ``_WORKER_GROUPS`` share a worker. Without xdist the mark does nothing."""
-    for item in items:
-        if item.get_closest_marker("xdist_group") is not None:
-            continue
-        path = item.nodeid.split("::", 1)[0]
-        group = next((g for prefix, g in _WORKER_GROUPS.items() if path.startswith(prefix)), path)
-        item.add_marker(pytest.mark.xdist_group(group))
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under ``pytest -n N --dist loadfile`` (``make test``), a module's tests stay on one
+    worker (its module-scoped servers start once), and the modules of ``_WORKER_GROUPS``
+    share a worker. (Not ``--dist loadgroup`` with marks: xdist 3.8 renames the node ids
+    to carry the group, which pytest 9 ignores, so every test went its own way.)"""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class ModuleScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return next(
+                (g for prefix, g in _WORKER_GROUPS.items() if path.startswith(prefix)), path
+            )
+
+    return ModuleScheduling(config, log)
