@@ -13,7 +13,7 @@ LEGACY      := $(LEGACY_VENV)/.installed
 .PHONY: setup serve test test-all check lint typecheck fmt bench clean
 
 # pytest-xdist workers for `test` and `check`: a module's tests on one worker, the Spark
-# modules all on one (tests/conftest.py); the machines here have two cores.
+# modules and the overload and chaos campaigns all on one (tests/conftest.py); two cores here.
 WORKERS ?= 2
 XDIST   := -n $(WORKERS) --dist loadfile
 

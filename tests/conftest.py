@@ -93,9 +93,12 @@ def s3_server() -> Iterator[S3Server]:
 
 # Modules whose tests run on one worker, one after the other, beside everything else: those
 # that start Spark (one SparkSession per worker process: a JVM of ~1.7 GiB and ~10 s of CPU,
-# started once if they share a worker).
+# started once if they share a worker), and the campaigns that load a server to its limits
+# and judge how it recovers (overload, chaos): never at the same time as Spark or each other.
 _WORKER_GROUPS = {
-    "tests/pipeline/": "spark",
+    "tests/pipeline/": "heavy",
+    "tests/integration/test_overload.py": "heavy",
+    "tests/integration/test_chaos.py": "heavy",
 }
 
 
@@ -103,7 +106,7 @@ _WORKER_GROUPS = {
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """Under ``pytest -n N --dist loadfile`` (``make test``), a module's tests stay on one
     worker (its module-scoped servers start once), and the modules of ``_WORKER_GROUPS``
-    share a worker. (Not ``--dist loadgroup`` with marks: xdist 3.8 renames the node ids
+    share one. (Not ``--dist loadgroup`` with marks: xdist 3.8 renames the node ids
     to carry the group, which pytest 9 ignores, so every test went its own way.)"""
     if config.getvalue("dist") != "loadfile":
         return None
