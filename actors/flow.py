@@ -160,6 +160,10 @@ class FlowShard(Protocol):
         """Count ``put`` against the memory budget."""
         ...
 
+    def budget_use(self) -> str:
+        """What the memory budget counted at its last reading."""
+        ...
+
     def written(self, batch: Batch) -> None:
         """``batch`` is durable: account for the block (segments, counters)."""
         ...
@@ -271,7 +275,8 @@ class Flow:
         if full is not None:
             return Unavailable(full, queue=name, shard=index)
         return Overloaded(
-            f"shard {index} is over its memory budget; take and ack messages, or retry later",
+            f"shard {index} is over its memory budget ({self.shard.budget_use()}); "
+            "take and ack messages, or retry later",
             queue=name,
             memory_budget=True,
         )

@@ -710,6 +710,10 @@ class QueueShard:
     def over_budget(self) -> bool:
         return self.memory.over()
 
+    def budget_use(self) -> str:
+        """What the memory budget counted at its last reading (for a refusal's message)."""
+        return self.memory.use()
+
     def admit(self, put: cmd.Put) -> None:
         self.memory.admit(put)
 
@@ -822,6 +826,7 @@ class MemoryBudget:
         self.in_flight: Callable[[], int] = lambda: 0  # bytes of puts that may be on their way
         self.shed: Callable[[], None] = lambda: None  # drops caches (spilled bodies read back)
         self._room = 0  # at the last reading: the reserve and what may be in flight
+        self._in_flight = 0  # at the last reading
 
     def over(self) -> bool:
         if self.budget is None:
@@ -831,7 +836,8 @@ class MemoryBudget:
             refusing = self._resident + self._admitted + self._room > self.budget
             self._checked = now
             self._admitted = 0
-            self._room = self._reserved + self.in_flight()
+            self._in_flight = self.in_flight()
+            self._room = self._reserved + self._in_flight
             self._resident = resident_bytes()
             # Refusing since the last reading, or over now: what the allocator keeps free
             # must not count (a shard just under its budget with drained messages' memory
@@ -841,6 +847,18 @@ class MemoryBudget:
                 _malloc_trim()
                 self._resident = resident_bytes()
         return self._resident + self._admitted + self._room > self.budget
+
+    def use(self) -> str:
+        """The last reading, in MiB: what counted against the budget."""
+        mib = 1 << 20
+        used = self._resident + self._admitted + self._room
+        kept = self._room - self._in_flight
+        return (
+            f"{used / mib:.0f} of {(self.budget or 0) / mib:.0f} MiB: "
+            f"{self._resident / mib:.0f} resident, {self._admitted / mib:.0f} let in since, "
+            f"{kept / mib:.0f} kept for the next snapshots, "
+            f"{self._in_flight / mib:.0f} for puts on their way"
+        )
 
     def reserve(self, queue: str, snapshot_bytes: int) -> None:
         """``queue``'s last snapshot object was ``snapshot_bytes`` (0: it is gone)."""

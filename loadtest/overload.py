@@ -217,14 +217,17 @@ def recover(run: Run, queues: list[str], sustainable: dict[str, Any]) -> dict[st
     totals = Totals()
     recovered_at: float | None = None
     last = dropped
+    refusal: str | None = None  # the last put answered other than 2xx
     while phase.alive() and recovered_at is None:
         time.sleep(0.5)
         rss = run.sampler.sample(time.monotonic() - run.t0)
         if time.monotonic() - last >= args.progress:
             last = time.monotonic()
-            run.emit(_recovery_line(run, rss, seconds, last - dropped))
+            run.emit(_recovery_line(run, rss, seconds, last - dropped) | {"refusal": refusal})
+            refusal = None
         for doc in phase.drain():
             totals.add(doc)
+            refusal = doc["put"].get("refusal") or refusal
             seconds.setdefault(int(doc["t"] - dropped), Counter()).update(doc["put"]["kinds"])
         recovered_at = _recovered(seconds, rate, args.recovery_window)
     for proc in phase.procs:

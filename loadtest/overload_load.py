@@ -169,6 +169,7 @@ class Tally:
         self.hist: Counter[int] = Counter()
         self.messages = 0
         self.over_budget = 0  # of the 429s: a shard over its memory budget refused
+        self.refusal: str | None = None  # the last answer that was not 2xx (its start)
 
     def report(self) -> dict[str, Any]:
         doc = {
@@ -176,8 +177,10 @@ class Tally:
             "hist": dict(self.hist),
             "messages": self.messages,
             "over_budget": self.over_budget,
+            "refusal": self.refusal,
         }
         self.kinds, self.hist, self.messages, self.over_budget = Counter(), Counter(), 0, 0
+        self.refusal = None
         return doc
 
 
@@ -219,6 +222,8 @@ class Load:
         tally.kinds[_kind(status, retry_after)] += 1
         if status == 429 and OVER_BUDGET in body:
             tally.over_budget += 1
+        if not 200 <= status < 300:
+            tally.refusal = f"{status} {body[:400].decode(errors='replace')}"
         return body if 200 <= status < 300 else None
 
     async def put(self, raw: bytes, batch: int, started: float) -> None:

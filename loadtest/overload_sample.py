@@ -121,6 +121,7 @@ class Totals:
         self.hist = {op: Counter[int]() for op in ("put", "take", "ack")}
         self.messages: Counter[str] = Counter()
         self.over_budget: Counter[str] = Counter()
+        self.refusal: dict[str, str] = {}  # op: the last answer that was not 2xx
         self.not_sent = 0
 
     def add(self, doc: dict[str, Any]) -> None:
@@ -129,6 +130,8 @@ class Totals:
             self.hist[op].update({int(k): v for k, v in doc[op]["hist"].items()})
             self.messages[op] += doc[op]["messages"]
             self.over_budget[op] += doc[op].get("over_budget", 0)
+            if doc[op].get("refusal"):
+                self.refusal[op] = doc[op]["refusal"]
         self.not_sent += doc["not_sent"]
 
     def summary(self, seconds: float) -> dict[str, Any]:
@@ -143,4 +146,6 @@ class Totals:
                 "p50_ms": quantile(self.hist[op], 0.5),
                 "p99_ms": quantile(self.hist[op], 0.99),
             }
+            if op in self.refusal:
+                out[op]["last_refusal"] = self.refusal[op]
         return out

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+import re
 from pathlib import Path
 
 import aiohttp
@@ -81,7 +82,14 @@ async def test_a_shard_over_its_memory_budget_refuses_puts_but_serves_takes(
     budget(resident_bytes() // 2)  # far below: giving free memory back cannot reach it
     reply = await api.call("POST", "/v1/queues/mem/messages", {"messages": [{"body": "x"}]})
     assert (reply.status, reply.code) == (429, "Overloaded")
-    assert "memory budget" in reply.doc["error"]["message"]
+    message = reply.doc["error"]["message"]
+    assert "memory budget" in message
+    # what counted against it, for an operator to see why
+    resident = re.search(r"of (\d+) MiB: (\d+) resident", message)
+    assert resident, message
+    assert int(resident[1]) == round(memory.budget / (1 << 20))
+    assert int(resident[2]) > int(resident[1])
+    assert "kept for the next snapshots" in message and "for puts on their way" in message
     assert reply.headers["Retry-After"]
     taken = await api.take("mem", 5)
     assert len(taken) == 5  # takes and acks still work, so memory can come back
