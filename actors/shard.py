@@ -129,6 +129,7 @@ class QueueShard:
         )
         if self.bodies is not None:
             self.memory.shed = self.bodies.clear
+        self.memory.held = self._messages_held
         self.queues: dict[str, QueueActor] = {}
         self.wal: ShardLog = ShardLog(self.device, 0, 1)  # replaced by start()
         self.log_ready = asyncio.Event()
@@ -710,6 +711,12 @@ class QueueShard:
     def over_budget(self) -> bool:
         return self.memory.over()
 
+    def _messages_held(self) -> int:
+        """Messages in this shard's queues now (ready, delayed and leased)."""
+        return sum(
+            q.state.n_ready + q.state.n_delayed + q.state.n_reserved for q in self.queues.values()
+        )
+
     def budget_use(self) -> str:
         """What the memory budget counted at its last reading (for a refusal's message)."""
         return self.memory.use()
@@ -814,7 +821,14 @@ class MemoryBudget:
     and reads again: glibc keeps freed message
     bodies resident in the arena of the thread that allocated them (a Ray async actor's
     event loop has a thread of its own), so a shard drained of its messages would otherwise
-    stay "over" and refuse puts for good."""
+    stay "over" and refuse puts for good.
+
+    Python's own allocator and its dicts keep much of what drained messages held, which no
+    trim returns: so from the first reading over the budget, the messages the shard stopped
+    holding since (``held``, at ``FREED_PER_MESSAGE`` each: less than any message costs)
+    count as free room inside the process, less what the resident size gave back. A drained
+    shard takes puts again into the memory its messages left, and a refilled one refuses at
+    the same size as before."""
 
     def __init__(self, budget_bytes: int | None) -> None:
         self.budget = budget_bytes
@@ -827,13 +841,16 @@ class MemoryBudget:
         self.shed: Callable[[], None] = lambda: None  # drops caches (spilled bodies read back)
         self._room = 0  # at the last reading: the reserve and what may be in flight
         self._in_flight = 0  # at the last reading
+        self.held: Callable[[], int] = lambda: 0  # messages the shard holds now
+        self._mark: tuple[int, int] | None = None  # resident and held when it went over
+        self._free = 0  # at the last reading: what drained messages left, not given back
 
     def over(self) -> bool:
         if self.budget is None:
             return False
         now = time.perf_counter()  # a rate limit on /proc reads, not state time
         if now - self._checked >= 0.2:
-            refusing = self._resident + self._admitted + self._room > self.budget
+            refusing = self._resident - self._free + self._admitted + self._room > self.budget
             self._checked = now
             self._admitted = 0
             self._in_flight = self.in_flight()
@@ -846,16 +863,36 @@ class MemoryBudget:
                 self.shed()
                 _malloc_trim()
                 self._resident = resident_bytes()
-        return self._resident + self._admitted + self._room > self.budget
+            self._free = self._freed()
+        return self._resident - self._free + self._admitted + self._room > self.budget
+
+    def _freed(self) -> int:
+        """Bytes the messages drained since the shard went over left inside the process:
+        their share less what the resident size has given back since (0: not over)."""
+        assert self.budget is not None
+        held = self.held()
+        if self._resident + self._room <= self.budget:
+            self._mark = None
+            return 0
+        if self._mark is None:
+            self._mark = (self._resident, held)
+            return 0
+        resident, then = self._mark
+        if held > then:  # refilled past the mark: measure from here
+            self._mark = (max(resident, self._resident), held)
+            return 0
+        given_back = max(0, resident - self._resident)
+        return max(0, (then - held) * FREED_PER_MESSAGE - given_back)
 
     def use(self) -> str:
         """The last reading, in MiB: what counted against the budget."""
         mib = 1 << 20
-        used = self._resident + self._admitted + self._room
+        used = self._resident - self._free + self._admitted + self._room
         kept = self._room - self._in_flight
         return (
             f"{used / mib:.0f} of {(self.budget or 0) / mib:.0f} MiB: "
-            f"{self._resident / mib:.0f} resident, {self._admitted / mib:.0f} let in since, "
+            f"{self._resident / mib:.0f} resident, {self._free / mib:.0f} of it free "
+            f"(left by drained messages), {self._admitted / mib:.0f} let in since, "
             f"{kept / mib:.0f} kept for the next snapshots, "
             f"{self._in_flight / mib:.0f} for puts on their way"
         )
@@ -872,6 +909,10 @@ class MemoryBudget:
         if self.budget is not None:
             self._admitted += sum(len(m.body) + MESSAGE_OVERHEAD for m in put.messages)
 
+
+# What a drained message leaves free at least (a message at depth costs ~150 B: its state
+# and index entries), for MemoryBudget: the room it counts once the shard went over.
+FREED_PER_MESSAGE = 100
 
 # What a queued message holds beyond its body (its state and index entries; the engine's
 # target, loadtest/RESULTS.md "Engine micro-benchmark"), for MemoryBudget.admit.
