@@ -824,11 +824,12 @@ class MemoryBudget:
     stay "over" and refuse puts for good.
 
     Python's own allocator and its dicts keep much of what drained messages held, which no
-    trim returns: so from the first reading over the budget, the messages the shard stopped
-    holding since (``held``, at ``FREED_PER_MESSAGE`` each: less than any message costs)
-    count as free room inside the process, less what the resident size gave back. A drained
-    shard takes puts again into the memory its messages left, and a refilled one refuses at
-    the same size as before."""
+    trim returns: so from the first reading over the budget (the mark), the messages the
+    shard stopped holding since (``held``) count as free room inside the process, each at
+    what a message held then cost on average (the growth since the lowest reading, over the
+    messages held; at most ``MESSAGE_OVERHEAD``), less what the resident size gave back. A
+    drained shard takes puts again into the memory its messages left, and a refilled one
+    refuses at the same size as before (past the mark's messages, it is marked anew)."""
 
     def __init__(self, budget_bytes: int | None) -> None:
         self.budget = budget_bytes
@@ -842,7 +843,8 @@ class MemoryBudget:
         self._room = 0  # at the last reading: the reserve and what may be in flight
         self._in_flight = 0  # at the last reading
         self.held: Callable[[], int] = lambda: 0  # messages the shard holds now
-        self._mark: tuple[int, int] | None = None  # resident and held when it went over
+        self._mark: tuple[int, int, float] | None = None  # resident, held, bytes per message
+        self._lowest: int | None = None  # the lowest resident size read
         self._free = 0  # at the last reading: what drained messages left, not given back
 
     def over(self) -> bool:
@@ -863,26 +865,29 @@ class MemoryBudget:
                 self.shed()
                 _malloc_trim()
                 self._resident = resident_bytes()
-            self._free = self._freed()
+            self._free = self._freed(refusing)
         return self._resident - self._free + self._admitted + self._room > self.budget
 
-    def _freed(self) -> int:
-        """Bytes the messages drained since the shard went over left inside the process:
-        their share less what the resident size has given back since (0: not over)."""
+    def _freed(self, refusing: bool) -> int:
+        """Bytes the messages drained since the mark left inside the process: their share
+        less what the resident size has given back since (0: never over). ``refusing``:
+        puts were refused since the last reading."""
         assert self.budget is not None
-        held = self.held()
-        if self._resident + self._room <= self.budget:
-            self._mark = None
+        held, resident = self.held(), self._resident
+        if self._lowest is None or resident < self._lowest:
+            self._lowest = resident
+        mark = self._mark
+        if (mark is None and (refusing or resident + self._room > self.budget)) or (
+            mark is not None and held > mark[1]
+        ):
+            top = resident if mark is None else max(mark[0], resident)
+            each = min(MESSAGE_OVERHEAD, (top - self._lowest) / held) if held else 0.0
+            self._mark = (top, held, each)
             return 0
-        if self._mark is None:
-            self._mark = (self._resident, held)
+        if mark is None:
             return 0
-        resident, then = self._mark
-        if held > then:  # refilled past the mark: measure from here
-            self._mark = (max(resident, self._resident), held)
-            return 0
-        given_back = max(0, resident - self._resident)
-        return max(0, (then - held) * FREED_PER_MESSAGE - given_back)
+        top, then, each = mark
+        return max(0, int((then - held) * each) - max(0, top - resident))
 
     def use(self) -> str:
         """The last reading, in MiB: what counted against the budget."""
@@ -909,10 +914,6 @@ class MemoryBudget:
         if self.budget is not None:
             self._admitted += sum(len(m.body) + MESSAGE_OVERHEAD for m in put.messages)
 
-
-# What a drained message leaves free at least (a message at depth costs ~150 B: its state
-# and index entries), for MemoryBudget: the room it counts once the shard went over.
-FREED_PER_MESSAGE = 100
 
 # What a queued message holds beyond its body (its state and index entries; the engine's
 # target, loadtest/RESULTS.md "Engine micro-benchmark"), for MemoryBudget.admit.

@@ -9,6 +9,7 @@ The budget must count what the process holds, not what the allocator kept.
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -66,29 +67,37 @@ def test_no_budget_is_never_over() -> None:
 
 
 def test_messages_drained_since_it_went_over_count_as_room_though_none_went_back() -> None:
-    # Found by CI (the overload test): after an overload a drained shard went on refusing
-    # puts for 60 s. Python's allocator keeps the small objects of drained messages, and
-    # dicts keep their size: no trim gives that memory back, yet new messages reuse it.
+    # Found by CI (the overload test): after an overload a drained shard sat at its budget
+    # for 60 s, refusing a fifth of the puts. Python's allocator keeps the small objects of
+    # drained messages, and dicts keep their size: no trim gives that memory back, yet new
+    # messages reuse it.
     budget = MemoryBudget(None)
-    held = [200_000]  # messages in the shard's queues
+    held = [0]  # messages in the shard's queues
     budget.held = lambda: held[0]
     seen: list[bool] = []
-    _malloc_trim()
-    budget.budget = resident_bytes() - 8 * MIB  # what it holds stays resident throughout
 
     def reading() -> bool:
         budget._checked = 0.0
         return budget.over()
 
-    seen.append(reading())  # over: marked
-    held[0] = 150_000  # 50k drained: ~5 MiB free inside, short of the 8 over
+    _malloc_trim()
+    budget.budget = resident_bytes() + 1024 * MIB
+    assert not reading()  # the lowest reading: before any message
+    messages = [bytearray(150) for _ in range(200_000)]  # ~40 MiB, kept throughout
+    held[0] = len(messages)
+    budget.budget = resident_bytes() - 16 * MIB
+    seen.append(reading())  # over: marked, ~200 B a message
+    held[0] = 150_000  # ~10 MiB drained: short of the 16 over
     seen.append(reading())
     held[0] = 0  # drained: room for puts again though the resident size is the same
     seen.append(reading())
     held[0] = 190_000  # refilled into that room: refused again at the same size
     seen.append(reading())
     assert seen == [True, True, False, True]
-    assert "free (left by drained messages)" in budget.use()
+    held[0] = 0
+    reading()
+    assert re.search(r"\d+ resident, [1-9]\d* of it free", budget.use()), budget.use()
+    del messages
 
 
 async def test_puts_let_in_between_two_readings_count_against_the_budget(
