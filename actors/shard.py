@@ -852,7 +852,7 @@ class MemoryBudget:
             return False
         now = time.perf_counter()  # a rate limit on /proc reads, not state time
         if now - self._checked >= 0.2:
-            refusing = self._resident - self._free + self._admitted + self._room > self.budget
+            refusing = self._used() > self.budget
             self._checked = now
             self._admitted = 0
             self._in_flight = self.in_flight()
@@ -866,33 +866,37 @@ class MemoryBudget:
                 _malloc_trim()
                 self._resident = resident_bytes()
             self._free = self._freed(refusing)
-        return self._resident - self._free + self._admitted + self._room > self.budget
+        return self._used() > self.budget
+
+    def _used(self) -> int:
+        """What counts against the budget: the last reading, less what drained messages
+        left free in it, and what was let in since."""
+        return self._resident - self._free + self._admitted + self._room
 
     def _freed(self, refusing: bool) -> int:
         """Bytes the messages drained since the mark left inside the process: their share
         less what the resident size has given back since (0: never over). ``refusing``:
         puts were refused since the last reading."""
         assert self.budget is not None
-        held, resident = self.held(), self._resident
+        resident, mark = self._resident, self._mark
         if self._lowest is None or resident < self._lowest:
             self._lowest = resident
-        mark = self._mark
-        if (mark is None and (refusing or resident + self._room > self.budget)) or (
-            mark is not None and held > mark[1]
-        ):
-            top = resident if mark is None else max(mark[0], resident)
-            each = min(MESSAGE_OVERHEAD, (top - self._lowest) / held) if held else 0.0
-            self._mark = (top, held, each)
-            return 0
-        if mark is None:
-            return 0
-        top, then, each = mark
-        return max(0, int((then - held) * each) - max(0, top - resident))
+        if mark is None and not refusing and resident + self._room <= self.budget:
+            return 0  # never over: the queues need not be counted
+        held = self.held()
+        if mark is not None and held <= mark[1]:
+            top, then, each = mark
+            return max(0, int((then - held) * each) - max(0, top - resident))
+        # Over for the first time, or refilled past the mark's messages: mark here.
+        top = resident if mark is None else max(mark[0], resident)
+        each = min(MESSAGE_OVERHEAD, (top - self._lowest) / held) if held else 0.0
+        self._mark = (top, held, each)
+        return 0
 
     def use(self) -> str:
         """The last reading, in MiB: what counted against the budget."""
         mib = 1 << 20
-        used = self._resident - self._free + self._admitted + self._room
+        used = self._used()
         kept = self._room - self._in_flight
         return (
             f"{used / mib:.0f} of {(self.budget or 0) / mib:.0f} MiB: "
