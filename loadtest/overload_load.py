@@ -220,11 +220,12 @@ class Load:
         self.pool.put_back(conn, True)
         tally.hist[bucket(1000 * (time.monotonic() - started))] += 1
         tally.kinds[_kind(status, retry_after)] += 1
+        if 200 <= status < 300:
+            return body
         if status == 429 and OVER_BUDGET in body:
             tally.over_budget += 1
-        if not 200 <= status < 300:
-            tally.refusal = f"{status} {body[:400].decode(errors='replace')}"
-        return body if 200 <= status < 300 else None
+        tally.refusal = f"{status} {body[:400].decode(errors='replace')}"
+        return None
 
     async def put(self, raw: bytes, batch: int, started: float) -> None:
         if await self.call("put", raw, started) is not None:
