@@ -286,10 +286,12 @@ def _ray_directory(
     """
     import ray
 
+    from actors.localray import init_local
     from actors.spawn import NAMESPACE, ShardSpec, spawn_shards
 
     local = not settings.ray_address
-    ray.init(
+    start = init_local if local else ray.init
+    start(
         address=settings.ray_address,
         num_cpus=(settings.ray_cpus or os.cpu_count()) if local else None,
         # A local runtime offers the shards' resource itself; a cluster's nodes declare it.

@@ -42,6 +42,7 @@ import ray
 import ray.exceptions as rex
 
 from actors.errors import Unavailable
+from actors.localray import init_local
 from actors.logsetup import LogConfig, configure, forward_ray_output
 from actors.spawn import NAMESPACE, shard_name
 from evq.client_wire import DEFAULT_URL  # not evq.client: no aiohttp in workers
@@ -368,7 +369,8 @@ class HandlerRun:
 def _init_ray(address: str | None) -> None:
     if ray.is_initialized():
         return
-    ray.init(
+    start = init_local if address is None else ray.init
+    start(
         address=address,
         include_dashboard=False if address is None else None,
         logging_level=logging.WARNING,

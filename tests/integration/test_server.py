@@ -6,8 +6,11 @@ clock, real shards and real sockets (delays, order, leases, dead letters, FIFO, 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import aiohttp
 import pytest
@@ -26,7 +29,7 @@ from actors.errors import (
 from actors.shard import placement
 from evq.client import AsyncClient, Client, NewMessage
 from tests.integration.conftest import SHARDS, Names, ServerFactory
-from tests.integration.server import Server, eventually, request
+from tests.integration.server import Server, eventually, request, session_pids
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -55,6 +58,22 @@ def test_health_and_readiness(server: Server, client: Client) -> None:
     assert client.ready() is True
     assert request("GET", server.url + "/healthz") == (200, {"status": "ok", "pid": server.pid})
     assert request("GET", server.url + "/readyz") == (200, {"status": "ready"})
+
+
+def test_the_local_ray_runs_no_autoscaler_monitor_and_no_dashboard_api_server(
+    server: Server,
+) -> None:
+    """The server's own Ray runtime (actors/localray.py): its head, node and shards, without
+    the two processes of a head a local runtime never uses."""
+    commands = []
+    for pid in session_pids(os.getsid(server.pid)):
+        with contextlib.suppress(OSError):
+            commands.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" "))
+    text = b"\n".join(commands).decode(errors="replace")
+    assert "gcs_server" in text and "raylet" in text, text
+    assert text.count("ray::ShardActor") == SHARDS, text
+    assert "/autoscaler/_private/monitor.py" not in text, text
+    assert "dashboard/dashboard.py" not in text, text
 
 
 async def test_health_and_readiness_async(server: Server) -> None:
