@@ -70,7 +70,8 @@ def test_the_local_ray_runs_no_autoscaler_monitor_and_no_dashboard_api_server(
         with contextlib.suppress(OSError):
             commands.append(Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" "))
     text = b"\n".join(commands).decode(errors="replace")
-    assert "gcs_server" in text and "raylet" in text, text
+    assert "gcs_server" in text, text
+    assert "raylet" in text, text
     assert text.count("ray::ShardActor") == SHARDS, text
     assert "/autoscaler/_private/monitor.py" not in text, text
     assert "dashboard/dashboard.py" not in text, text
