@@ -17,13 +17,16 @@ from tests.integration.server import RAY_ENV
 
 @contextmanager
 def local_ray(num_cpus: int, namespace: str) -> Iterator[Any]:
-    """``ray.init`` with ``num_cpus`` in ``namespace``; yields the ``ray`` module."""
+    """``ray.init`` with ``num_cpus`` in ``namespace`` (as ``evq serve`` starts its own: no
+    autoscaler monitor, no dashboard API server); yields the ``ray`` module."""
     saved = {k: os.environ.get(k) for k in RAY_ENV}
     os.environ.update(RAY_ENV)
     import ray
 
+    from actors.localray import init_local
+
     try:
-        ray.init(
+        init_local(
             num_cpus=num_cpus,
             include_dashboard=False,
             namespace=namespace,
