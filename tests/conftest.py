@@ -1,4 +1,5 @@
-"""Fixtures shared by every test directory: a local S3 server (moto) for the real-S3 cases.
+"""Fixtures shared by every test directory: a local S3 server (moto) for the real-S3 cases;
+the JVM options of every Spark the tests start; how pytest-xdist shares out the modules.
 
 The S3 server is moto's real S3 server on 127.0.0.1 (started once per session, only when a
 test asks for it); each store gets a fresh key prefix in one shared bucket, or a given one
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import os
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,6 +27,16 @@ CREDENTIALS = {"access_key_id": "testing", "secret_access_key": "testing"}
 REGION = "us-east-1"
 
 _prefixes = itertools.count()
+
+# Every Spark the tests start (the session fixture's, ``evq pipeline`` and spark-submit in
+# subprocesses, which inherit the environment) runs small jobs in a JVM that lives seconds to
+# minutes: C1 alone and the serial collector spend less CPU than the C2 compiler and parallel
+# collector win back (tests/pipeline/test_jobs.py: 97 s of CPU instead of 167), and no web UI.
+# Spark's launcher adds SPARK_SUBMIT_OPTS to the driver's JVM and reads spark.* properties.
+os.environ.setdefault(
+    "SPARK_SUBMIT_OPTS",
+    "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC -Dspark.ui.enabled=false",
+)
 
 
 def free_port() -> int:
