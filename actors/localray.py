@@ -4,9 +4,10 @@ without ``--ray-address``, ``evq handle`` without a cluster).
 Ray's head starts, besides its GCS and raylet, an autoscaler monitor and the dashboard's API
 server. A runtime of one node that its own process created and stops uses neither: nothing
 scales it, and evq never asks for Ray's dashboard (it starts Ray with
-``include_dashboard=False``, which still starts the API server). The two cost a start ~3.5 s
-of CPU and ~2 s of waiting (of ~9 s and ~7 s, two shards, measured in loadtest/RESULTS.md),
-and half a second more to stop. :func:`init_local` starts the head without them.
+``include_dashboard=False``, which still starts the API server). The two cost a start of two
+shards ~3 s of CPU of ~9 and ~2 s of its ~7 s until ready, and a stop ~1 s more
+(loadtest/RESULTS.md, "A local runtime's start"). :func:`init_local` starts the head
+without them.
 
 ``ray.init`` has no option for either (``ray start --head`` has ``--no-monitor`` but still
 starts the API server), so the head's two starting methods are replaced for the duration of
