@@ -1,6 +1,7 @@
 """loadtest/latency_floor.py, short: every figure measured against real processes (a real
 ``evq serve``, aiohttp apps, an echo process, a file in the test's directory), one JSON line
-per figure and a summary of them all; and its arguments checked."""
+per figure and a summary of them all; and its arguments checked. What the figures are is for
+loadtest/RESULTS.md, not for assertions."""
 
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ FIGURES = {
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 
-def test_each_figure_is_measured_and_a_put_costs_more_than_its_fdatasync(tmp_path: Path) -> None:
+def test_each_figure_is_measured_once_a_round_and_summed_up(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, str(TOOL), "--rounds", "1", "--count", "50", "--dir", str(tmp_path)],
         capture_output=True,
@@ -41,10 +42,9 @@ def test_each_figure_is_measured_and_a_put_costs_more_than_its_fdatasync(tmp_pat
     assert {r["figure"] for r in rows} == FIGURES
     assert all(0 < r["p50_ms"] <= r["p90_ms"] for r in rows), rows
     summary = lines[-1]["summary"]
-    assert set(summary) == FIGURES
-    # an evq put is an HTTP request, a call to the shard and a durable write
-    assert summary["evq_put"] > summary["fdatasync"]
-    assert summary["http_fdatasync"] > summary["fdatasync"]
+    # one round: each figure's median is that round's p50 (no timings compared here: on a
+    # busy machine an fdatasync alone took longer than a whole put in another moment)
+    assert summary == {r["figure"]: r["p50_ms"] for r in rows}
     assert sorted(p.name for p in tmp_path.iterdir()) == []  # its files are gone
 
 
