@@ -54,6 +54,14 @@ def say(doc: object) -> None:
     print(json.dumps(doc), flush=True)
 
 
+def p50_p90(seconds: list[float]) -> tuple[float, float]:
+    """The p50 and p90 of round trips measured in seconds, in ms."""
+    seconds = sorted(seconds)
+    return round(seconds[len(seconds) // 2] * 1e3, 4), round(
+        seconds[len(seconds) * 9 // 10] * 1e3, 4
+    )
+
+
 def percentiles(run: Callable[[], object], count: int) -> tuple[float, float]:
     """p50 and p90 in ms of ``count`` calls of ``run`` (after ``count // 10`` unmeasured)."""
     for _ in range(count // 10):
@@ -63,8 +71,7 @@ def percentiles(run: Callable[[], object], count: int) -> tuple[float, float]:
         started = time.perf_counter()
         run()
         lat.append(time.perf_counter() - started)
-    lat.sort()
-    return round(lat[count // 2] * 1e3, 4), round(lat[count * 9 // 10] * 1e3, 4)
+    return p50_p90(lat)
 
 
 # ------------------------------------------------------------------ the helpers' processes
@@ -188,8 +195,7 @@ async def _round_trips(kind: str, address: str, count: int) -> tuple[float, floa
                 lat.append(time.perf_counter() - started)
     finally:
         transport.close()
-    lat.sort()
-    return round(lat[count // 2] * 1e3, 4), round(lat[count * 9 // 10] * 1e3, 4)
+    return p50_p90(lat)
 
 
 def hop(kind: str, directory: Path, count: int) -> tuple[float, float]:
