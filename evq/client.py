@@ -43,10 +43,8 @@ import time
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from types import MethodType, TracebackType
-from typing import Any, Concatenate, Generic, ParamSpec, Self, TypeVar, overload
+from typing import TYPE_CHECKING, Any, Concatenate, Generic, ParamSpec, Self, TypeVar, overload
 from urllib.parse import urlsplit
-
-import aiohttp
 
 from actors.errors import QueueError
 from evq import client_wire as wire
@@ -67,6 +65,9 @@ from evq.client_wire import (
     RetryPolicy,
     TransportError,
 )
+
+if TYPE_CHECKING:
+    import aiohttp
 
 __all__ = [
     "DEFAULT_URL",
@@ -567,12 +568,16 @@ class AsyncClient(_Base):
     def _open(self, hot: bool = False) -> aiohttp.ClientSession:
         session = self._links[hot]
         if session is None or session.closed:
+            import aiohttp  # loaded on first use: the CLI and the blocking Client never need it
+
             session = self._links[hot] = aiohttp.ClientSession()
         return session
 
     async def _exchange(
         self, req: wire.Prepared, hold: float
     ) -> tuple[int, bytes, str | None, str | None]:
+        import aiohttp  # in sys.modules by now (_open): a dictionary lookup
+
         timeout = aiohttp.ClientTimeout(total=self.timeout + hold, sock_connect=self.timeout)
         url = self.base_url + req.target
         try:

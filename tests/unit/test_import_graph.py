@@ -182,7 +182,8 @@ def test_the_public_face_offers_the_clients_the_handler_sdk_and_the_errors() -> 
 
 def test_importing_part_of_evq_loads_nothing_else() -> None:
     """The face loads each name on first use: a handler's worker imports evq.handlers and
-    must not pay for the HTTP client (aiohttp), nor a client script for the handler SDK."""
+    must not pay for the HTTP client (aiohttp), nor a client script for the handler SDK; and
+    no ``evq`` command, nor a program of the blocking Client, pays for aiohttp."""
     import subprocess
     import sys
 
@@ -203,7 +204,8 @@ def test_importing_part_of_evq_loads_nothing_else() -> None:
 
     assert loaded("evq") == "[]"
     assert loaded("evq.handlers.cluster") == "['evq.handlers']"
-    assert loaded("evq.client") == "['aiohttp', 'evq.client']"
+    assert loaded("evq.client") == "['evq.client']"  # AsyncClient loads aiohttp when it connects
+    assert loaded("evq.cli.main") == "['evq.client', 'evq.handlers']"  # no aiohttp for a command
 
 
 def _tree(root: Path, files: dict[str, str]) -> Path:
