@@ -114,12 +114,27 @@ _WORKER_GROUPS = {
 }
 
 
+# The order in which the scopes go out: the longest first, so that the last ones running
+# are short and no worker idles while another finishes a long module (longest processing
+# time first). The "heavy" group (~6 minutes of one worker) goes at once; then the modules
+# that start servers, Ray or Spark; then the in-process tests, the most tests first.
+_LONG_FIRST = ("tests/integration/", "tests/fault/", "tests/loadtest/")
+
+
+def _rank(scope: str, tests: int) -> tuple[int, int]:
+    """Where ``scope`` (of ``tests`` tests) goes in the queue: lower goes sooner."""
+    if scope in _WORKER_GROUPS.values():
+        return (0, -tests)
+    return (1 if scope.startswith(_LONG_FIRST) else 2, -tests)
+
+
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     """Under ``pytest -n N --dist loadfile`` (``make test``), a module's tests stay on one
     worker (its module-scoped servers start once), and the modules of ``_WORKER_GROUPS``
-    share one. (Not ``--dist loadgroup`` with marks: xdist 3.8 renames the node ids
-    to carry the group, which pytest 9 ignores, so every test went its own way.)"""
+    share one; the scopes go out in the order of :func:`_rank`. (Not ``--dist loadgroup``
+    with marks: xdist 3.8 renames the node ids to carry the group, which pytest 9 ignores,
+    so every test went its own way.)"""
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
@@ -130,5 +145,10 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
             return next(
                 (g for prefix, g in _WORKER_GROUPS.items() if path.startswith(prefix)), path
             )
+
+        def _assign_work_unit(self, node: Any) -> None:
+            first = min(self.workqueue, key=lambda scope: _rank(scope, len(self.workqueue[scope])))
+            self.workqueue.move_to_end(first, last=False)
+            super()._assign_work_unit(node)
 
     return ModuleScheduling(config, log)
