@@ -186,10 +186,6 @@ def _rss(server: Server) -> int:
     return total
 
 
-def _p99(latencies: list[float]) -> float:
-    return latencies[min(len(latencies) - 1, int(0.99 * len(latencies)))]
-
-
 def test_a_slow_disk_answers_429_not_timeouts_and_a_failed_fsync_stops_the_shard_until_restarted(
     tmp_path: Path,
 ) -> None:
@@ -199,16 +195,16 @@ def test_a_slow_disk_answers_429_not_timeouts_and_a_failed_fsync_stops_the_shard
         serving(fs.mount / "data", "--max-requests", "32") as server,
     ):
         assert request("PUT", f"{server.url}/v1/queues/{Q}", {})[0] == 201
-        statuses, quick, timeouts = asyncio.run(_storm(server.url, 8, 10))
+        statuses, _, timeouts = asyncio.run(_storm(server.url, 8, 10))
         assert set(statuses) == {200}
         assert timeouts == 0
         rss_before = _rss(server)
 
-        _slow_disk(server, fs, quick, rss_before)
+        _slow_disk(server, fs, rss_before)
         _failed_fsync(server, fs)
 
 
-def _slow_disk(server: Server, fs: FaultFs, quick: list[float], rss_before: int) -> None:
+def _slow_disk(server: Server, fs: FaultFs, rss_before: int) -> None:
     fs.set(fsync_delay_s=0.05, only="/wal/")
     statuses, slow, timeouts = asyncio.run(_storm(server.url, 128, 6))
     fs.set()
@@ -216,8 +212,9 @@ def _slow_disk(server: Server, fs: FaultFs, quick: list[float], rss_before: int)
     assert statuses.count(429) > 0, "no client was refused with 429"
     assert statuses.count(200) > 0
     assert set(statuses) <= {200, 429}, set(statuses)
-    assert _p99(slow) >= 0.05, _p99(slow)
-    assert _p99(slow) > _p99(quick), (_p99(quick), _p99(slow))
+    # Every acknowledged put waited for a slow fsync of its block (not a comparison with
+    # the quick storm's latencies: on a starved machine those reach hundreds of ms too).
+    assert slow[0] >= 0.05, slow[:5]
     grown = _rss(server) - rss_before
     assert grown < 200 * MIB, f"the server grew by {grown / MIB:.0f} MiB under a slow disk"
 
