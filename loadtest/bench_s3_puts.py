@@ -192,8 +192,9 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.update(CREDENTIALS)
     moto_port, proxy_port = free_port(), free_port()
+    moto_s3 = [sys.executable, str(Path(__file__).with_name("moto_s3.py"))]  # S3's atomicity
     moto = subprocess.Popen(
-        [str(Path(sys.executable).parent / "moto_server"), "-H", "127.0.0.1", "-p", str(moto_port)],
+        [*moto_s3, "-H", "127.0.0.1", "-p", str(moto_port)],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

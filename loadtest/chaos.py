@@ -52,7 +52,7 @@ fuse``; the helpers are ``loadtest/diskfaults.py`` and ``loadtest/faultfs.py``):
   2 to 5 s).
 - ``--disk tmpfs,faultfs``: faultfs over a directory on the tmpfs: the three kinds at once.
 
-Faults of the object store, with ``--s3``: the log in moto's S3 server (``moto_server``, a
+Faults of the object store, with ``--s3``: the log in moto's S3 server (``loadtest/moto_s3.py``, a
 subprocess) behind ``loadtest/s3_fault_proxy.py`` (a subprocess, its plan set over HTTP);
 each request gives up after 1.5 s, retries after 2 s. Each fault is a proxy rule, active
 until its N requests are spent or its random window (0.5 to 3 s) ends, then cleared:

@@ -203,13 +203,13 @@ class ObjectStore:
     @contextlib.contextmanager
     def running(self) -> Iterator[ObjectStore]:
         """Start moto's server (with the bucket) and the proxy; stop both at the end."""
-        moto = str(Path(sys.executable).with_name("moto_server"))
+        moto = [sys.executable, str(Path(__file__).with_name("moto_s3.py"))]  # S3's atomicity
         proxy = Path(__file__).with_name("s3_fault_proxy.py")
         try:
             with open(self.root / "moto.log", "ab") as log:
                 self.procs.append(
                     subprocess.Popen(
-                        [moto, "-H", "127.0.0.1", "-p", str(self.moto_port)],
+                        [*moto, "-H", "127.0.0.1", "-p", str(self.moto_port)],
                         stdout=log, stderr=subprocess.STDOUT,
                     )
                 )  # fmt: skip

@@ -84,6 +84,9 @@ def s3_server() -> Iterator[S3Server]:
     """moto's S3 server on 127.0.0.1 with one bucket, for the whole session."""
     from moto.server import ThreadedMotoServer
 
+    from loadtest.moto_s3 import atomic_conditional_writes
+
+    atomic_conditional_writes()  # as S3: of racing conditional puts, one wins
     # werkzeug logs every request at INFO; keep failure reports readable.
     logging.getLogger("werkzeug").setLevel(logging.WARNING)
     port = free_port()
