@@ -15,7 +15,8 @@ cost).
 
 :class:`DoorRunner` is an :class:`aiohttp.web.AppRunner` whose connections pass the door
 (any site works with it: TCP, a socket, a test server); :func:`run` serves an application
-with it until SIGINT/SIGTERM, as :func:`aiohttp.web.run_app` does.
+with it until SIGINT/SIGTERM, as :func:`aiohttp.web.run_app` does, on uvloop's event loop
+(:func:`new_loop`).
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -31,7 +33,7 @@ from aiohttp import web
 from gateway.fast import FAST, PREFIX, Fast, FastHttp, may_be_fast
 from gateway.limits import FAST_CONNECTIONS
 
-__all__ = ["UPGRADES", "DoorRunner", "Head", "Upgrade", "parse_head", "run"]
+__all__ = ["UPGRADES", "DoorRunner", "Head", "Upgrade", "new_loop", "parse_head", "run"]
 
 log = logging.getLogger(__name__)
 
@@ -242,6 +244,19 @@ class DoorRunner(web.AppRunner):
         return Doorway(server, self.app)  # type: ignore[return-value]
 
 
+def new_loop() -> asyncio.AbstractEventLoop:
+    """A new event loop: uvloop's (libuv), unless ``EVQ_UVLOOP=0`` asks for asyncio's.
+
+    The shards get the same from Ray, which runs an async actor on uvloop when it is installed
+    and ``RAY_USE_UVLOOP`` is not ``0`` (:mod:`gateway.server` sets that from ``EVQ_UVLOOP``).
+    """
+    if os.environ.get("EVQ_UVLOOP", "1") != "0":
+        import uvloop
+
+        return uvloop.new_event_loop()
+    return asyncio.new_event_loop()
+
+
 def run(
     app: web.Application,
     *,
@@ -253,7 +268,7 @@ def run(
     on_listening: Callable[[], None] | None = None,
 ) -> None:
     """Serve ``app`` until SIGINT or SIGTERM, then shut it down gracefully."""
-    loop = asyncio.new_event_loop()
+    loop = new_loop()
     asyncio.set_event_loop(loop)
     main = loop.create_task(
         _serve(app, host, port, reuse_port, backlog, shutdown_timeout, on_listening)

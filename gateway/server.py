@@ -290,6 +290,8 @@ def _ray_directory(
     from actors.spawn import NAMESPACE, ShardSpec, spawn_shards
 
     local = not settings.ray_address
+    if local and os.environ.get("EVQ_UVLOOP") == "0":
+        os.environ["RAY_USE_UVLOOP"] = "0"  # the shards on asyncio's loop too (gateway.door)
     start = init_local if local else ray.init
     start(
         address=settings.ray_address,

@@ -445,3 +445,24 @@ async def test_poll_tokens_and_limits_at_the_door(serve: Serve) -> None:
     assert (await second.body(head))["error"]["code"] == "Overloaded"
     second.close()
     first.close()
+
+
+# ---------------------------------------------------------------- the event loop
+
+
+@pytest.mark.parametrize(("setting", "uv"), [(None, True), ("1", True), ("0", False)])
+def test_the_gateway_runs_on_uvloop_unless_evq_uvloop_is_0(
+    monkeypatch: pytest.MonkeyPatch, setting: str | None, uv: bool
+) -> None:
+    import uvloop
+
+    if setting is None:
+        monkeypatch.delenv("EVQ_UVLOOP", raising=False)
+    else:
+        monkeypatch.setenv("EVQ_UVLOOP", setting)
+    loop = door.new_loop()
+    try:
+        assert isinstance(loop, uvloop.Loop) is uv
+        assert loop.run_until_complete(asyncio.sleep(0, "served")) == "served"
+    finally:
+        loop.close()
