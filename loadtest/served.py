@@ -107,6 +107,7 @@ class EvqServe:
         extra: Sequence[str] = (),
         port: int | None = None,
         env: dict[str, str] | None = None,
+        cwd: Path = ROOT,
     ) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -117,7 +118,7 @@ class EvqServe:
         self._log = open(log_path, "ab")  # noqa: SIM115 - lives as long as the server
         self.proc = subprocess.Popen(
             self.command,
-            cwd=ROOT,
+            cwd=cwd,  # another tree's evq: its directory, and PYTHONPATH in env
             env=env,
             stdout=self._log,
             stderr=subprocess.STDOUT,
