@@ -369,7 +369,7 @@ class _ServerConnection(asyncio.Protocol):
             call = self.service.begin(request.items)
             if call is not None:  # the hot path: decided now, answered when durable
                 rid = request.rid
-                call.future.add_done_callback(lambda f: self._reply(rid, f.result()))
+                call.on_done(lambda results: self._reply(rid, results))
                 return
         elif isinstance(request, Cancel):
             task = self.calls.get(request.rid)

@@ -25,8 +25,9 @@ durable: no reply tells of a change that a crash could lose.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from actors.clock import Clock
@@ -42,18 +43,21 @@ from actors.settings import validate_queue_name
 
 __all__ = ["Call", "Entry", "Flow", "FlowQueue", "FlowShard", "unavailable"]
 
+log = logging.getLogger(__name__)
+
 
 class Call:
     """The results of one call of one or more commands, in order; its future resolves once
     every command's reply is released. One future per call, not per command: a batch of
     commands from a gateway costs one wake-up."""
 
-    __slots__ = ("future", "pending", "results")
+    __slots__ = ("future", "pending", "results", "then")
 
     def __init__(self, size: int) -> None:
         self.future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
         self.pending = size
         self.results: list[Any] = [None] * size
+        self.then: Callable[[list[Any]], None] | None = None
         if not size:
             self.future.set_result(self.results)
 
@@ -62,6 +66,23 @@ class Call:
         self.pending -= 1
         if not self.pending and not self.future.done():
             self.future.set_result(self.results)
+            if self.then is not None:
+                self._then(self.then)
+
+    def on_done(self, then: Callable[[list[Any]], None]) -> None:
+        """Call ``then(results)`` once every reply is released, in the same step (now if
+        they are): the channel writes a gateway's reply frame from the log's release of the
+        block, not a loop turn later from the future's callback."""
+        if self.future.done():
+            self._then(then)
+        else:
+            self.then = then
+
+    def _then(self, then: Callable[[list[Any]], None]) -> None:
+        try:
+            then(self.results)
+        except Exception:  # the log's release goes on for the other calls of the block
+            log.exception("a call's reply failed")
 
 
 class Entry:

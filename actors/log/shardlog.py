@@ -134,6 +134,12 @@ class ShardLog:
         self._idle.set()
         self._tasks: set[asyncio.Task[None]] = set()
         self._pump_scheduled = False
+        # A device that writes before it returns (a local file): blocks go out from the pump
+        # itself, one after the other, not from a task each.
+        self._write_now: Callable[[int, int, bytes], tuple[str, int]] | None = getattr(
+            device, "write_now", None
+        )
+        self._pumping = False
 
     # ---------------------------------------------------------------- appending
 
@@ -199,7 +205,12 @@ class ShardLog:
 
     def _pump(self) -> None:
         """Start writes while there are gathered batches and free slots."""
+        if self._pumping:
+            return  # called from _settle while _pump_now writes: it goes on
         self._pump_scheduled = False
+        if self._write_now is not None:
+            self._pump_now(self._write_now)
+            return
         while self._gathering and len(self._in_flight) < self.max_in_flight and not self.failed:
             batch = self._gathering.pop(0)
             batch.first_lsn = self.next_lsn
@@ -209,24 +220,62 @@ class ShardLog:
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
 
+    def _pump_now(self, write: Callable[[int, int, bytes], tuple[str, int]]) -> None:
+        """Write the batches gathered so far, each durable before the next, releasing each
+        as it lands. Events appended meanwhile (by the released commands' callbacks) gather
+        for the next pump, as they would while a write is in flight."""
+        self._pumping = True
+        try:
+            for _ in range(len(self._gathering)):
+                if self.failed is not None or not self._gathering:
+                    break
+                batch = self._gathering.pop(0)
+                batch.first_lsn = self.next_lsn
+                self.next_lsn += batch.count
+                self._in_flight.append(batch)
+                try:
+                    block = self._encode(batch)
+                    batch.segment, batch.offset = write(self.epoch, batch.first_lsn, block)
+                except Exception as exc:
+                    self._failed_write(batch, exc)
+                else:
+                    self._landed(batch, block)
+                self._settle()
+        finally:
+            self._pumping = False
+        if self._gathering and not self._pump_scheduled and self.failed is None:
+            self._pump_scheduled = True  # what the released commands appended
+            asyncio.get_running_loop().call_soon(self._next_turn)
+
     async def _write_one(self, batch: Batch) -> None:
         try:
-            groups = list(batch.groups.values())
-            block = encode_raw_block(self.epoch, batch.first_lsn, groups, batch.count)
-            batch.length = len(block)
+            block = self._encode(batch)
             batch.segment, batch.offset = await self.device.write(
                 self.epoch, batch.first_lsn, block
             )
-        except QueueError as exc:
-            batch.outcome = exc
-        except Exception as exc:  # a bug or an unexpected library error
-            log.exception("shard log %s: block write crashed", self.device)
-            batch.outcome = Unavailable(f"block write crashed: {exc!r}")
+        except Exception as exc:
+            self._failed_write(batch, exc)
         else:
-            batch.outcome = True
-            self.blocks_written += 1
-            self.bytes_written += len(block)
+            self._landed(batch, block)
         self._settle()
+
+    def _encode(self, batch: Batch) -> bytes:
+        groups = list(batch.groups.values())
+        block = encode_raw_block(self.epoch, batch.first_lsn, groups, batch.count)
+        batch.length = len(block)
+        return block
+
+    def _landed(self, batch: Batch, block: bytes) -> None:
+        batch.outcome = True
+        self.blocks_written += 1
+        self.bytes_written += len(block)
+
+    def _failed_write(self, batch: Batch, exc: Exception) -> None:
+        if isinstance(exc, QueueError):
+            batch.outcome = exc
+        else:  # a bug or an unexpected library error
+            log.error("shard log %s: block write crashed", self.device, exc_info=exc)
+            batch.outcome = Unavailable(f"block write crashed: {exc!r}")
 
     def _settle(self) -> None:
         """Release finished batches in order; handle a failure once nothing is in flight."""
