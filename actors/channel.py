@@ -450,6 +450,21 @@ class ChannelClient:
         batch = Batch(rid, cast("list[tuple[str, cmd.Command]]", items))
         return await self._call(rid, batch, types)
 
+    def start_batch(self, items: list[tuple[str, object]], then: Callable[[Any], None]) -> bool:
+        """:meth:`run_batch` without a task, when the connection is open: send now, and call
+        ``then`` with the results as the reply arrives (in the connection's callback, no
+        loop turn later), or with :class:`Unavailable` if the connection breaks first.
+        False: nothing sent (not connected): use :meth:`run_batch`."""
+        connection = self._connection
+        if connection is None or not connection.open:
+            return False
+        if connection.loop is not asyncio.get_running_loop():
+            return False
+        rid = next(self._rids)
+        connection.pending[rid] = (_Then(connection, rid, then), [type(c) for _, c in items])
+        connection.send(Batch(rid, cast("list[tuple[str, cmd.Command]]", items)))
+        return True
+
     async def execute_many(self, queue: str, commands: list[object]) -> list[Any]:
         """Run commands on a queue; each result is a reply or a QueueError.
 
@@ -563,6 +578,37 @@ class ChannelClient:
             self._connection.close()
 
 
+class _Then:
+    """A call's end that is a callback, not a future (:meth:`ChannelClient.start_batch`):
+    it has what :class:`_ClientConnection` uses of a future, and leaves the connection's
+    table of pending calls once answered."""
+
+    __slots__ = ("connection", "fired", "rid", "then")
+
+    def __init__(self, connection: _ClientConnection, rid: int, then: Callable[[Any], None]):
+        self.connection = connection
+        self.rid = rid
+        self.then = then
+        self.fired = False
+
+    def done(self) -> bool:
+        return self.fired
+
+    def set_result(self, results: Any) -> None:
+        self._fire(results)
+
+    def set_exception(self, error: BaseException) -> None:
+        self._fire(error)
+
+    def _fire(self, outcome: Any) -> None:
+        self.fired = True
+        self.connection.pending.pop(self.rid, None)
+        try:
+            self.then(outcome)
+        except Exception:  # the connection goes on with the other calls' replies
+            log.exception("channel: a call's callback failed")
+
+
 class _ClientConnection(asyncio.Protocol):
     """The gateway's end of a channel: requests out, replies matched to their calls."""
 
@@ -570,7 +616,7 @@ class _ClientConnection(asyncio.Protocol):
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.frames = _Frames()
-        self.pending: dict[int, tuple[asyncio.Future[Any], list[type]]] = {}
+        self.pending: dict[int, tuple[asyncio.Future[Any] | _Then, list[type]]] = {}
         self.open = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:

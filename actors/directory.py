@@ -118,6 +118,17 @@ class LocalDirectory:
     async def run_batch(self, shard: int, items: list[tuple[str, object]]) -> list[Any]:
         return await self.shards[shard].run_batch(items)
 
+    def start_batch(
+        self, shard: int, items: list[tuple[str, object]], then: Callable[[Any], None]
+    ) -> bool:
+        """:meth:`run_batch` without a task: decided now, ``then(results)`` once durable;
+        False when the shard must await something first (then use :meth:`run_batch`)."""
+        call = self.shards[shard].begin(items)
+        if call is None:
+            return False
+        call.on_done(then)
+        return True
+
     async def _forward(self, target: str, commands: list[object]) -> list[Any]:
         return await self.execute_many(target, commands)
 
@@ -180,6 +191,12 @@ class ChannelDirectory:
 
     async def run_batch(self, shard: int, items: list[tuple[str, object]]) -> list[Any]:
         return await self.channels[shard].run_batch(items)
+
+    def start_batch(
+        self, shard: int, items: list[tuple[str, object]], then: Callable[[Any], None]
+    ) -> bool:
+        """:meth:`run_batch` without a task (:meth:`ChannelClient.start_batch`)."""
+        return self.channels[shard].start_batch(items, then)
 
     async def execute_many(self, queue: str, commands: list[object]) -> list[Any]:
         return await self._channel(queue).execute_many(queue, commands)

@@ -94,6 +94,7 @@ def make_app(directory: Directory, options: AppOptions | None = None) -> web.App
     app[native.BATCHERS] = Batchers(
         directory.run_batch,
         directory.shard_of,
+        start=getattr(directory, "start_batch", None),  # the channel's and the local ones
         max_in_flight=options.batch_in_flight,
         split_at=options.batch_split_at,
         max_waiting=options.max_waiting_per_shard,

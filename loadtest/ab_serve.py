@@ -30,6 +30,7 @@ import argparse
 import json
 import os
 import shlex
+import signal
 import statistics
 import subprocess
 import sys
@@ -135,6 +136,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None, help="records (default: a new directory)")
     ap.add_argument("--dir", default=None, help="where the data directories go")
     args = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # stop both servers on the way out
     rows = args.rows.split(",")
     unknown = [r for r in rows if r not in ROWS]
     if unknown:

@@ -38,9 +38,18 @@ class CountingShard:
     def __init__(self, shard: QueueShard) -> None:
         self.shard = shard
         self.takes_cancelled = 0
+        self.hold: asyncio.Event | None = None  # set: batches wait for it in the shard
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.shard, name)
+
+    def begin(self, items: list[tuple[str, object]]) -> Any:
+        return None if self.hold is not None else self.shard.begin(items)
+
+    async def run_batch(self, items: list[tuple[str, object]]) -> list[Any]:
+        if self.hold is not None:
+            await self.hold.wait()
+        return await self.shard.run_batch(items)
 
     async def take(self, name: str, command: cmd.Take, wait_s: float) -> Any:
         try:
@@ -377,3 +386,70 @@ async def test_a_brief_status_leaves_out_each_queues_recovery_report(tmp_path: P
         await rig.server.close()
         await shard.close()
         await store.close()
+
+
+# ---------------------------------------------------------------- calls without a task
+
+
+async def test_a_started_batch_is_answered_in_the_connection_s_own_callback(rig: Rig) -> None:
+    client = rig.client()
+    try:
+        assert not client.start_batch([("q", cmd.Stats())], print)  # not connected yet
+        await client.execute_many("q", [cmd.Stats()])  # connects
+        got: list[Any] = []
+        body = b"started"
+        items: list[tuple[str, object]] = [("q", cmd.Put([cmd.NewMessage(body=body)]))]
+        items.append(("nowhere", cmd.Stats()))
+        assert client.start_batch(items, got.append)
+        for _ in range(200):
+            if got:
+                break
+            await asyncio.sleep(0.01)
+        [[put, missing]] = got
+        assert isinstance(missing, QueueNotFound)
+        [peek] = await client.execute_many("q", [cmd.Peek(put[0].id)])
+        assert peek.body == body
+        connection = client._connection
+        assert connection is not None
+        assert connection.pending == {}  # an answered call leaves the table
+    finally:
+        await client.close()
+
+
+async def test_a_started_batch_learns_of_a_broken_connection(rig: Rig) -> None:
+    client = rig.client()
+    try:
+        await client.execute_many("q", [cmd.Stats()])
+        rig.service.hold = asyncio.Event()  # the shard holds the next batch unanswered
+        got: list[Any] = []
+        assert client.start_batch([("q", cmd.Stats())], got.append)
+        await asyncio.sleep(0.2)
+        assert got == []
+        await rig.server.close()  # drops every connection
+        for _ in range(200):
+            if got:
+                break
+            await asyncio.sleep(0.01)
+        [error] = got
+        assert isinstance(error, Unavailable)
+        rig.service.hold.set()
+    finally:
+        await client.close()
+
+
+async def test_a_failing_callback_is_logged_and_the_connection_goes_on(
+    rig: Rig, caplog: pytest.LogCaptureFixture
+) -> None:
+    client = rig.client()
+    try:
+        await client.execute_many("q", [cmd.Stats()])
+
+        def broken(results: Any) -> None:
+            raise RuntimeError("a bug in the caller")
+
+        assert client.start_batch([("q", cmd.Stats())], broken)
+        [stats] = await client.execute_many("q", [cmd.Stats()])  # answered after it
+        assert isinstance(stats, rp.StatsView)
+        assert "a call's callback failed" in caplog.text
+    finally:
+        await client.close()

@@ -201,3 +201,99 @@ async def test_a_shards_memory_refusal_of_a_put_stands_for_its_puts_a_moment(
     await asyncio.sleep(SHED_S)
     assert not isinstance(await batchers.submit("q", put), Exception)  # sent, let in
     assert len(sent) == 4
+
+
+# ---------------------------------------------------------------- started without a task
+
+
+class StartingShard(Shard):
+    """A stand-in shard that can also take a batch without a task (``start``): it answers
+    through the callback a moment later, from a plain loop callback (as a connection's
+    ``data_received``), and refuses to start while ``connected`` is False."""
+
+    def __init__(self, **kw: object) -> None:
+        super().__init__(**kw)  # type: ignore[arg-type]
+        self.connected = True
+        self.started: list[list[object]] = []
+        self.answer: object = None  # None: the results; else what the callback gets
+
+    def start(self, commands: list[object], then: object) -> bool:
+        if not self.connected:
+            return False
+        self.started.append(list(commands))
+        outcome = self.answer
+        if outcome is None:
+            outcome = [("done", c) for c in commands]
+        asyncio.get_running_loop().call_later(0.002, then, outcome)  # type: ignore[arg-type]
+        return True
+
+
+async def test_a_started_batch_answers_its_callers_and_the_next_batch_goes_out() -> None:
+    shard = StartingShard()
+    batcher = Batcher(shard.send, start=shard.start, max_in_flight=2, split_at=8)
+    results = await asyncio.gather(*(batcher.submit(i) for i in range(300)))
+    assert results == [("done", i) for i in range(300)]
+    assert shard.batches == []  # every batch was started, none sent by a task
+    assert sum(len(b) for b in shard.started) == 300
+    assert len(shard.started) < 300
+    assert batcher.idle
+    assert batcher.stats.commands == 300
+
+
+async def test_a_batch_that_cannot_start_goes_through_send() -> None:
+    shard = StartingShard()
+    shard.connected = False
+    batcher = Batcher(shard.send, start=shard.start)
+    assert await asyncio.gather(*(batcher.submit(i) for i in range(5))) == [
+        ("done", i) for i in range(5)
+    ]
+    assert shard.started == []
+    assert sum(len(b) for b in shard.batches) == 5
+
+
+async def test_a_started_batch_that_fails_fails_each_caller() -> None:
+    shard = StartingShard()
+    shard.answer = Unavailable("the connection to the queue's shard broke")
+    batcher = Batcher(shard.send, start=shard.start)
+    results = await asyncio.gather(*(batcher.submit(i) for i in range(3)), return_exceptions=True)
+    assert all(isinstance(r, Unavailable) for r in results), results
+    shard.answer = [("done", 1), ("done", 2)]  # two results for one command
+    with pytest.raises(Unavailable, match="2 results for 1"):
+        await batcher.submit(1)
+    assert batcher.idle
+
+
+async def test_a_start_that_raises_fails_its_batch_and_the_batcher_goes_on() -> None:
+    shard = StartingShard()
+    calls = 0
+
+    def start(commands: list[object], then: object) -> bool:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("cannot encode")
+        return shard.start(commands, then)
+
+    batcher = Batcher(shard.send, start=start)
+    with pytest.raises(Unavailable, match="cannot encode"):
+        await batcher.submit("x")
+    assert await batcher.submit("y") == ("done", "y")
+    assert batcher.idle
+
+
+async def test_batchers_start_each_shard_s_batches_through_the_directory(tmp_path: object) -> None:
+    started: list[tuple[int, list[object]]] = []
+
+    def start(shard: int, items: list[object], then: object) -> bool:
+        started.append((shard, list(items)))
+        asyncio.get_running_loop().call_soon(then, [("done", i) for i in items])  # type: ignore[arg-type]
+        return True
+
+    async def send(shard: int, items: list[object]) -> list[object]:
+        raise AssertionError("not used when the batch starts")
+
+    batchers = Batchers(send, lambda q: int(q[-1]), start=start)
+    put = cmd.Put([cmd.NewMessage(body=b"x")])
+    assert await batchers.submit("q1", put) == ("done", ("q1", put))
+    assert await batchers.submit("q0", cmd.Stats()) == ("done", ("q0", cmd.Stats()))
+    assert [s for s, _ in started] == [1, 0]
