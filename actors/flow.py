@@ -25,6 +25,7 @@ durable: no reply tells of a change that a crash could lose.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -51,13 +52,16 @@ class Call:
     every command's reply is released. One future per call, not per command: a batch of
     commands from a gateway costs one wake-up."""
 
-    __slots__ = ("future", "pending", "results", "then")
+    __slots__ = ("first", "future", "pending", "results", "then")
 
     def __init__(self, size: int) -> None:
         self.future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
         self.pending = size
         self.results: list[Any] = [None] * size
         self.then: Callable[[list[Any]], None] | None = None
+        # What must happen before anyone learns the results (the watchers of the keys the
+        # call set are told before its reply goes out).
+        self.first: Callable[[list[Any]], None] | None = None
         if not size:
             self.future.set_result(self.results)
 
@@ -65,6 +69,8 @@ class Call:
         self.results[index] = value
         self.pending -= 1
         if not self.pending and not self.future.done():
+            if self.first is not None:
+                self._then(self.first)
             self.future.set_result(self.results)
             if self.then is not None:
                 self._then(self.then)
@@ -235,7 +241,11 @@ class Flow:
                 self.decide(Entry(queue, command, call, index))
                 keys = keys or type(command) is cmd.SetKey
         if keys:
-            call.future.add_done_callback(lambda f: self._publish_keys(items, f.result()))
+            publish = functools.partial(self._publish_keys, items)
+            if call.future.done():
+                publish(call.results)
+            else:
+                call.first = publish  # before the reply, which leaves in the same step
         return call
 
     async def run_batch(self, items: Sequence[tuple[str, object]]) -> list[Any]:

@@ -453,3 +453,21 @@ async def test_a_failing_callback_is_logged_and_the_connection_goes_on(
         assert "a call's callback failed" in caplog.text
     finally:
         await client.close()
+
+
+async def test_a_key_s_watchers_are_told_before_the_reply_of_the_call_that_set_it(
+    rig: Rig,
+) -> None:
+    queue, [first] = set_key_command("app/colour", "red")
+    await rig.shard.run_batch([(queue, first)])  # the key's partition exists from here on
+    before = await rig.shard.keys.get("app/colour")
+    _, [command] = set_key_command("app/colour", "blue")
+    seen: list[Any] = []
+    call = rig.shard.begin([(queue, command)])
+    assert call is not None
+    # What the key's table holds when the reply leaves (in the same step as the release).
+    call.on_done(lambda results: seen.append(rig.shard.keys.table.state("app/colour")))
+    await call.future
+    [state] = seen
+    assert state.value == "blue"
+    assert state.version > before.version
