@@ -443,26 +443,28 @@ class ChannelClient:
         Raises:
             Unavailable: the shard could not be reached, or the connection broke.
         """
+        rid, batch, types = self._batch(items)
+        return await self._call(rid, batch, types)
+
+    def _batch(self, items: list[tuple[str, object]]) -> tuple[int, Batch, list[type]]:
+        """A new request id, the ``Batch`` of ``items``, and each result's reply type."""
         rid = next(self._rids)
-        types = [type(c) for _, c in items]
         # Commands are plain objects along the directory's API; the shard's decoder checks
         # them against cmd.Command, the type Batch declares for it.
         batch = Batch(rid, cast("list[tuple[str, cmd.Command]]", items))
-        return await self._call(rid, batch, types)
+        return rid, batch, [type(c) for _, c in items]
 
     def start_batch(self, items: list[tuple[str, object]], then: Callable[[Any], None]) -> bool:
         """:meth:`run_batch` without a task, when the connection is open: send now, and call
         ``then`` with the results as the reply arrives (in the connection's callback, no
         loop turn later), or with :class:`Unavailable` if the connection breaks first.
         False: nothing sent (not connected): use :meth:`run_batch`."""
-        connection = self._connection
-        if connection is None or not connection.open:
+        connection = self._open(asyncio.get_running_loop())
+        if connection is None:
             return False
-        if connection.loop is not asyncio.get_running_loop():
-            return False
-        rid = next(self._rids)
-        connection.pending[rid] = (_Then(connection, rid, then), [type(c) for _, c in items])
-        connection.send(Batch(rid, cast("list[tuple[str, cmd.Command]]", items)))
+        rid, batch, types = self._batch(items)
+        connection.pending[rid] = (_Then(connection, rid, then), types)
+        connection.send(batch)
         return True
 
     async def execute_many(self, queue: str, commands: list[object]) -> list[Any]:
@@ -548,18 +550,25 @@ class ChannelClient:
         finally:
             connection.pending.pop(rid, None)
 
-    async def _connect(self) -> _ClientConnection:
+    def _open(self, loop: asyncio.AbstractEventLoop) -> _ClientConnection | None:
+        """The connection, if it is open and of ``loop``."""
         connection = self._connection
-        loop = asyncio.get_running_loop()
         if connection is not None and connection.open and connection.loop is loop:
+            return connection
+        return None
+
+    async def _connect(self) -> _ClientConnection:
+        loop = asyncio.get_running_loop()
+        connection = self._open(loop)
+        if connection is not None:
             return connection
         if self._connecting is None or self._connecting_loop is not loop:
             # A client used from another event loop (a test's second asyncio.run) connects
             # again: the old connection's transport belongs to a loop that no longer runs.
             self._connecting, self._connecting_loop = asyncio.Lock(), loop
         async with self._connecting:
-            connection = self._connection
-            if connection is not None and connection.open and connection.loop is loop:
+            connection = self._open(loop)
+            if connection is not None:
                 return connection
             try:
                 host, port = await self._address()

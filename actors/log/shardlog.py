@@ -212,10 +212,7 @@ class ShardLog:
             self._pump_now(self._write_now)
             return
         while self._gathering and len(self._in_flight) < self.max_in_flight and not self.failed:
-            batch = self._gathering.pop(0)
-            batch.first_lsn = self.next_lsn
-            self.next_lsn += batch.count
-            self._in_flight.append(batch)
+            batch = self._out()
             task = asyncio.get_running_loop().create_task(self._write_one(batch))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
@@ -223,16 +220,14 @@ class ShardLog:
     def _pump_now(self, write: Callable[[int, int, bytes], tuple[str, int]]) -> None:
         """Write the batches gathered so far, each durable before the next, releasing each
         as it lands. Events appended meanwhile (by the released commands' callbacks) gather
-        for the next pump, as they would while a write is in flight."""
+        for the next pump, as they would while a write is in flight (each append schedules
+        it: the flag was cleared as this pump began)."""
         self._pumping = True
         try:
             for _ in range(len(self._gathering)):
                 if self.failed is not None or not self._gathering:
                     break
-                batch = self._gathering.pop(0)
-                batch.first_lsn = self.next_lsn
-                self.next_lsn += batch.count
-                self._in_flight.append(batch)
+                batch = self._out()
                 try:
                     block = self._encode(batch)
                     batch.segment, batch.offset = write(self.epoch, batch.first_lsn, block)
@@ -243,9 +238,14 @@ class ShardLog:
                 self._settle()
         finally:
             self._pumping = False
-        if self._gathering and not self._pump_scheduled and self.failed is None:
-            self._pump_scheduled = True  # what the released commands appended
-            asyncio.get_running_loop().call_soon(self._next_turn)
+
+    def _out(self) -> Batch:
+        """The oldest gathered batch, numbered and in flight."""
+        batch = self._gathering.pop(0)
+        batch.first_lsn = self.next_lsn
+        self.next_lsn += batch.count
+        self._in_flight.append(batch)
+        return batch
 
     async def _write_one(self, batch: Batch) -> None:
         try:

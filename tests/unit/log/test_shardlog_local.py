@@ -31,11 +31,13 @@ async def store(tmp_path: Path) -> AsyncIterator[LocalDirStore]:
     await st.close()
 
 
-async def open_log(store: LocalDirStore, disk: FaultyDisk) -> tuple[LocalLogDevice, ShardLog]:
+async def open_log(
+    store: LocalDirStore, disk: FaultyDisk, **options: int
+) -> tuple[LocalLogDevice, ShardLog]:
     device = LocalLogDevice(store, 0, disk=disk)
     await device.open()
     await device.begin(1, 1)
-    return device, ShardLog(device, 1, 1)
+    return device, ShardLog(device, 1, 1, **options)
 
 
 def acked(i: int) -> ev.Event:
@@ -100,11 +102,7 @@ async def test_what_a_released_command_appends_goes_out_in_the_next_block(
 async def test_blocks_over_the_size_limit_go_out_one_after_the_other_in_order(
     store: LocalDirStore,
 ) -> None:
-    disk = FaultyDisk()
-    device = LocalLogDevice(store, 0, disk=disk)
-    await device.open()
-    await device.begin(1, 1)
-    wal = ShardLog(device, 1, 1, max_batch_bytes=1)  # every append a batch of its own
+    device, wal = await open_log(store, FaultyDisk(), max_batch_bytes=1)  # a batch per append
     try:
         batches = [wal.append(Q, 1 + i, [acked(i)]) for i in range(4)]
         released: list[int] = []
