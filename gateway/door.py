@@ -30,6 +30,7 @@ from typing import Any, NamedTuple
 
 from aiohttp import web
 
+from gateway.accept import AcceptSite
 from gateway.fast import FAST, PREFIX, Fast, FastHttp, may_be_fast
 from gateway.limits import FAST_CONNECTIONS
 
@@ -309,7 +310,9 @@ async def _serve(
     )
     await runner.setup()
     try:
-        site = web.TCPSite(runner, host, port, backlog=backlog, reuse_port=reuse_port or None)
+        # Not web.TCPSite: under uvloop it takes one new connection per turn of the loop
+        # (gateway.accept says what that did under overload).
+        site = AcceptSite(runner, host, port, backlog=backlog, reuse_port=reuse_port)
         await site.start()
         if on_listening is not None:
             on_listening()

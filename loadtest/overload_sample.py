@@ -145,6 +145,7 @@ class Totals:
                 "messages": self.messages[op],
                 "p50_ms": quantile(self.hist[op], 0.5),
                 "p99_ms": quantile(self.hist[op], 0.99),
+                "max_ms": quantile(self.hist[op], 1.0),  # the slowest answered, to its bucket
             }
             if op in self.refusal:
                 out[op]["last_refusal"] = self.refusal[op]
