@@ -1,8 +1,9 @@
 """A listening site that takes every waiting connection when its socket is ready.
 
-libuv (under uvloop) takes one connection per turn of the loop since libuv 1.45: under load,
-when a turn of the gateway's loop lasts tens of milliseconds, a burst of new connections
-waits in the kernel's accept queue at ~10-20 taken per second. Measured with
+libuv (under uvloop) takes one connection per turn of the loop (libuv pull request 3696, 2022:
+level-triggered polling brings the next): under load, when a turn of the gateway's loop lasts
+tens of milliseconds, a burst of new connections waits in the kernel's accept queue, taken at
+~10-20 a second. Measured with
 ``loadtest/overload.py`` (10x the sustainable puts, open loop, 2 gateway processes on
 2 cores): 500 connections queued for seconds, requests on new connections answered after
 up to 11 s while the gateway had served each within 2 s of reading it; asyncio's own loop,
