@@ -256,7 +256,15 @@ async def test_a_put_that_fails_keeps_the_source_message(directory, start) -> No
 
     backoff = Backoff(base=0.1, jitter=0)
     running = start(make(cascade, "orders", backoff=backoff))
-    await until(lambda: len(receives) >= 2, what="a second delivery")
+    try:
+        await until(lambda: len(receives) >= 2, what="a second delivery")
+    except AssertionError as exc:
+        # Seen once in ~20 runs beside two busy loops, not understood yet: say where it stood.
+        [ready] = await directory.execute_many("orders", [cmd.PeekReady(10)])
+        raise AssertionError(
+            f"{exc}; receives {receives}; runtime {running.stats}; queue "
+            f"{await stats(directory, 'orders')}; ready {ready}"
+        ) from None
     assert receives[:2] == [1, 2]
     assert running.stats.acked == 0
     assert "QueueNotFound" in (running.stats.last_error or "")
