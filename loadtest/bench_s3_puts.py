@@ -245,6 +245,12 @@ def main() -> None:
                 ),
                 flush=True,
             )
+    except BaseException as exc:
+        # Said again after the proxy stopped: its shutdown's noise would bury the traceback.
+        proxy.terminate()
+        proxy.join(10)
+        print(f"bench_s3_puts failed: {exc!r}", file=sys.stderr, flush=True)
+        raise
     finally:
         proxy.terminate()
         moto.terminate()

@@ -26,7 +26,8 @@ def test_log_puts_follow_commits_not_queues() -> None:
         text=True,
         timeout=280,
     )
-    assert run.returncode == 0, run.stderr[-3000:]
+    # The tool's error comes first, its proxy's shutdown after: show both ends.
+    assert run.returncode == 0, run.stderr[:3000] + "\n...\n" + run.stderr[-2000:]
     rows = [json.loads(line) for line in run.stdout.splitlines() if '"puts_per_s"' in line]
     assert [r["queues"] for r in rows] == [4, 300]
     for row in rows:
