@@ -42,7 +42,10 @@ def listener(sock_class: type[socket.socket] = socket.socket) -> socket.socket:
 
 
 class Counting(asyncio.Protocol):
-    made: list[asyncio.BaseTransport] = []
+    """Notes each connection it is made for in ``made``."""
+
+    def __init__(self, made: list[asyncio.BaseTransport]) -> None:
+        self.made = made
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self.made.append(transport)
@@ -53,13 +56,8 @@ def test_a_burst_of_connections_is_taken_in_a_few_turns_of_a_busy_loop(kind: str
     async def main() -> tuple[int, int]:
         loop = asyncio.get_running_loop()
         made: list[asyncio.BaseTransport] = []
-
-        class Made(Counting):
-            pass
-
-        Made.made = made
         sock = listener()
-        server = Acceptor(loop, sock, Made)
+        server = Acceptor(loop, sock, lambda: Counting(made))
         port = sock.getsockname()[1]
         clients = []
         for _ in range(300):  # the kernel completes each handshake: all wait to be taken
@@ -163,14 +161,9 @@ def test_running_out_of_descriptors_pauses_taking_connections_then_resumes(
     async def main() -> None:
         loop = asyncio.get_running_loop()
         made: list[asyncio.BaseTransport] = []
-
-        class Made(Counting):
-            pass
-
-        Made.made = made
         OutOfDescriptors.fail, OutOfDescriptors.tries = 1, 0
         sock = listener(OutOfDescriptors)
-        server = Acceptor(loop, sock, Made)
+        server = Acceptor(loop, sock, lambda: Counting(made))
         client = socket.socket()
         client.connect(sock.getsockname())
         await asyncio.sleep(0.15)
