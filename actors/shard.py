@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ctypes
+import gc
 import logging
 import os
 import time
@@ -955,6 +956,24 @@ def tune_allocator() -> bool:
 
 
 _M_MMAP_THRESHOLD = -3  # glibc's malloc.h
+
+# The cyclic collector's thresholds in a serving process: a young collection every 100,000
+# allocations (not 700), an older one every 50 of those. Left at CPython's defaults, a shard
+# holding a queue of 100k+ runs spent ~8 % of its time in collections started by a put's
+# small allocations, and full collections held puts for up to ~250 ms (loadtest/RESULTS.md,
+# "The cyclic collector").
+COLLECTOR_THRESHOLDS = (100_000, 50, 50)
+
+
+def tune_collector() -> None:
+    """Move every object alive now (the imported modules, Ray's and aiohttp's state) out of
+    the cyclic collector's sight (they are still freed when their count drops) and make its
+    collections rarer: a server allocates a few objects per message, almost none of them in
+    cycles, and each collection walks the whole generation it collects. Once per serving
+    process, after its imports."""
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(*COLLECTOR_THRESHOLDS)
 
 
 def resident_bytes() -> int:

@@ -26,6 +26,7 @@ from actors.directory import Directory, LocalDirectory, RayDirectory
 from actors.errors import QueueError
 from actors.logsetup import LogConfig, forward_ray_output
 from actors.settings import LogSettings
+from actors.shard import tune_collector
 from gateway import door
 from gateway.app import app_options, make_app
 from gateway.auth import Token, read_tokens
@@ -236,6 +237,7 @@ def run(settings: ServerSettings, tokens: Sequence[Token] = ()) -> int:
         workers,
         ", queues auto-created" if settings.auto_create else "",
     )
+    tune_collector()  # after the imports and the shards' start: they stay out of its sight
     try:
         door.run(
             app,

@@ -194,6 +194,7 @@ def _control_lookup(spec: WorkerSpec) -> Callable[[int], Awaitable[tuple[str, in
 def worker_main() -> int:
     """Entry point of a worker process (``python -m gateway.workers``)."""
     from actors.directory import ChannelDirectory
+    from actors.shard import tune_collector
     from gateway import door
     from gateway.app import app_options, make_app
     from gateway.logs import setup_logging
@@ -219,6 +220,7 @@ def worker_main() -> int:
         print(f"evq worker: {exc}", file=sys.stderr)
         return 2
     app = make_app(directory, options)
+    tune_collector()  # after the imports and the shards' start: they stay out of its sight
     with contextlib.suppress(KeyboardInterrupt):
         door.run(
             app,

@@ -249,3 +249,29 @@ print((resident_bytes() - before) >> 20)
         [sys.executable, "-c", script], cwd=root, capture_output=True, text=True, check=True
     )
     assert int(grown.stdout) < 4, grown.stdout  # MiB kept; untuned glibc keeps 16
+
+
+def test_the_tuned_collector_leaves_old_objects_alone_and_still_frees_new_cycles() -> None:
+    # A serving process (a shard, a gateway) freezes what its start made and collects less
+    # often; cycles made after it must still be found, and the thresholds are the module's.
+    script = """
+import gc, weakref
+from actors.shard import COLLECTOR_THRESHOLDS, tune_collector
+tune_collector()
+assert gc.get_threshold() == COLLECTOR_THRESHOLDS, gc.get_threshold()
+frozen = gc.get_freeze_count()
+class Node:
+    pass
+a, b = Node(), Node()
+a.other, b.other = b, a
+gone = weakref.ref(a)
+del a, b
+gc.collect()
+print(frozen, gone() is None)
+"""
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, "-c", script], cwd=root, capture_output=True, text=True, check=True
+    ).stdout.split()
+    assert int(out[0]) > 10_000  # the imports' objects, out of the collector's walks
+    assert out[1] == "True"
