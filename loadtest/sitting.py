@@ -11,6 +11,10 @@ Rows (100-B messages, closed loop, ``--runs`` runs of ``--duration`` s each, med
 - 16 producers + 16 consumers taking 1 message and acking it;
 - evq only: 100 messages per put, 16 producers (messages/s = puts/s x 100).
 
+Beside them, the single-put rows against ``floor_server.py`` (``--only floor``): the least a
+Python process can do per durable HTTP put, the ceiling of any design of evq's in Python on
+this machine (not a peer: the last column leaves it out).
+
 Peers run through the harness's own ``bench_beanstalkd.py``, ``bench_rabbitmq.py``,
 ``bench_postgres.py`` and ``bench_redis.py`` (a fresh server per run); evq is one ``evq
 serve`` with its defaults on a fresh data directory (``loadtest/served.py``), measured
@@ -20,7 +24,7 @@ printed as Markdown and written to ``--out/table.md``, with a last column: evq's
 the best peer's in that row (acked/s in the take-and-ack row).
 
     .venv/bin/python loadtest/sitting.py [--runs 3] [--duration 5] [--out DIR] \\
-        [--only evq|beanstalkd|rabbitmq|postgres|redis ...] [--serve --shards 1 ...]
+        [--only evq|beanstalkd|rabbitmq|postgres|redis|floor ...] [--serve --shards 1 ...]
 
 Needs the harness set up once (``../shared/bench/run_all.sh setup``: the peers' servers and
 the load generator's virtualenv at ``/tmp/venv-anchors``). About 25 minutes.
@@ -39,7 +43,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from served import ROOT, EvqServe
+from served import ROOT, EvqServe, free_port, get_json
 
 BENCH = ROOT.parent / "shared" / "bench"
 LOADGEN_PY = "/tmp/venv-anchors/bin/python"
@@ -51,7 +55,9 @@ TARGETS = {
     "postgres": "PostgreSQL, SKIP LOCKED",
     "redis": "Redis, AOF always",
     "evq": "evq",
+    "floor": "the floor in Python (`floor_server.py`)",
 }
+NOT_PEERS = ("evq", "floor")  # columns the last one does not compare evq with
 
 # (row key, title) in table order
 ROWS = [
@@ -124,6 +130,32 @@ def evq(out: Path, args: argparse.Namespace) -> None:
                 _run([*base, *row, "--name", name], env)
         finally:
             print(json.dumps({"server_stop": server.stop()}), flush=True)
+
+
+def floor(out: Path, args: argparse.Namespace) -> None:
+    """The single-put rows against ``floor_server.py``: the least a Python process does per
+    durable HTTP put (no take, so no take-and-ack row)."""
+    env = _env(out, args)
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, str(ROOT / "loadtest" / "floor_server.py"), str(port)]
+        + (["--dir", args.dir] if args.dir else [])
+    )
+    try:
+        target = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 30
+        while get_json(f"{target}/healthz", timeout=1) is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+        base = [LOADGEN_PY, "loadgen.py", "--adapter", "http_json", "--target", target]
+        base += ["--opt", "create=1", "--size", "100", "--server-pid", str(server.pid)]
+        base += ["--record-group", "floor"]
+        for c in (1, 16, 64):
+            _run([*base, "--producers", str(c), "--name", f"put, {c} producers, 100 B"], env)
+        eight = ["--producers", "64", "--procs", "8", "--name", "put, 64 producers, 8 procs"]
+        _run([*base, *eight], env)
+    finally:
+        server.terminate()
+        server.wait(10)
 
 
 # ------------------------------------------------------------------ the table
@@ -200,7 +232,7 @@ def _rate(key: str, rec: dict[str, Any] | None) -> float | None:
 def _ratio(key: str, newest: dict[tuple[str, str], dict[str, Any]]) -> str:
     """evq's median over the best peer's, in that row."""
     ours = _rate(key, newest.get(("evq", key)))
-    best = [r for t in TARGETS if t != "evq" if (r := _rate(key, newest.get((t, key))))]
+    best = [r for t in TARGETS if t not in NOT_PEERS if (r := _rate(key, newest.get((t, key))))]
     if ours is None or not best:
         return "—"
     return f"{ours / max(best):.2f}x"
@@ -248,6 +280,8 @@ def main() -> None:
         peers(out, args)
         if "evq" in args.only:
             evq(out, args)
+        if "floor" in args.only:
+            floor(out, args)
         print(f"sitting took {time.time() - started:.0f} s; records in {out}", flush=True)
     text = table(out)
     (out / "table.md").write_text(text + "\n")

@@ -84,6 +84,11 @@ def test_the_table_shows_medians_per_target_and_shape(tmp_path: Path) -> None:
             procs=8,
         ),
     ]
+    floor = [
+        # the floor is shown, never the best "peer" (it would be, by far)
+        _record("floor", "put, 1 producers, 100 B", _puts(900, 1000, 1100), producers=1),
+    ]
+    (tmp_path / "floor.jsonl").write_text("\n".join(floor) + "\n")
     (tmp_path / "postgres.jsonl").write_text("\n".join(postgres) + "\n")
     (tmp_path / "redis.jsonl").write_text("\n".join(redis) + "\n")
     (tmp_path / "beanstalkd.jsonl").write_text("\n".join(beanstalkd) + "\n")
@@ -101,14 +106,15 @@ def test_the_table_shows_medians_per_target_and_shape(tmp_path: Path) -> None:
         for line in run.stdout.splitlines()
         if line.startswith("| ") and "---" not in line
     }
-    # columns: beanstalkd, RabbitMQ, PostgreSQL, Redis, evq, evq over the best peer
+    # columns: beanstalkd, RabbitMQ, PostgreSQL, Redis, evq, the floor, evq over the best peer
     assert rows["1 producer, single puts"] == [
         "20/s (10-30), p50 2.000 ms",  # the median of the runs' p50s (1, 2, 3)
         "—",
         "50/s (40-60), p50 2.000 ms",
         "—",
         "200/s (100-300), p50 2.000 ms",
-        "4.00x",  # 200 over PostgreSQL's 50
+        "1,000/s (900-1,100), p50 2.000 ms",
+        "4.00x",  # 200 over PostgreSQL's 50, not over the floor's 1,000
     ]
     assert rows["64 producers, single puts, 8 load-generator processes"] == [
         "8/s (7-9)",
@@ -116,12 +122,17 @@ def test_the_table_shows_medians_per_target_and_shape(tmp_path: Path) -> None:
         "—",
         "4/s (3-5)",
         "6/s (6-6)",
+        "—",
         "0.75x",  # 6 over beanstalkd's 8
     ]
     mixed = rows["16 producers + 16 consumers (take 1, ack)"]
     assert mixed[0] == "50 put/s, **5 acked/s** (4-6)"
     assert mixed[2] == "9 put/s, **3 acked/s** (2-4)"
-    assert mixed[4:] == ["—", "—"]  # no evq record: no ratio
-    assert rows["16 producers, 100 messages per put"] == ["—"] * 4 + ["200 msg/s (100-300)", "—"]
-    assert rows["16 producers, single puts"] == ["—"] * 6
+    assert mixed[4:] == ["—", "—", "—"]  # no evq record: no ratio
+    assert rows["16 producers, 100 messages per put"] == ["—"] * 4 + [
+        "200 msg/s (100-300)",
+        "—",
+        "—",
+    ]
+    assert rows["16 producers, single puts"] == ["—"] * 7
     assert (tmp_path / "table.md").read_text().strip() == run.stdout.strip()
