@@ -1,0 +1,139 @@
+"""The harness's adapters for PostgreSQL, Redis and evq (HTTP), each filling its fresh queue
+in ``prepare`` before the run's clock starts (``loadtest/depth_mixed.py`` says how). Imported
+by the harness's load generator in its own virtualenv (asyncpg, redis-py)."""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent.parent / "shared" / "bench"))
+
+import aiohttp
+import asyncpg
+import redis.asyncio as aioredis
+from adapters.http_json import HttpJsonAdapter
+from adapters.postgres import PostgresAdapter, _table
+from adapters.redis import ACK, PUT, TAKE, RedisAdapter, _hostport, _keys
+
+BODY = b"d" * 100  # the fill's bodies: the load's size
+
+
+def _fill(opts: dict[str, Any]) -> tuple[int, bool]:
+    return int(opts.get("depth", 0)), str(opts.get("mode", "empty")) == "churned"
+
+
+def _progress(target: str, what: str, done: int, total: int, started: float) -> None:
+    rate = done / max(time.monotonic() - started, 1e-9)
+    print(f"    {target}: {what} {done:,}/{total:,} ({rate:,.0f}/s)", flush=True)
+
+
+class DeepPostgres(PostgresAdapter):
+    @classmethod
+    async def prepare(cls, target: str, queue: str, opts: dict[str, Any]) -> None:
+        await super().prepare(target, queue, opts)
+        depth, churn = _fill(opts)
+        if not depth:
+            return
+        t = _table(queue)
+        conn = await asyncpg.connect(target)
+        try:
+            started = time.monotonic()
+            await conn.execute(
+                f"INSERT INTO {t} (vt, message) SELECT now(), $1::bytea "
+                "FROM generate_series(1, $2::int)",
+                BODY,
+                depth,
+            )
+            _progress("postgres", "put", depth, depth, started)
+            if churn:
+                started = time.monotonic()
+                await conn.execute(
+                    f"UPDATE {t} SET vt = now() + interval '30 seconds', read_ct = read_ct + 1"
+                )
+                await conn.execute(f"DELETE FROM {t}")
+                _progress("postgres", "taken and acked", depth, depth, started)
+        finally:
+            await conn.close()
+
+
+class DeepRedis(RedisAdapter):
+    @classmethod
+    async def prepare(cls, target: str, queue: str, opts: dict[str, Any]) -> None:
+        await super().prepare(target, queue, opts)
+        depth, churn = _fill(opts)
+        if not depth:
+            return
+        host, port = _hostport(target)
+        seq, ready, inflight, job = _keys(queue)
+        r = aioredis.Redis(host=host, port=port)
+        try:
+            put, take, ack = [await r.script_load(s) for s in (PUT, TAKE, ACK)]
+            started, done = time.monotonic(), 0
+            while done < depth:
+                n = min(2000, depth - done)
+                pipe = r.pipeline(transaction=False)
+                for _ in range(n):
+                    pipe.evalsha(put, 2, seq, ready, job, BODY, 0)
+                await pipe.execute()
+                done += n
+                if done % 200_000 == 0 or done == depth:
+                    _progress("redis", "put", done, depth, started)
+            if churn:
+                started, done = time.monotonic(), 0
+                while True:
+                    got = await r.evalsha(take, 2, ready, inflight, job, 1000, 30_000)
+                    if not got:
+                        break
+                    await r.evalsha(ack, 1, inflight, job, *got[0::2])
+                    done += len(got) // 2
+                    if done % 200_000 == 0:
+                        _progress("redis", "taken and acked", done, depth, started)
+                _progress("redis", "taken and acked", done, depth, started)
+        finally:
+            await r.aclose()
+
+
+class DeepHttp(HttpJsonAdapter):
+    @classmethod
+    async def prepare(cls, target: str, queue: str, opts: dict[str, Any]) -> None:
+        await super().prepare(target, queue, opts)
+        depth, churn = _fill(opts)
+        if not depth:
+            return
+        url = f"{target.rstrip('/')}/v1/queues/{queue}"
+        message = {"body_b64": base64.b64encode(BODY).decode()}
+        async with aiohttp.ClientSession() as s:
+            started, done = time.monotonic(), 0
+
+            async def put(n: int) -> None:
+                async with s.post(f"{url}/messages", json={"messages": [message] * n}) as r:
+                    r.raise_for_status()
+
+            while done < depth:
+                chunk = [min(1000, depth - done - i * 1000) for i in range(8)]
+                chunk = [n for n in chunk if n > 0]
+                await asyncio.gather(*(put(n) for n in chunk))
+                done += sum(chunk)
+                if done % 200_000 == 0 or done == depth:
+                    _progress("evq", "put", done, depth, started)
+            if churn:
+                started, done = time.monotonic(), 0
+                while True:
+                    take = {"max": 1000, "visibility_timeout": 600}
+                    async with s.post(f"{url}/take", json=take) as r:
+                        r.raise_for_status()
+                        got = (await r.json())["messages"]
+                    if not got:
+                        break
+                    items = [{"id": m["id"], "lease": m["lease"]} for m in got]
+                    async with s.post(f"{url}/ack", json={"items": items}) as r:
+                        r.raise_for_status()
+                    done += len(got)
+                    if done % 200_000 == 0:
+                        _progress("evq", "taken and acked", done, depth, started)
+                _progress("evq", "taken and acked", done, depth, started)
