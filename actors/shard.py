@@ -957,23 +957,25 @@ def tune_allocator() -> bool:
 
 _M_MMAP_THRESHOLD = -3  # glibc's malloc.h
 
-# The cyclic collector's thresholds in a serving process: a young collection every 100,000
-# allocations (not 700), an older one every 50 of those. Left at CPython's defaults, a shard
-# holding a queue of 100k+ runs spent ~8 % of its time in collections started by a put's
-# small allocations, and full collections held puts for up to ~250 ms (loadtest/RESULTS.md,
-# "The cyclic collector").
-COLLECTOR_THRESHOLDS = (100_000, 50, 50)
+# The cyclic collector's thresholds in a shard: a young collection every 100,000 allocations
+# (not 700), an older one every 50 of those. Left at CPython's defaults, a shard holding a
+# queue of 100k+ runs spent ~12 % of its time in collections started by a put's small
+# allocations, and full collections held puts for up to ~250 ms (loadtest/RESULTS.md, "The
+# cyclic collector"). Gateways keep the defaults: a refused request's exception holds its
+# body in a cycle until a collection, and under 10x overload a gateway collecting this
+# rarely grew ~50 MiB past its bound (tests/integration/test_overload.py).
+SHARD_COLLECTOR_THRESHOLDS = (100_000, 50, 50)
 
 
-def tune_collector() -> None:
+def tune_collector(thresholds: tuple[int, int, int] | None = None) -> None:
     """Move every object alive now (the imported modules, Ray's and aiohttp's state) out of
-    the cyclic collector's sight (they are still freed when their count drops) and make its
-    collections rarer: a server allocates a few objects per message, almost none of them in
-    cycles, and each collection walks the whole generation it collects. Once per serving
-    process, after its imports."""
+    the cyclic collector's sight (they are still freed when their count drops), so that each
+    collection walks only what came after; with ``thresholds``, collect that often. Once per
+    serving process, after its imports."""
     gc.collect()
     gc.freeze()
-    gc.set_threshold(*COLLECTOR_THRESHOLDS)
+    if thresholds is not None:
+        gc.set_threshold(*thresholds)
 
 
 def resident_bytes() -> int:

@@ -30,7 +30,13 @@ from actors.errors import QueueError
 from actors.log.stores import open_store
 from actors.logsetup import LogConfig, configure
 from actors.settings import LogSettings, QueueSettings
-from actors.shard import QueueShard, placement, tune_allocator, tune_collector
+from actors.shard import (
+    SHARD_COLLECTOR_THRESHOLDS,
+    QueueShard,
+    placement,
+    tune_allocator,
+    tune_collector,
+)
 from actors.status import ShardStatus
 
 __all__ = [
@@ -87,7 +93,7 @@ class ShardActor:
         # the puts each gateway can have on their way in, which the shard cannot refuse
         self.shard.memory.in_flight = lambda: IN_FLIGHT_PER_CONNECTION * self._channel.connections
         self._address: asyncio.Future[tuple[str, int]] | None = None
-        tune_collector()
+        tune_collector(SHARD_COLLECTOR_THRESHOLDS)
 
     def _ensure_started(self) -> None:
         # Async actors run __init__ outside the event loop: start recovery on the first call.

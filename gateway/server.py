@@ -237,7 +237,7 @@ def run(settings: ServerSettings, tokens: Sequence[Token] = ()) -> int:
         workers,
         ", queues auto-created" if settings.auto_create else "",
     )
-    tune_collector()  # after the imports and the shards' start: they stay out of its sight
+    tune_collector()  # after the imports: they stay out of the collector's walks
     try:
         door.run(
             app,

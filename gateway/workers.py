@@ -220,7 +220,7 @@ def worker_main() -> int:
         print(f"evq worker: {exc}", file=sys.stderr)
         return 2
     app = make_app(directory, options)
-    tune_collector()  # after the imports and the shards' start: they stay out of its sight
+    tune_collector()  # after the imports: they stay out of the collector's walks
     with contextlib.suppress(KeyboardInterrupt):
         door.run(
             app,

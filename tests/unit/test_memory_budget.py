@@ -252,13 +252,16 @@ print((resident_bytes() - before) >> 20)
 
 
 def test_the_tuned_collector_leaves_old_objects_alone_and_still_frees_new_cycles() -> None:
-    # A serving process (a shard, a gateway) freezes what its start made and collects less
-    # often; cycles made after it must still be found, and the thresholds are the module's.
+    # A serving process (a shard, a gateway) freezes what its start made, a shard collects
+    # less often too; cycles made after it must still be found.
     script = """
 import gc, weakref
-from actors.shard import COLLECTOR_THRESHOLDS, tune_collector
+from actors.shard import SHARD_COLLECTOR_THRESHOLDS, tune_collector
+before = gc.get_threshold()
 tune_collector()
-assert gc.get_threshold() == COLLECTOR_THRESHOLDS, gc.get_threshold()
+assert gc.get_threshold() == before, gc.get_threshold()  # a gateway's: frozen only
+tune_collector(SHARD_COLLECTOR_THRESHOLDS)
+assert gc.get_threshold() == SHARD_COLLECTOR_THRESHOLDS, gc.get_threshold()
 frozen = gc.get_freeze_count()
 class Node:
     pass
