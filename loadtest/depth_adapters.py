@@ -8,6 +8,7 @@ import asyncio
 import base64
 import sys
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,22 @@ def _fill(opts: dict[str, Any]) -> tuple[int, bool]:
 def _progress(target: str, what: str, done: int, total: int, started: float) -> None:
     rate = done / max(time.monotonic() - started, 1e-9)
     print(f"    {target}: {what} {done:,}/{total:,} ({rate:,.0f}/s)", flush=True)
+
+
+async def _in_steps(
+    target: str, what: str, total: int, step: Callable[[int], Awaitable[int]]
+) -> None:
+    """Call ``step(left)`` until ``total`` messages are done or a step does none (it returns
+    how many it did), with a progress line every 200,000 and at the end."""
+    started, done = time.monotonic(), 0
+    while done < total:
+        n = await step(total - done)
+        if not n:
+            break
+        done += n
+        if done % 200_000 == 0 and done < total:
+            _progress(target, what, done, total, started)
+    _progress(target, what, done, total, started)
 
 
 class DeepPostgres(PostgresAdapter):
@@ -73,27 +90,24 @@ class DeepRedis(RedisAdapter):
         r = aioredis.Redis(host=host, port=port)
         try:
             put, take, ack = [await r.script_load(s) for s in (PUT, TAKE, ACK)]
-            started, done = time.monotonic(), 0
-            while done < depth:
-                n = min(2000, depth - done)
+
+            async def put_some(left: int) -> int:
+                n = min(2000, left)
                 pipe = r.pipeline(transaction=False)
                 for _ in range(n):
                     pipe.evalsha(put, 2, seq, ready, job, BODY, 0)
                 await pipe.execute()
-                done += n
-                if done % 200_000 == 0 or done == depth:
-                    _progress("redis", "put", done, depth, started)
-            if churn:
-                started, done = time.monotonic(), 0
-                while True:
-                    got = await r.evalsha(take, 2, ready, inflight, job, 1000, 30_000)
-                    if not got:
-                        break
+                return n
+
+            async def take_and_ack(left: int) -> int:
+                got = await r.evalsha(take, 2, ready, inflight, job, min(1000, left), 30_000)
+                if got:
                     await r.evalsha(ack, 1, inflight, job, *got[0::2])
-                    done += len(got) // 2
-                    if done % 200_000 == 0:
-                        _progress("redis", "taken and acked", done, depth, started)
-                _progress("redis", "taken and acked", done, depth, started)
+                return len(got) // 2
+
+            await _in_steps("redis", "put", depth, put_some)
+            if churn:
+                await _in_steps("redis", "taken and acked", depth, take_and_ack)
         finally:
             await r.aclose()
 
@@ -108,32 +122,27 @@ class DeepHttp(HttpJsonAdapter):
         url = f"{target.rstrip('/')}/v1/queues/{queue}"
         message = {"body_b64": base64.b64encode(BODY).decode()}
         async with aiohttp.ClientSession() as s:
-            started, done = time.monotonic(), 0
 
             async def put(n: int) -> None:
                 async with s.post(f"{url}/messages", json={"messages": [message] * n}) as r:
                     r.raise_for_status()
 
-            while done < depth:
-                chunk = [min(1000, depth - done - i * 1000) for i in range(8)]
-                chunk = [n for n in chunk if n > 0]
+            async def put_some(left: int) -> int:
+                chunk = [n for i in range(8) if (n := min(1000, left - i * 1000)) > 0]
                 await asyncio.gather(*(put(n) for n in chunk))
-                done += sum(chunk)
-                if done % 200_000 == 0 or done == depth:
-                    _progress("evq", "put", done, depth, started)
-            if churn:
-                started, done = time.monotonic(), 0
-                while True:
-                    take = {"max": 1000, "visibility_timeout": 600}
-                    async with s.post(f"{url}/take", json=take) as r:
-                        r.raise_for_status()
-                        got = (await r.json())["messages"]
-                    if not got:
-                        break
+                return sum(chunk)
+
+            async def take_and_ack(left: int) -> int:
+                take = {"max": min(1000, left), "visibility_timeout": 600}
+                async with s.post(f"{url}/take", json=take) as r:
+                    r.raise_for_status()
+                    got = (await r.json())["messages"]
+                if got:
                     items = [{"id": m["id"], "lease": m["lease"]} for m in got]
                     async with s.post(f"{url}/ack", json={"items": items}) as r:
                         r.raise_for_status()
-                    done += len(got)
-                    if done % 200_000 == 0:
-                        _progress("evq", "taken and acked", done, depth, started)
-                _progress("evq", "taken and acked", done, depth, started)
+                return len(got)
+
+            await _in_steps("evq", "put", depth, put_some)
+            if churn:
+                await _in_steps("evq", "taken and acked", depth, take_and_ack)

@@ -36,10 +36,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -48,6 +45,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 BENCH = ROOT.parent / "shared" / "bench"
 sys.path.insert(0, str(BENCH))
+
+from served import EvqServe  # noqa: E402  (a sibling: loadtest/ is first on sys.path)
 
 MODES = ("empty", "queued", "churned")
 TARGETS = {"postgres": "PostgreSQL, SKIP LOCKED", "redis": "Redis, AOF always", "evq": "evq"}
@@ -59,53 +58,6 @@ ADAPTERS = {
     "redis": "depth_adapters:DeepRedis",
     "evq": "depth_adapters:DeepHttp",
 }
-
-
-class EvqServer:
-    """``evq serve`` with its defaults on a fresh data directory, in a session of its own."""
-
-    def __init__(self, python: str, directory: str) -> None:
-        import common
-
-        self.tmp = tempfile.TemporaryDirectory(dir=directory)
-        self.port = common.free_port()
-        self.log = open(os.path.join(self.tmp.name, "serve.log"), "wb")  # noqa: SIM115
-        env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_AUTH_MODE": "disabled"}
-        data = os.path.join(self.tmp.name, "data")
-        self.p = subprocess.Popen(
-            [python, "-m", "evq", "serve", "--data", data, "--port", str(self.port)],
-            cwd=ROOT,
-            env=env,
-            stdout=self.log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-        self.target = f"http://127.0.0.1:{self.port}"
-        deadline = time.monotonic() + 180
-        while True:
-            if self.p.poll() is not None:
-                raise RuntimeError(f"evq serve exited with {self.p.returncode}")
-            try:
-                import urllib.request
-
-                with urllib.request.urlopen(f"{self.target}/readyz", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise TimeoutError("evq serve not ready after 180 s")
-            time.sleep(0.3)
-
-    def stop(self) -> None:
-        os.killpg(self.p.pid, signal.SIGTERM)
-        try:
-            self.p.wait(60)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.p.pid, signal.SIGKILL)
-            self.p.wait(10)
-        self.log.close()
-        self.tmp.cleanup()
 
 
 def measure(target: str, args: argparse.Namespace) -> None:
@@ -143,18 +95,20 @@ def measure(target: str, args: argparse.Namespace) -> None:
             finally:
                 pg.stop()
         else:
-            evq = EvqServer(args.evq_python, args.dir or tempfile.gettempdir())
-            try:
-                spec = Spec(
-                    adapter=ADAPTERS["evq"],
-                    target=evq.target,
-                    server_pid=evq.p.pid,
-                    opts={**opts, "create": "1"},
-                    **shape,
-                )
-                runs = run_repeated(spec, args.runs)
-            finally:
-                evq.stop()
+            with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+                evq = EvqServe(Path(tmp) / "data", Path(tmp) / "serve.log", python=args.evq_python)
+                try:
+                    evq.wait_ready(180)
+                    spec = Spec(
+                        adapter=ADAPTERS["evq"],
+                        target=evq.url,
+                        server_pid=evq.pid,
+                        opts={**opts, "create": "1"},
+                        **shape,
+                    )
+                    runs = run_repeated(spec, args.runs)
+                finally:
+                    evq.stop()
         common.record(target, name, {**shape, "mode": mode, "depth": args.depth}, runs)
 
 

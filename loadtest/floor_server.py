@@ -30,10 +30,7 @@ import tempfile
 
 import httptools
 import uvloop
-
-PUT_REPLY = b'{"results":[{"id":"1","status":"created"}]}'
-TAKE_REPLY = b'{"messages":[]}'
-ACK_REPLY = b'{"results":[]}'
+from trivial_server import ACK_REPLY, PUT_REPLY, TAKE_REPLY  # the same replies as the baseline
 
 
 def _response(status: bytes, body: bytes) -> bytes:

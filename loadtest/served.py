@@ -98,7 +98,8 @@ def kill_session(sid: int) -> None:
 
 
 class EvqServe:
-    """``evq serve --data DATA`` on 127.0.0.1 with ``extra`` arguments, in its own session."""
+    """``evq serve --data DATA`` on 127.0.0.1 with ``extra`` arguments, in its own session
+    (``python``: the interpreter of evq's virtualenv, for a tool that runs in another one)."""
 
     def __init__(
         self,
@@ -108,11 +109,12 @@ class EvqServe:
         port: int | None = None,
         env: dict[str, str] | None = None,
         cwd: Path = ROOT,
+        python: str = sys.executable,
     ) -> None:
         self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log_path = log_path
-        self.command = [sys.executable, "-m", "evq", "serve", "--data", str(data)]
+        self.command = [python, "-m", "evq", "serve", "--data", str(data)]
         self.command += ["--host", "127.0.0.1", "--port", str(self.port), *extra]
         env = {**os.environ, **RAY_ENV, "PYTHONUNBUFFERED": "1", **(env or {})}
         self._log = open(log_path, "ab")  # noqa: SIM115 - lives as long as the server

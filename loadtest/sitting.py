@@ -104,19 +104,30 @@ def peers(out: Path, args: argparse.Namespace) -> None:
             _run([*bench, "--conc", "64", "--mixed-sizes", "", "--procs", "8"], env)
 
 
+def _http_load(target: str, pid: int, group: str) -> list[str]:
+    """The load generator's command through the HTTP adapter, its records in ``group``."""
+    base = [LOADGEN_PY, "loadgen.py", "--adapter", "http_json", "--target", target]
+    base += ["--opt", "create=1", "--size", "100", "--server-pid", str(pid)]
+    return [*base, "--record-group", group]
+
+
+def _single_puts(base: list[str], env: dict[str, str]) -> None:
+    """The single-put rows: 1, 16 and 64 producers, then 64 from 8 processes."""
+    for c in (1, 16, 64):
+        _run([*base, "--producers", str(c), "--name", f"put, {c} producers, 100 B"], env)
+    eight = ["--producers", "64", "--procs", "8", "--name", "put, 64 producers, 100 B, 8 procs"]
+    _run([*base, *eight], env)
+
+
 def evq(out: Path, args: argparse.Namespace) -> None:
     env = _env(out, args)
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
         server = EvqServe(Path(tmp) / "data", Path(tmp) / "serve.log", args.serve)
         try:
             server.wait_ready(180)
-            base = [LOADGEN_PY, "loadgen.py", "--adapter", "http_json", "--target", server.url]
-            base += ["--opt", "create=1", "--size", "100", "--server-pid", str(server.pid)]
-            base += ["--record-group", "evq"]
-            for c in (1, 16, 64):
-                _run([*base, "--producers", str(c), "--name", f"put, {c} producers, 100 B"], env)
+            base = _http_load(server.url, server.pid, "evq")
+            _single_puts(base, env)
             rows = [
-                (["--producers", "64", "--procs", "8"], "put, 64 producers, 100 B, 8 procs"),
                 (
                     ["--producers", "16", "--consumers", "16", "--batch", "1"],
                     "mixed 16 prod + 16 cons (take 1 + ack), 100 B",
@@ -144,15 +155,11 @@ def floor(out: Path, args: argparse.Namespace) -> None:
     try:
         target = f"http://127.0.0.1:{port}"
         deadline = time.monotonic() + 30
-        while get_json(f"{target}/healthz", timeout=1) is None and time.monotonic() < deadline:
+        while get_json(f"{target}/healthz", timeout=1) is None:
+            if time.monotonic() > deadline or server.poll() is not None:
+                raise RuntimeError("floor_server.py did not answer within 30 s")
             time.sleep(0.2)
-        base = [LOADGEN_PY, "loadgen.py", "--adapter", "http_json", "--target", target]
-        base += ["--opt", "create=1", "--size", "100", "--server-pid", str(server.pid)]
-        base += ["--record-group", "floor"]
-        for c in (1, 16, 64):
-            _run([*base, "--producers", str(c), "--name", f"put, {c} producers, 100 B"], env)
-        eight = ["--producers", "64", "--procs", "8", "--name", "put, 64 producers, 8 procs"]
-        _run([*base, *eight], env)
+        _single_puts(_http_load(target, server.pid, "floor"), env)
     finally:
         server.terminate()
         server.wait(10)

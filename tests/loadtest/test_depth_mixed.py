@@ -13,6 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tests.loadtest.tables import markdown_rows
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -55,11 +57,7 @@ def test_the_table_gives_each_depth_and_its_share_of_the_empty_rate(tmp_path: Pa
         timeout=60,
     )
     assert run.returncode == 0, run.stderr
-    rows = {
-        line.split(" | ")[0].lstrip("| "): line.rstrip(" |").split(" | ")[1:]
-        for line in run.stdout.splitlines()
-        if line.startswith("| ") and "---" not in line
-    }
+    rows = markdown_rows(run.stdout)
     # columns: PostgreSQL, Redis, evq
     assert rows["queue empty"] == ["**10 acked/s** (10-10)", "—", "**100 acked/s** (90-110)"]
     assert rows["1,000 messages queued"] == ["—", "—", "**99 acked/s** (95-200), 99 % of empty"]

@@ -14,6 +14,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from tests.loadtest.tables import markdown_rows
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -101,11 +103,7 @@ def test_the_table_shows_medians_per_target_and_shape(tmp_path: Path) -> None:
         timeout=60,
     )
     assert run.returncode == 0, run.stderr
-    rows = {
-        line.split(" | ")[0].lstrip("| "): line.rstrip(" |").split(" | ")[1:]
-        for line in run.stdout.splitlines()
-        if line.startswith("| ") and "---" not in line
-    }
+    rows = markdown_rows(run.stdout)
     # columns: beanstalkd, RabbitMQ, PostgreSQL, Redis, evq, the floor, evq over the best peer
     assert rows["1 producer, single puts"] == [
         "20/s (10-30), p50 2.000 ms",  # the median of the runs' p50s (1, 2, 3)
