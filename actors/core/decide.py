@@ -178,10 +178,24 @@ def _confirm_dead_letters(
 
 
 def _put(state: QueueState, c: cmd.Put, now: int, ids: IdSource) -> Decision:
+    """A put. Server ids: one is drawn from the clock for the put's first new message
+    (``max(candidate, last id + 1)``), the next ones follow it (+1 each), so a put's ids are
+    consecutive and its run needs no list of them (runs.py)."""
     _check_batch(len(c.messages), "messages")
+    s = state.settings
+    if s.id_mode == "server" and not (c.redelivery or s.fifo or s.content_based_dedup):
+        plain = _plain_put(state, c.messages, now, ids)
+        if plain is not None:
+            return plain
+    return _any_put(state, c, now, ids)
+
+
+def _any_put(state: QueueState, c: cmd.Put, now: int, ids: IdSource) -> Decision:
+    """:func:`_put` of any messages into any queue."""
     s = state.settings
     server_ids = s.id_mode == "server"
     last_id = state.last_id
+    drawn = False
     items: list[ev.PutItem] = []
     results: list[rp.PutResult] = []
     batch_ids: dict[ev.MessageId, bytes] = {}
@@ -206,7 +220,8 @@ def _put(state: QueueState, c: cmd.Put, now: int, ids: IdSource) -> Decision:
                 raise BadRequest("this queue assigns ids (id_mode=server); omit 'id'")
             kept = _kept_id(state, batch_ids, m.id) if c.redelivery else None
             if kept is None:
-                new_id = max(ids.next_id(now), last_id + 1)
+                new_id = last_id + 1 if drawn else max(ids.next_id(now), last_id + 1)
+                drawn = True
                 last_id = new_id
                 mid: ev.MessageId = new_id
             else:
@@ -232,6 +247,59 @@ def _put(state: QueueState, c: cmd.Put, now: int, ids: IdSource) -> Decision:
             queue=state.name,
         )
     return ([ev.MessagesPut(now, items)] if items else []), results
+
+
+def _plain_put(
+    state: QueueState, messages: list[cmd.NewMessage], now: int, ids: IdSource
+) -> Decision | None:
+    """:func:`_put` of plain messages (a body and perhaps a delay or an activation time;
+    no id, key, group or attributes) into a standard queue with server ids, the common
+    case, in one loop with few per-message calls; None when a message is not plain (the
+    general loop decides it all, with the same checks in the same order)."""
+    s = state.settings
+    most = s.max_message_bytes
+    default = now + s.delay_ms
+    retention = s.retention_ms
+    total = 0
+    ats: list[int] = []
+    for m in messages:
+        if (
+            m.id is not None
+            or m.idempotency_key is not None
+            or m.group is not None
+            or m.attributes is not None
+        ):
+            return None
+        body = m.body
+        if type(body) is not bytes or not body:
+            _body_size(body)  # raises
+        size = len(body)
+        if size > most:
+            _checked_size(body, s)  # raises
+        total += size
+        if total > MAX_PUT_BYTES:
+            raise TooLarge(f"one put carries at most {MAX_PUT_BYTES} bytes of bodies")
+        delay, at = m.delay_ms, m.activate_at_ms
+        if at is None:
+            if delay is None:
+                ats.append(default)
+                continue
+            if type(delay) is int and 0 <= delay < retention:
+                ats.append(now + delay)
+                continue
+        ats.append(_activation(now, delay, at, default, s))  # the other cases, or raises
+    n = len(messages)
+    limit = s.max_messages
+    if limit is not None and state.total + n > limit:
+        raise Overloaded(
+            f"queue {state.name} is full ({state.total} of max_messages {limit})",
+            queue=state.name,
+        )
+    first = max(ids.next_id(now), state.last_id + 1)
+    item, result, created = ev.PutItem, rp.PutResult, rp.CREATED
+    items = [item(first + i, m.body, ats[i]) for i, m in enumerate(messages)]
+    results = [result(str(mid), created) for mid in range(first, first + n)]
+    return [ev.MessagesPut(now, items)], results
 
 
 def _kept_id(

@@ -141,6 +141,7 @@ class Reference:
         results: list[tuple[str, str]] = []
         staged: list[RMsg] = []
         keys = dict(self.idem)
+        drawn = False
         for spec in messages:
             body = spec["body"]
             assert isinstance(body, bytes)
@@ -151,7 +152,9 @@ class Reference:
                 results.append((str(keys[key][0]), "duplicate"))
                 continue
             if self.settings.id_mode == "server":
-                mid: int | str = max(new_id(), self.last_id + 1)  # type: ignore[operator]
+                # one id drawn per put, for its first new message; the others follow it
+                mid: int | str = self.last_id + 1 if drawn else max(new_id(), self.last_id + 1)  # type: ignore[operator]
+                drawn = True
                 self.last_id = mid  # type: ignore[assignment]
             else:
                 mid = str(spec["id"])

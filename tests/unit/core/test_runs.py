@@ -44,6 +44,16 @@ class Shell:
     def run(self, command: object) -> object:
         events, reply = execute(self.state, command, self.now, self.ids)
         self.events.extend(events)
+        self._placed(events)
+        return reply
+
+    def replay(self, event: ev.Event) -> None:
+        """Fold an event read from a log (one an older evq wrote, say) into the state."""
+        self.state.apply(event)
+        self.events.append(event)
+        self._placed([event])
+
+    def _placed(self, events: list[ev.Event]) -> None:
         moved = next((e for e in events if type(e) is ev.BodiesMoved), None)
         for run in self.state.unplaced:  # "durable": bodies now come from the log
             if moved is None:
@@ -53,7 +63,6 @@ class Shell:
                 self.log[len(self.log)] = [b""] * moved.firsts[i] + moved.bodies[i]
             self.state.place(run, len(self.log) - 1)
         self.state.unplaced.clear()
-        return reply
 
     def put(self, n: int, **kw: object) -> list[str]:
         reply = self.run(c.Put([c.NewMessage(body=b"m%d" % i, **kw) for i in range(n)]))
@@ -111,11 +120,24 @@ class ClockIds(SequentialIds):
         return super().next_id(now_ms) * 10
 
 
-def test_a_run_of_ids_that_are_not_consecutive_keeps_them() -> None:
+def test_a_put_draws_one_id_and_counts_up_from_it_so_its_run_holds_no_ids() -> None:
     sh = Shell()
     sh.ids = ClockIds()
-    ids = sh.put(5)
-    assert [int(i) for i in ids] == [10, 20, 30, 40, 50]
+    assert [int(i) for i in sh.put(3)] == [10, 11, 12]
+    assert [int(i) for i in sh.put(2)] == [20, 21]  # the next put draws again
+    assert [int(i) for i in sh.put(2, delay_ms=0)] == [30, 31]  # the general loop: the same
+    assert [r.ids for r in sh.state.runs] == [None, None, None]
+    sh.now += 1
+    sh.ids = SequentialIds()  # the clock's candidate falls behind: the last id + 1
+    assert [int(i) for i in sh.put(2)] == [32, 33]
+
+
+def test_a_run_of_ids_that_are_not_consecutive_keeps_them() -> None:
+    sh = Shell()
+    # Puts decided before ids were drawn once per put (a log an older evq wrote) have ids
+    # drawn one by one from the clock: gaps within one put.
+    items = [ev.PutItem(10 * (i + 1), b"m%d" % i, sh.now) for i in range(5)]
+    sh.replay(ev.MessagesPut(sh.now, items))
     run = sh.state.runs[0]
     assert run.ids is not None
     assert list(run.ids) == [10, 20, 30, 40, 50]
