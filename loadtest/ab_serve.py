@@ -20,7 +20,9 @@ directory first on ``PYTHONPATH``, Ray's workers included), their environment (`
 
 Rows: ``p1``, ``p16``, ``p64`` (single puts from that many producers), ``p64x8`` (64 producers
 from 8 processes), ``mixed`` (16 producers + 16 consumers taking 1 and acking: acked/s),
-``batch`` (16 producers, 100 messages per put: messages/s). Prints a JSON line per
+``batch`` (16 producers, 100 messages per put: messages/s), ``poll`` (1 producer + 16
+consumers long-polling for 1 message each and acking it: acked/s; the queue is mostly empty,
+so takes wait). Prints a JSON line per
 measurement, then ``{"summary": ...}``; raw records go to ``--out``.
 """
 
@@ -49,13 +51,14 @@ ROWS: dict[str, list[str]] = {
     "p64x8": ["--producers", "64", "--procs", "8"],
     "mixed": ["--producers", "16", "--consumers", "16", "--batch", "1"],
     "batch": ["--producers", "16", "--opt", "put_batch=100"],
+    "poll": ["--producers", "1", "--consumers", "16", "--batch", "1"],
 }
 
 
 def rate(row: str, rec: dict[str, Any]) -> float:
-    """A measurement's figure: acked/s (mixed), messages/s (batch), puts/s (the others)."""
+    """A measurement's figure: acked/s (mixed, poll), messages/s (batch), puts/s (the others)."""
     [run] = rec["runs"]
-    if row == "mixed":
+    if row in ("mixed", "poll"):
         return float(run["acked_s"])
     return float(run["put_s"]) * (100 if row == "batch" else 1)
 
