@@ -11,7 +11,7 @@ import msgspec
 from aiohttp import web
 
 from actors.directory import Directory
-from gateway import dashboard, hot, limits, metrics, native, planned, sqs, watches
+from gateway import dashboard, limits, metrics, native, planned, sqs, watches
 from gateway.auth import AUTH, Auth, Token, auth_middleware, retry_after
 from gateway.batcher import Batchers
 from gateway.errors import MAX_BODY, error_middleware, error_response, wants_msgpack
@@ -103,7 +103,6 @@ def make_app(directory: Directory, options: AppOptions | None = None) -> web.App
         auto_create=options.auto_create, max_waiting_takes=options.max_waiting_takes
     )
     app[native.WAITING_TAKES] = [0]
-    app[hot.EMPTY_SEEN] = {}
     app[native.SHUTTING_DOWN] = asyncio.Event()
     app[READY] = [False]
     app[READY_CHECKS] = []

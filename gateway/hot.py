@@ -28,7 +28,6 @@ from gateway.batcher import Batchers
 __all__ = [
     "BATCHERS",
     "DIRECTORY",
-    "EMPTY_SEEN",
     "OPTIONS",
     "SHUTTING_DOWN",
     "VERBS",
@@ -51,10 +50,6 @@ BATCHERS = web.AppKey("batchers", Batchers)
 OPTIONS = web.AppKey("options", Options)
 WAITING_TAKES = web.AppKey("waiting_takes", list)  # one mutable counter: [n]
 SHUTTING_DOWN = web.AppKey("shutting_down", asyncio.Event)
-# Queues a take found empty lately: queue -> when (the event loop's clock), see take().
-EMPTY_SEEN = web.AppKey("empty_seen", dict)
-EMPTY_LATELY_S = 1.0  # how long a queue found empty counts as empty
-EMPTY_SEEN_MAX = 10_000  # queues remembered at most (past it, the memory starts over)
 
 # (app, queue name from the path, body, body is msgpack, reply bodies as bytes) -> document
 Verb = Callable[[web.Application, str, bytes, bool, bool], Awaitable[Any]]
@@ -81,49 +76,14 @@ async def put(app: web.Application, name: str, body: bytes, msgpack: bool, binar
 
 async def take(app: web.Application, name: str, body: bytes, msgpack: bool, binary: bool) -> Any:
     """``POST /v1/queues/{name}/take``: at once when messages are ready; a long poll (one
-    call the shard holds until messages are ready) only when there are none. A long poll on
-    a queue this gateway found empty lately (a batched look found nothing, or a long poll
-    ended empty, within ``EMPTY_LATELY_S``) goes to the shard's waiting take at once: one
-    frame and one decide when it must wait, where a batched look first costs two of each.
-    A long poll that gets messages does not renew it, so a queue that fills up goes back to
-    takes riding batches with their neighbours within ``EMPTY_LATELY_S``. Raises:
+    call the shard holds until messages are ready) only when there are none. Raises:
     QueueError."""
     validate_queue_name(name)
     command, wait_s = wire.take_command(wire.decode(body, wire.TakeIn, msgpack=msgpack))
-    empty = app.get(EMPTY_SEEN)
-    if (
-        wait_s > 0
-        and empty is not None
-        and _empty_lately(empty, name, _now())
-        and app[WAITING_TAKES][0] < app[OPTIONS].max_waiting_takes  # else a batch first
-    ):
-        deliveries = await waiting_take(app, name, command, wait_s)
-        if not deliveries:  # it waited it all out: still an empty queue
-            empty[name] = _now()
-        return {"messages": [wire.delivery_doc(d, binary=binary) for d in deliveries]}
     deliveries = await run(app, name, command)
     if not deliveries and wait_s > 0:
-        if empty is not None:
-            if len(empty) >= EMPTY_SEEN_MAX:
-                empty.clear()
-            empty[name] = _now()
         deliveries = await waiting_take(app, name, command, wait_s)
     return {"messages": [wire.delivery_doc(d, binary=binary) for d in deliveries]}
-
-
-def _now() -> float:
-    """The event loop's clock: how long ago a queue was found empty (not state time)."""
-    return asyncio.get_running_loop().time()
-
-
-def _empty_lately(empty: dict[str, float], name: str, now: float) -> bool:
-    seen = empty.get(name)
-    if seen is None:
-        return False
-    if now - seen < EMPTY_LATELY_S:
-        return True
-    del empty[name]
-    return False
 
 
 async def waiting_take(app: web.Application, name: str, take: cmd.Take, wait_s: float) -> Any:

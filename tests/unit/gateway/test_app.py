@@ -17,7 +17,7 @@ import pytest
 
 from actors.log.store import LocalDirStore
 from actors.shard import placement
-from gateway import hot, native
+from gateway import native
 from gateway.app import IN_FLIGHT, AppOptions
 from tests.unit.gateway.conftest import (
     JSON,
@@ -1102,96 +1102,6 @@ async def test_a_long_poll_take_answers_empty_after_the_wait(api: Api) -> None:
     assert await api.take("q", wait=0.3) == []
     assert 0.29 <= time.monotonic() - started < 2
     assert waiting_takes(api) == 0
-
-
-def _take_calls(api: Api) -> tuple[int, int]:
-    """(take commands sent in batches, waiting takes sent on their own) so far."""
-    app = api.app
-    batched = app[native.BATCHERS].stats.commands
-    return batched, app[native.DIRECTORY].waiting_calls  # type: ignore[attr-defined]
-
-
-@pytest.fixture
-def counted(api: Api, monkeypatch: pytest.MonkeyPatch) -> Api:
-    """``api`` whose directory counts the waiting takes it is asked for."""
-    directory = api.app[native.DIRECTORY]
-    take = directory.take
-    directory.waiting_calls = 0  # type: ignore[attr-defined]
-
-    async def counting(*args: Any) -> Any:
-        directory.waiting_calls += 1  # type: ignore[attr-defined]
-        return await take(*args)
-
-    monkeypatch.setattr(directory, "take", counting)
-    return api
-
-
-async def test_a_long_poll_on_a_queue_found_empty_lately_is_one_call_to_the_shard(
-    counted: Api, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    api = counted
-    await api.create("q")
-    base, _ = _take_calls(api)
-    assert await api.take("q", wait=0.05) == []  # a batched look first, then the wait
-    assert _take_calls(api) == (base + 1, 1)
-    assert await api.take("q", wait=0.05) == []  # found empty lately: the wait alone
-    assert _take_calls(api) == (base + 1, 2)
-
-    waiting = asyncio.ensure_future(api.take("q", wait=5))
-    await until(lambda: waiting_takes(api) == 1)
-    await api.put("q", "wake up")
-    [message] = await asyncio.wait_for(waiting, 5)
-    assert message["body"] == "wake up"
-    assert _take_calls(api)[1] == 3
-    batched = _take_calls(api)[0]  # the put went in a batch
-
-    await api.put("q", "ready")
-    [message] = await api.take("q", wait=1)  # still found empty lately: no batch, no wait
-    assert message["body"] == "ready"
-    assert _take_calls(api) == (batched + 1, 4)  # (the put's batch)
-
-    monkeypatch.setattr(hot, "EMPTY_LATELY_S", 0.0)  # long ago: takes ride batches again
-    await api.put("q", "later")
-    [message] = await api.take("q", wait=1)
-    assert message["body"] == "later"
-    assert _take_calls(api) == (batched + 3, 4)
-
-
-async def test_a_long_poll_that_gets_messages_does_not_keep_the_queue_found_empty(
-    counted: Api, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    api = counted
-    await api.create("q")
-    assert await api.take("q", wait=0.05) == []  # found empty at 0
-    clock = [100.0]
-    empty = api.app[hot.EMPTY_SEEN]
-    empty["q"] = clock[0]
-    monkeypatch.setattr(hot, "_now", lambda: clock[0])
-    await api.put("q", "a", "b")
-    clock[0] += 0.6
-    assert len(await api.take("q", wait=1)) == 1  # straight to a waiting take
-    assert empty["q"] == 100.0  # not renewed: it got a message
-    clock[0] += 0.6  # 1.2 s after the queue was found empty
-    calls = _take_calls(api)
-    assert len(await api.take("q", wait=1)) == 1
-    assert _take_calls(api) == (calls[0] + 1, calls[1])  # a batched look again
-    assert "q" not in empty
-
-
-async def test_past_max_waiting_takes_a_queue_found_empty_still_hands_out_what_is_ready(
-    serve: Serve,
-) -> None:
-    api = await serve(AppOptions(max_waiting_takes=1))
-    await api.create("q")
-    await api.create("other")
-    assert await api.take("q", wait=0.05) == []  # q is found empty
-    blocker = asyncio.ensure_future(api.take("other", wait=5))  # the one waiting take
-    await until(lambda: waiting_takes(api) == 1)
-    await api.put("q", "ready")
-    # Not straight to a waiting take (it would be refused): a batched look finds it.
-    assert [m["body"] for m in await api.take("q", wait=1)] == ["ready"]
-    await api.put("other", "done")
-    assert [m["body"] for m in await blocker] == ["done"]
 
 
 async def test_a_long_poll_take_wakes_for_a_put_made_durable_with_its_first_empty_look(
