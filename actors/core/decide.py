@@ -204,7 +204,7 @@ def _any_put(state: QueueState, c: cmd.Put, now: int, ids: IdSource) -> Decision
     for m in c.messages:
         total += _checked_size(m.body, s)
         if total > MAX_PUT_BYTES:
-            raise TooLarge(f"one put carries at most {MAX_PUT_BYTES} bytes of bodies")
+            raise _put_too_large()
         activate = _activation(now, m.delay_ms, m.activate_at_ms, now + s.delay_ms, s)
         key = _dedup_key(m, s)
         known = _known_key(state, batch_keys, key)
@@ -239,13 +239,8 @@ def _any_put(state: QueueState, c: cmd.Put, now: int, ids: IdSource) -> Decision
             batch_keys[key] = mid
         items.append(ev.PutItem(mid, m.body, activate, key, group, m.attributes))
         results.append(rp.PutResult(str(mid), rp.CREATED))
-    limit = s.max_messages
-    full = limit is not None and state.total + len(items) > limit
-    if full and items and not c.redelivery:
-        raise Overloaded(
-            f"queue {state.name} is full ({state.total} of max_messages {limit})",
-            queue=state.name,
-        )
+    if items and not c.redelivery:
+        _check_room(state, len(items))
     return ([ev.MessagesPut(now, items)] if items else []), results
 
 
@@ -278,7 +273,7 @@ def _plain_put(
             _checked_size(body, s)  # raises
         total += size
         if total > MAX_PUT_BYTES:
-            raise TooLarge(f"one put carries at most {MAX_PUT_BYTES} bytes of bodies")
+            raise _put_too_large()
         delay, at = m.delay_ms, m.activate_at_ms
         if at is None:
             if delay is None:
@@ -289,17 +284,26 @@ def _plain_put(
                 continue
         ats.append(_activation(now, delay, at, default, s))  # the other cases, or raises
     n = len(messages)
-    limit = s.max_messages
-    if limit is not None and state.total + n > limit:
-        raise Overloaded(
-            f"queue {state.name} is full ({state.total} of max_messages {limit})",
-            queue=state.name,
-        )
+    _check_room(state, n)
     first = max(ids.next_id(now), state.last_id + 1)
     item, result, created = ev.PutItem, rp.PutResult, rp.CREATED
     items = [item(first + i, m.body, ats[i]) for i, m in enumerate(messages)]
     results = [result(str(mid), created) for mid in range(first, first + n)]
     return [ev.MessagesPut(now, items)], results
+
+
+def _put_too_large() -> TooLarge:
+    return TooLarge(f"one put carries at most {MAX_PUT_BYTES} bytes of bodies")
+
+
+def _check_room(state: QueueState, n: int) -> None:
+    """Raises Overloaded when ``n`` more messages would pass the queue's max_messages."""
+    limit = state.settings.max_messages
+    if limit is not None and state.total + n > limit:
+        raise Overloaded(
+            f"queue {state.name} is full ({state.total} of max_messages {limit})",
+            queue=state.name,
+        )
 
 
 def _kept_id(
