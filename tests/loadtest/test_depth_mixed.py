@@ -9,13 +9,9 @@ asyncpg, redis-py) and fills a million messages per run: a documented command
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
-from tests.loadtest.tables import markdown_rows
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.loadtest.tables import markdown_rows, run_tool
 
 
 def _record(group: str, mode: str | None, acked: list[float]) -> str:
@@ -41,21 +37,7 @@ def test_the_table_gives_each_depth_and_its_share_of_the_empty_rate(tmp_path: Pa
     (tmp_path / "postgres.jsonl").write_text(
         "\n".join([_record("postgres", "empty", [10]), _record("postgres", "churned", [3])]) + "\n"
     )
-    run = subprocess.run(
-        [
-            sys.executable,
-            "loadtest/depth_mixed.py",
-            "--table-only",
-            "--depth",
-            "1000",
-            "--out",
-            str(tmp_path),
-        ],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    run = run_tool("depth_mixed.py", "--table-only", "--depth", "1000", "--out", str(tmp_path))
     assert run.returncode == 0, run.stderr
     rows = markdown_rows(run.stdout)
     # columns: PostgreSQL, Redis, evq
@@ -70,12 +52,6 @@ def test_the_table_gives_each_depth_and_its_share_of_the_empty_rate(tmp_path: Pa
 
 
 def test_it_refuses_a_depth_below_one() -> None:
-    run = subprocess.run(
-        [sys.executable, "loadtest/depth_mixed.py", "--table-only", "--depth", "0"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    run = run_tool("depth_mixed.py", "--table-only", "--depth", "0")
     assert run.returncode == 2
     assert "--depth must be at least 1" in run.stderr

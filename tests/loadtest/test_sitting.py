@@ -9,14 +9,10 @@ of the suite."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
-from tests.loadtest.tables import markdown_rows
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.loadtest.tables import markdown_rows, run_tool
 
 
 def _record(group: str, name: str, runs: list[dict[str, float]], **settings: Any) -> str:
@@ -95,13 +91,7 @@ def test_the_table_shows_medians_per_target_and_shape(tmp_path: Path) -> None:
     (tmp_path / "redis.jsonl").write_text("\n".join(redis) + "\n")
     (tmp_path / "beanstalkd.jsonl").write_text("\n".join(beanstalkd) + "\n")
     (tmp_path / "evq.jsonl").write_text("\n".join(evq) + "\n")
-    run = subprocess.run(
-        [sys.executable, "loadtest/sitting.py", "--table-only", "--out", str(tmp_path)],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    run = run_tool("sitting.py", "--table-only", "--out", str(tmp_path))
     assert run.returncode == 0, run.stderr
     rows = markdown_rows(run.stdout)
     # columns: beanstalkd, RabbitMQ, PostgreSQL, Redis, evq, the floor, evq over the best peer
