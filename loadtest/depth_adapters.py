@@ -24,8 +24,20 @@ from adapters.redis import ACK, PUT, TAKE, RedisAdapter, _hostport, _keys
 BODY = b"d" * 100  # the fill's bodies: the load's size
 
 
-def _fill(opts: dict[str, Any]) -> tuple[int, bool]:
-    return int(opts.get("depth", 0)), str(opts.get("mode", "empty")) == "churned"
+class _Deep:
+    """An adapter whose ``prepare`` also fills the fresh queue: ``opts`` ``depth`` messages,
+    and with ``mode=churned`` takes and acks them all (``deepen``, each system's own)."""
+
+    @classmethod
+    async def prepare(cls, target: str, queue: str, opts: dict[str, Any]) -> None:
+        await super().prepare(target, queue, opts)  # type: ignore[misc]
+        depth = int(opts.get("depth", 0))
+        if depth:
+            await cls.deepen(target, queue, depth, str(opts.get("mode", "empty")) == "churned")
+
+    @classmethod
+    async def deepen(cls, target: str, queue: str, depth: int, churn: bool) -> None:
+        raise NotImplementedError
 
 
 def _progress(target: str, what: str, done: int, total: int, started: float) -> None:
@@ -49,13 +61,9 @@ async def _in_steps(
     _progress(target, what, done, total, started)
 
 
-class DeepPostgres(PostgresAdapter):
+class DeepPostgres(_Deep, PostgresAdapter):
     @classmethod
-    async def prepare(cls, target: str, queue: str, opts: dict[str, Any]) -> None:
-        await super().prepare(target, queue, opts)
-        depth, churn = _fill(opts)
-        if not depth:
-            return
+    async def deepen(cls, target: str, queue: str, depth: int, churn: bool) -> None:
         t = _table(queue)
         conn = await asyncpg.connect(target)
         try:
@@ -78,13 +86,9 @@ class DeepPostgres(PostgresAdapter):
             await conn.close()
 
 
-class DeepRedis(RedisAdapter):
+class DeepRedis(_Deep, RedisAdapter):
     @classmethod
-    async def prepare(cls, target: str, queue: str, opts: dict[str, Any]) -> None:
-        await super().prepare(target, queue, opts)
-        depth, churn = _fill(opts)
-        if not depth:
-            return
+    async def deepen(cls, target: str, queue: str, depth: int, churn: bool) -> None:
         host, port = _hostport(target)
         seq, ready, inflight, job = _keys(queue)
         r = aioredis.Redis(host=host, port=port)
@@ -112,13 +116,9 @@ class DeepRedis(RedisAdapter):
             await r.aclose()
 
 
-class DeepHttp(HttpJsonAdapter):
+class DeepHttp(_Deep, HttpJsonAdapter):
     @classmethod
-    async def prepare(cls, target: str, queue: str, opts: dict[str, Any]) -> None:
-        await super().prepare(target, queue, opts)
-        depth, churn = _fill(opts)
-        if not depth:
-            return
+    async def deepen(cls, target: str, queue: str, depth: int, churn: bool) -> None:
         url = f"{target.rstrip('/')}/v1/queues/{queue}"
         message = {"body_b64": base64.b64encode(BODY).decode()}
         async with aiohttp.ClientSession() as s:
