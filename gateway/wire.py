@@ -158,6 +158,9 @@ def ms(seconds: float | None, what: str) -> int | None:
     """
     if seconds is None:
         return None
+    kind = type(seconds)
+    if (kind is float or kind is int) and -1e15 < seconds < 1e15:  # finite (not NaN): most
+        return round(seconds * 1000)
     if (
         isinstance(seconds, bool)
         or not isinstance(seconds, int | float)
@@ -231,13 +234,9 @@ def _new_message(m: MessageIn) -> cmd.NewMessage:
             data = body.encode("utf-8", "surrogatepass")
         else:
             data = body_bytes(body, None)  # type: ignore[assignment]  # bytes, or raises
-        delay = m.delay
-        if delay is None:
+        if m.delay is None:
             return cmd.NewMessage(body=data)
-        kind = type(delay)
-        if (kind is float or kind is int) and -1e15 < delay < 1e15:  # finite (not NaN)
-            return cmd.NewMessage(body=data, delay_ms=round(delay * 1000))
-        return cmd.NewMessage(body=data, delay_ms=ms(delay, "delay"))  # raises
+        return cmd.NewMessage(body=data, delay_ms=ms(m.delay, "delay"))
     return cmd.NewMessage(
         body=body_bytes(body, b64),  # type: ignore[arg-type]
         id=m.id,

@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
@@ -138,3 +139,27 @@ def test_the_harness_message_shape_is_converted_on_the_plain_path() -> None:
         c.NewMessage(body=b"yo", delay_ms=2500),
     ]
     assert msgspec.json.encode(put.messages[0]) == b'{"body":"aGk=","delay_ms":0}'
+
+
+@pytest.mark.parametrize(
+    ("seconds", "millis"),
+    [
+        (None, None),
+        (0, 0),
+        (0.0, 0),
+        (1.5, 1500),
+        (0.0016, 2),
+        (-0.25, -250),
+        (1e300, round(1e300 * 1000)),
+    ],
+)
+def test_seconds_become_rounded_milliseconds(seconds: float | None, millis: int | None) -> None:
+    got = wire.ms(seconds, "delay")
+    assert got == millis
+    assert got is None or type(got) is int
+
+
+@pytest.mark.parametrize("seconds", [float("inf"), float("-inf"), float("nan"), True, "1", [1]])
+def test_what_is_not_a_finite_number_of_seconds_is_refused(seconds: Any) -> None:
+    with pytest.raises(QueueError, match="delay must be a number of seconds"):
+        wire.ms(seconds, "delay")
