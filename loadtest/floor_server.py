@@ -16,8 +16,9 @@ ceiling of any design of evq's in Python, whatever the processes and hops.
 
     .venv/bin/python loadtest/floor_server.py PORT --dir /work
 
-Run by ``loadtest/floor.py`` beside the peers; on its own, drive it with the harness's
-load generator like evq (``--adapter http_json --target http://127.0.0.1:PORT``).
+Run by ``loadtest/sitting.py`` (``--only floor``) beside the peers; on its own, drive it
+with the harness's load generator like evq (``--adapter http_json --target
+http://127.0.0.1:PORT``).
 """
 
 from __future__ import annotations
