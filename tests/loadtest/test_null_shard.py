@@ -19,5 +19,6 @@ def test_the_null_shard_patch_applies_to_the_channel_as_it_is(tmp_path: Path) ->
     )
     assert done.returncode == 0, done.stderr
     patched = (tmp_path / "actors" / "channel.py").read_text()
-    assert "EVQ_NULL_SHARD" in patched and "_NULL.add(self, request)" in patched
+    assert "EVQ_NULL_SHARD" in patched
+    assert "_NULL.add(self, request)" in patched
     compile(patched, "channel.py", "exec")  # still Python
