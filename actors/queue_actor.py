@@ -389,8 +389,8 @@ class QueueActor:
     def _runs_in(self, segments: set[str]) -> list[Run]:
         return [
             run
-            for run in self.state.runs[self.state.run_front :]
-            if run.left and run.place is not None and run.place[0] in segments
+            for run in self.state.live_runs()
+            if run.place is not None and run.place[0] in segments
         ]
 
     async def move_bodies(self, segments: set[str]) -> int:
@@ -730,7 +730,7 @@ def spilling(state: QueueState, host: QueueHost, name: str) -> QueueState:
     messages back)."""
     state.read = host.bodies.reader(name) if host.bodies is not None else None
     state.spill = host.log_settings.spill
-    if not state.spill and state.runs:
+    if not state.spill and state.by_id:
         state.unspill_all()
     return state
 
@@ -738,8 +738,8 @@ def spilling(state: QueueState, host: QueueHost, name: str) -> QueueState:
 def spilled_floor(state: QueueState) -> int:
     """The lowest LSN of a block ``state``'s runs read bodies from (0: none)."""
     floor = 0
-    for run in state.runs[state.run_front :]:
-        if run.left and run.place is not None:
+    for run in state.live_runs():
+        if run.place is not None:
             lsn = int(run.place[4])
             if len(run.place) == 5:
                 # placed by its put: runs placed so are in log order, moved ones later

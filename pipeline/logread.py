@@ -261,7 +261,7 @@ def read_snapshot(store: SyncStore, key: str) -> tuple[Snapshot, QueueState] | s
     if seq != keys.seq_of(key):
         return f"snapshot says seq {seq}"
     state = restore(snap)
-    if state.runs:  # messages held as runs (actors/core/runs.py): their bodies read back
+    if state.by_id:  # messages held as runs (actors/core/runs.py): their bodies read back
         state.read = _runs_reader(store, snap.name)
         try:
             state.unspill_all()

@@ -127,6 +127,10 @@ def _ordered(state: QueueState, code: int, after: Key | None, want: int) -> list
         # spilled messages (runs.py) are ready, in the same key order: merged in
         found = list(heapq.merge(found, islice(state.spilled_after(after), want), key=_key))
         del found[want:]
+    elif code == DELAYED and state.deferred:
+        # so are the delayed runs' messages, delayed
+        found = list(heapq.merge(found, islice(state.deferred_after(after), want), key=_key))
+        del found[want:]
     return found
 
 

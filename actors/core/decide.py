@@ -621,7 +621,9 @@ def _lookup(state: QueueState, mid: object) -> QueuedMessage | None:
             return None
         key = int(mid)
         m = state.messages.get(key)
-        return m if m is not None or not state.spilled else state.spilled_message(key)
+        if m is not None or not (state.spilled or state.deferred):
+            return m
+        return state.spilled_message(key)
     return state.messages.get(mid)
 
 

@@ -59,13 +59,16 @@ class RunRecord(msgspec.Struct, array_like=True, gc=False):
     place: Any = None  # where the put's bodies are in the log (None: they are in ``bodies``)
     bodies: list[bytes] | None = None
     ids: bytes = b""  # each slot's id, 8 bytes little-endian; empty: id, id + 1, ...
+    act: int = 0  # when its messages are ready, if later than their put (``at_ms``); 0: then
 
 
 class Run:
     """The messages of one put: ids ``id ..`` (increasing), arrival sequences ``seq ..``,
-    all put and ready at ``at_ms``."""
+    all put at ``at_ms`` and ready at ``act`` (the same, or later: a *delayed* run, which is
+    ``waiting`` until the state's clock reaches ``act``)."""
 
     __slots__ = (
+        "act",
         "at_ms",
         "bodies",
         "count",
@@ -80,14 +83,19 @@ class Run:
         "place",
         "seq",
         "size",
+        "waiting",
     )
 
-    def __init__(self, seq: int, ids: list[int], at_ms: int, bodies: list[bytes]) -> None:
+    def __init__(
+        self, seq: int, ids: list[int], at_ms: int, bodies: list[bytes], act: int | None = None
+    ) -> None:
         self.seq = seq
         self.id, self.last_id = ids[0], ids[-1]
         # consecutive ids (strictly increasing, so a span of count - 1) need no list
         self.ids = array("q", ids) if ids[-1] - ids[0] != len(ids) - 1 else None
         self.at_ms = at_ms
+        self.act = at_ms if act is None else act
+        self.waiting = False  # set by the state while the run is delayed
         self.count = len(bodies)
         self.next = 0  # slots before it are materialized (or gone)
         self.out: set[int] = set()  # slots at or after ``next`` materialized out of order
@@ -102,7 +110,10 @@ class Run:
         self.mat: deque[_Materialized] = deque()
 
     def __repr__(self) -> str:
-        return f"Run(seq={self.seq}, id={self.id}, count={self.count}, left={self.left})"
+        return (
+            f"Run(seq={self.seq}, id={self.id}, count={self.count}, left={self.left}, "
+            f"act={self.act})"
+        )
 
     def mid(self, i: int) -> int:
         """The id of slot ``i``."""
@@ -168,12 +179,15 @@ class Run:
             self.place,
             None if self.place is not None else self.bodies,
             b"" if self.ids is None else _little(self.ids).tobytes(),
+            self.act if self.act != self.at_ms else 0,
         )
 
     @classmethod
     def from_record(cls, r: RunRecord) -> Run:
         run = cls.__new__(cls)
         run.seq, run.id, run.at_ms, run.count, run.next = r.seq, r.id, r.at_ms, r.count, r.next
+        run.act = r.act or r.at_ms
+        run.waiting = False  # the state restoring it knows (its clock against ``act``)
         run.ids = None
         if r.ids:
             run.ids = array("q")

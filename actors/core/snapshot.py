@@ -77,12 +77,12 @@ def snapshot(state: QueueState) -> Snapshot:
             state.purged_total,
         ],
         # a spilling state materializes messages out of arrival order
-        sorted(state.messages.values(), key=_seq) if state.runs else list(state.messages.values()),
+        sorted(state.messages.values(), key=_seq) if state.by_id else list(state.messages.values()),
         list(state.outbox.values()),
         [(key, mid, at) for key, (mid, at) in state.idem.items()],
         [(key, version, value) for key, (version, value) in state.keys.items()],
         list(state.move_tasks),
-        [run.record() for run in state.runs[state.run_front :] if run.left],
+        [run.record() for run in state.live_runs()],  # in put order
         [(attempt, *taken) for attempt, taken in state.attempts.items()],
     )
 
@@ -97,8 +97,9 @@ def logical(state: QueueState) -> Snapshot:
     for r in snap.runs:
         run = Run.from_record(r)
         bodies = state.bodies_of(run)
+        code = DELAYED if run.act > snap.clock_ms else READY
         messages += (
-            QueuedMessage(r.seq + i, run.mid(i), bodies[i], r.at_ms, r.at_ms, READY)
+            QueuedMessage(r.seq + i, run.mid(i), bodies[i], r.at_ms, run.act, code)
             for i in run.spilled()
         )
     messages.sort(key=_seq)
@@ -181,10 +182,20 @@ def restore(snap: Snapshot) -> QueueState:
         _index_groups(s)
     s.arrivals = deque(s.messages.values())
     if snap.runs:
-        s.runs = [Run.from_record(r) for r in snap.runs]
-        s.spilled = sum(run.left for run in s.runs)
+        s.by_id = [Run.from_record(r) for r in snap.runs]
+        for run in s.by_id:
+            if run.act > s.clock_ms:  # a delayed run whose time has not come
+                run.waiting = True
+                s.later.append((run.act, run.seq, run))
+                s.deferred += run.left
+            else:
+                s.runs.append(run)
+                s.spilled += run.left
+        s.runs.sort(key=_take_key)  # woken delayed runs after the ready runs put before them
+        heapq.heapify(s.later)
         s.n_ready += s.spilled
-        s.arrivals = deque(heapq.merge(s.arrivals, s.runs, key=_seq))
+        s.n_delayed += s.deferred
+        s.arrivals = deque(heapq.merge(s.arrivals, s.by_id, key=_seq))
     for heap in (s.ready, s.delayed, s.reserved):
         heapq.heapify(heap)
     s.outbox = {m.seq: m for m in snap.outbox}
@@ -226,3 +237,7 @@ def _index_groups(s: QueueState) -> None:
 
 def _seq(m: QueuedMessage | Run) -> int:
     return m.seq
+
+
+def _take_key(run: Run) -> tuple[int, int]:
+    return (run.act, run.seq)

@@ -12,9 +12,12 @@ Indexes (see ``actors/core/README.md`` for the diagram):
 - ``idem``: idempotency key → (message id, put time), expiring after the window;
 - ``outbox``: dead letters (by seq) waiting for the shell to hand them to the dead-letter queue;
 - ``runs``: in a state that spills (``spill``), puts held as :class:`~actors.core.runs.Run`
-  objects, their bodies in the log: their slots count as ready messages and ``take`` reaches
-  them in the same order (see runs.py). ``arrivals`` holds a run where it would hold its
-  messages.
+  objects, their bodies in the log: the slots of the runs in ``runs`` count as ready messages
+  and ``take`` reaches them in the same order (see runs.py). A put whose messages are all
+  ready at one later time is a *delayed* run: it waits in ``later`` (a heap by activation
+  time), its slots counted as delayed, and joins ``runs`` whole when its time comes.
+  ``by_id`` holds every run in put order (ids increase), to find a message by id.
+  ``arrivals`` holds a run where it would hold its messages.
 
 Heaps are lazy: an entry is valid only while its message is still in that state with that
 key; stale entries are skipped when they surface and swept when they outnumber live ones.
@@ -146,8 +149,10 @@ class QueueState:
         "acked_total",
         "arrivals",
         "attempts",
+        "by_id",
         "clock_ms",
         "dead_lettered",
+        "deferred",
         "delayed",
         "enqueued_total",
         "expired_total",
@@ -157,6 +162,7 @@ class QueueState:
         "in_mats",
         "keys",
         "last_id",
+        "later",
         "messages",
         "move_tasks",
         "n_delayed",
@@ -216,9 +222,12 @@ class QueueState:
         # representation lower it); not part of snapshots.
         self.run_min_put = RUN_MIN_PUT
         self.read: BodyReader | None = None  # reads a placed run's bodies back
-        self.runs: list[Run] = []  # runs with spilled slots (and dead ones before run_front)
+        self.runs: list[Run] = []  # ready runs, in take order (and dead ones before run_front)
         self.run_front = 0
-        self.spilled = 0  # slots of runs, all ready
+        self.spilled = 0  # slots of the ready runs
+        self.later: list[tuple[int, int, Run]] = []  # delayed runs: (act, seq, run), a heap
+        self.deferred = 0  # slots of the delayed runs
+        self.by_id: list[Run] = []  # every run, in put (= id) order; dead ones swept
         self.unplaced: list[Run] = []  # new runs, for the shell to place once written
         self.in_mats = 0  # entries in the runs' lists of materialized messages, gone ones too
 
@@ -384,10 +393,10 @@ class QueueState:
     def _apply_purged(self, e: ev.QueuePurged) -> None:
         for m in self.messages.values():
             m.state = GONE
-        self.purged_total += len(self.messages) + self.spilled
-        self.n_ready -= self.spilled
+        self.purged_total += len(self.messages) + self.spilled + self.deferred
         self.messages = {}
         self.runs, self.run_front, self.spilled = [], 0, 0
+        self.later, self.deferred, self.by_id = [], 0, []
         self.ready, self.delayed, self.reserved = [], [], []
         self.arrivals = deque()
         self.groups = {}
@@ -450,7 +459,8 @@ class QueueState:
                 t_ret = never
             t_res = self.reserved[0][0] if self.reserved else never
             t_del = self.delayed[0][0] if self.delayed else never
-            t = min(t_ret, t_res, t_del)
+            t_run = self.later[0][0] if self.later else never
+            t = min(t_ret, t_res, t_del, t_run)
             if t > now_ms:
                 break
             self.transitions += 1
@@ -460,13 +470,15 @@ class QueueState:
                 _, _, m = heapq.heappop(self.reserved)
                 if m.state == RESERVED and m.deadline_ms == t:
                     self._expire_lease(m)
-            else:
+            elif t == t_del:
                 _, _, m = heapq.heappop(self.delayed)
                 if m.state == DELAYED and m.activate_at_ms == t:
                     self.n_delayed -= 1
                     m.state = READY
                     self.n_ready += 1
                     self._make_available(m)
+            else:
+                self._wake(heapq.heappop(self.later)[2])
         self._expire_idempotency(now_ms)
         self.clock_ms = now_ms
         self._maybe_compact()
@@ -483,6 +495,8 @@ class QueueState:
             candidates.append(self.reserved[0][0])
         if self.delayed:
             candidates.append(self.delayed[0][0])
+        if self.later:
+            candidates.append(self.later[0][0])
         due = [c for c in candidates if c is not None]
         return min(due) if due else None
 
@@ -619,14 +633,21 @@ class QueueState:
         ):
             while heap and not _valid(heap[0], state, key):
                 heapq.heappop(heap)
+        later = self.later
+        while later and not later[0][2].left:  # every slot materialized or expired
+            heapq.heappop(later)
 
     def _expire_run(self, run: Run) -> None:
         """Retention ends every message of ``run`` (all were put at once)."""
         n = run.left
         run.left, run.next = 0, run.count
         run.out.clear()
-        self.spilled -= n
-        self.n_ready -= n
+        if run.waiting:
+            self.deferred -= n
+            self.n_delayed -= n
+        else:
+            self.spilled -= n
+            self.n_ready -= n
         self.expired_total += n
         for m in run.mat:
             if m.state < GONE:
@@ -642,7 +663,7 @@ class QueueState:
             self.delayed = _sweep(self.delayed, DELAYED, _ACTIVATE)
         if len(self.reserved) > 2 * self.n_reserved + _COMPACT_SLACK:
             self.reserved = _sweep(self.reserved, RESERVED, _DEADLINE)
-        if len(self.arrivals) > 2 * (len(self.messages) + len(self.runs)) + _COMPACT_SLACK:
+        if len(self.arrivals) > 2 * (len(self.messages) + len(self.by_id)) + _COMPACT_SLACK:
             self.arrivals = deque(m for m in self.arrivals if _live(m))
         if self.in_mats > 2 * len(self.messages) + _COMPACT_SLACK:
             # Materialized messages that are gone, held by runs behind one still alive
@@ -655,6 +676,9 @@ class QueueState:
         if self.run_front > _COMPACT_SLACK and 2 * self.run_front > len(self.runs):
             self.runs = [r for r in self.runs[self.run_front :] if r.left]
             self.run_front = 0
+        live = len(self.runs) - self.run_front + len(self.later)
+        if len(self.by_id) > 2 * live + _COMPACT_SLACK:
+            self.by_id = [r for r in self.by_id if r.left]
 
     def oldest_ready_ms(self) -> int | None:
         """Activation time of the next message ``take`` would hand out."""
@@ -662,8 +686,8 @@ class QueueState:
             heapq.heappop(self.ready)
         oldest = self.ready[0][0] if self.ready else None
         run = self.front_run()
-        if run is not None and (oldest is None or run.at_ms < oldest):
-            return run.at_ms
+        if run is not None and (oldest is None or run.act < oldest):
+            return run.act
         return oldest
 
     # ---------------------------------------------------------------- runs (runs.py)
@@ -671,26 +695,41 @@ class QueueState:
     @property
     def total(self) -> int:
         """Messages in the queue (not counting the outbox)."""
-        return len(self.messages) + self.spilled
+        return len(self.messages) + self.spilled + self.deferred
+
+    def live_runs(self) -> Iterator[Run]:
+        """Every run with slots still spilled (ready or delayed), in put order (the order
+        of their records in the log)."""
+        return (run for run in self.by_id if run.left)
 
     def _runnable(self, e: ev.MessagesPut) -> bool:
-        """Whether a put can be held as a run: ready at once, server ids increasing past
-        every run's, no group, attributes or observer (which wants each message)."""
-        if self.settings.fifo or self.observer is not None:
+        """Whether a put can be held as a run: all its messages ready at once, either at
+        the put or at one later time; server ids increasing past every run's; no group,
+        attributes or observer (which wants each message)."""
+        if self.settings.fifo or self.observer is not None or not e.items:
             return False
-        if len(e.items) < self.run_min_put and self.n_ready < RUN_DEPTH:
-            return False  # a few messages into a shallow queue: taken soon, from memory
-        runs = self.runs
         at = e.at_ms
-        last = runs[-1].last_id if runs else 0
-        if runs and at < runs[-1].at_ms:
-            return False  # the clock went back: runs must be in take order
+        act = e.items[0].activate_at_ms
+        if act > at:
+            if act <= self.clock_ms:
+                return False  # due already (the clock went back): delayed runs wake in order
+            depth = self.n_delayed
+        elif act == at:
+            runs = self.runs
+            if runs and at < runs[-1].act:
+                return False  # the clock went back: runs must be in take order
+            depth = self.n_ready
+        else:
+            return False  # ready since before the put: not in a run's take order
+        if len(e.items) < self.run_min_put and depth < RUN_DEPTH:
+            return False  # a few messages into a shallow queue: taken soon, from memory
+        last = self.by_id[-1].last_id if self.by_id else 0
         for it in e.items:
             mid = it.id
             if (
                 type(mid) is not int
                 or mid <= last  # out of order (a redelivery kept its id)
-                or it.activate_at_ms != at
+                or it.activate_at_ms != act
                 or it.group is not None
                 or it.attributes is not None
             ):
@@ -701,9 +740,11 @@ class QueueState:
     def _put_run(self, e: ev.MessagesPut) -> None:
         items = e.items
         ids = [it.id for it in items]
-        run = Run(self.next_seq, ids, e.at_ms, [it.body for it in items])  # type: ignore[arg-type]
+        act = items[0].activate_at_ms
+        bodies = [it.body for it in items]
+        run = Run(self.next_seq, ids, e.at_ms, bodies, act)  # type: ignore[arg-type]
         n = run.count
-        self.runs.append(run)
+        self.by_id.append(run)
         self.arrivals.append(run)
         self.unplaced.append(run)
         for it in items:
@@ -712,9 +753,30 @@ class QueueState:
                 self.idem_order.append((e.at_ms, it.key))
         self.next_seq += n
         self.last_id = max(self.last_id, run.last_id)
-        self.spilled += n
-        self.n_ready += n
         self.enqueued_total += n
+        if act > e.at_ms:
+            run.waiting = True
+            heapq.heappush(self.later, (act, run.seq, run))
+            self.deferred += n
+            self.n_delayed += n
+        else:
+            self.runs.append(run)
+            self.spilled += n
+            self.n_ready += n
+
+    def _wake(self, run: Run) -> None:
+        """Delayed ``run``'s time came: its spilled slots are ready, after every ready run
+        (whose times are all earlier: the clock has just reached this one's)."""
+        if not run.waiting:
+            return
+        run.waiting = False
+        n = run.left
+        if n:
+            self.deferred -= n
+            self.n_delayed -= n
+            self.spilled += n
+            self.n_ready += n
+            self.runs.append(run)
 
     def place(self, run: Run, place: object) -> None:
         """The shell wrote ``run``'s put: its bodies are read back from ``place`` from now
@@ -740,24 +802,27 @@ class QueueState:
 
     def run_at(self, first_id: int) -> Run | None:
         """The run whose first message is ``first_id``, if it still holds spilled slots."""
-        runs, lo = self.runs, self.run_front
-        i = bisect_right(runs, first_id, lo=lo, key=_first_id) - 1
-        if i >= lo and runs[i].id == first_id and runs[i].left:
-            return runs[i]
+        by_id = self.by_id
+        i = bisect_right(by_id, first_id, key=_first_id) - 1
+        if i >= 0 and by_id[i].id == first_id and by_id[i].left:
+            return by_id[i]
         return None
 
     def _run_of(self, mid: object) -> tuple[Run, int] | None:
         """The run and slot holding id ``mid`` while it is spilled."""
-        if type(mid) is not int or not self.spilled:
+        if type(mid) is not int or not (self.spilled or self.deferred):
             return None
         runs, i = self.runs, self.run_front
-        if not (i < len(runs) and runs[i].id <= mid <= runs[i].last_id):
-            # not in the front run, where takes are
-            i = bisect_right(runs, mid, lo=i, key=_first_id) - 1
-            if i < self.run_front:
+        if i < len(runs) and runs[i].id <= mid <= runs[i].last_id:
+            run = runs[i]  # the front run, where takes are
+        else:
+            by_id = self.by_id
+            j = bisect_right(by_id, mid, key=_first_id) - 1
+            if j < 0:
                 return None
-        slot = runs[i].slot(mid)
-        return None if slot is None else (runs[i], slot)
+            run = by_id[j]
+        slot = run.slot(mid)
+        return None if slot is None else (run, slot)
 
     def spilled_message(self, mid: object) -> QueuedMessage | None:
         """A transient view of spilled message ``mid`` (None: not spilled here). Reading it
@@ -782,7 +847,23 @@ class QueueState:
                 continue
             bodies = None
             for i in run.spilled():
-                if after is not None and (run.at_ms, run.seq + i) <= after:
+                if after is not None and (run.act, run.seq + i) <= after:
+                    continue
+                if bodies is None:
+                    bodies = self.bodies_of(run)
+                yield _transient(run, i, bodies[i])
+
+    def deferred_after(self, after: tuple[int, int] | None) -> Iterator[QueuedMessage]:
+        """Transient views of the delayed runs' spilled messages whose key ``(activate_at,
+        seq)`` is past ``after``, in that order (the order they become ready)."""
+        for act, seq, run in sorted(self.later):  # (act, seq) is unique: runs never compared
+            if not run.waiting or not run.left:
+                continue
+            if after is not None and (act, seq + run.count - 1) <= after:
+                continue
+            bodies = None
+            for i in run.spilled():
+                if after is not None and (act, seq + i) <= after:
                     continue
                 if bodies is None:
                     bodies = self.bodies_of(run)
@@ -795,43 +876,50 @@ class QueueState:
     def find(self, mid: ev.MessageId) -> QueuedMessage | None:
         """The live message ``mid``, materialized out of its run if it was spilled."""
         m = self.messages.get(mid)
-        if m is None and self.spilled:
+        if m is None and (self.spilled or self.deferred):
             m = self._unspill(mid, offer=True)
         return m
 
     def unspill_all(self) -> None:
         """Materialize every spilled message (bodies read back): the state no longer needs
         the log's bodies (a state that stops spilling, or leaves its log)."""
-        for run in self.runs[self.run_front :]:
+        for run in self.by_id:
             if not run.left:
                 continue
             bodies = self.bodies_of(run)
+            heap = self.delayed if run.waiting else self.ready
             for i in list(run.spilled()):
                 m = self._materialize(run, i, bodies[i])
-                self.ready.append((m.activate_at_ms, m.seq, m))
+                heap.append((m.activate_at_ms, m.seq, m))
             run.left, run.next, run.place, run.bodies = 0, run.count, None, None
             run.out.clear()
         heapq.heapify(self.ready)
+        heapq.heapify(self.delayed)
         self.runs, self.run_front, self.spilled = [], 0, 0
+        self.later, self.deferred, self.by_id = [], 0, []
         self.spill = False
 
     def _unspill(self, mid: ev.MessageId, offer: bool) -> QueuedMessage | None:
-        """Materialize spilled message ``mid`` as a ready message (in the ready heap if
-        ``offer``: a caller about to take it leaves it out)."""
+        """Materialize spilled message ``mid``: a delayed one into the delayed heap, a ready
+        one into the ready heap if ``offer`` (a caller about to take it leaves it out)."""
         found = self._run_of(mid)
         if found is None:
             return None
         run, i = found
         m = self._materialize(run, i, self.bodies_of(run)[i])
         run.take_slot(i)
-        self.spilled -= 1
-        if offer:
-            heapq.heappush(self.ready, (m.activate_at_ms, m.seq, m))
+        if run.waiting:
+            self.deferred -= 1
+            heapq.heappush(self.delayed, (m.activate_at_ms, m.seq, m))
+        else:
+            self.spilled -= 1
+            if offer:
+                heapq.heappush(self.ready, (m.activate_at_ms, m.seq, m))
         return m
 
     def _materialize(self, run: Run, i: int, body: bytes) -> QueuedMessage:
-        """Slot ``i`` of ``run`` as a message of the state (ready; the caller indexes it and
-        counts the slot out of the run)."""
+        """Slot ``i`` of ``run`` as a message of the state (ready, or delayed while the run
+        waits; the caller indexes it and counts the slot out of the run)."""
         m = _transient(run, i, body)
         run.mat.append(m)
         self.in_mats += 1
@@ -843,8 +931,8 @@ _ACTIVATE, _DEADLINE = 0, 1
 
 
 def _transient(run: Run, i: int, body: bytes) -> QueuedMessage:
-    at = run.at_ms
-    return QueuedMessage(run.seq + i, run.mid(i), body, at, at, READY)
+    state = DELAYED if run.waiting else READY
+    return QueuedMessage(run.seq + i, run.mid(i), body, run.at_ms, run.act, state)
 
 
 def _first_id(run: Run) -> int:
@@ -852,7 +940,7 @@ def _first_id(run: Run) -> int:
 
 
 def _last_key(run: Run) -> tuple[int, int]:
-    return (run.at_ms, run.seq + run.count - 1)
+    return (run.act, run.seq + run.count - 1)
 
 
 def _live(item: QueuedMessage | Run) -> bool:

@@ -146,8 +146,8 @@ async def inline_runs(
         DataError: a segment is gone or damaged. StoreError: the store failed.
     """
     segments: dict[str, bytes] = {}
-    for run in state.runs[state.run_front :]:
-        if not run.left or run.place is None:
+    for run in state.live_runs():
+        if run.place is None:
             continue
         segment, offset, length = run.place[0], run.place[1], run.place[2]
         if segment not in segments:

@@ -282,7 +282,7 @@ class _Recovery:
             replayed = await replay(self.store, name, listing=listing)
             report = replayed.report
             self._prepared(name, replayed.state)
-            if replayed.state.runs and replayed.state.read is None:
+            if replayed.state.by_id and replayed.state.read is None:
                 await inline_runs(replayed.state, name, self.device.read)
             queue = QueueRecovered(name, replayed.state, report.last_seq + 1, report)
             queue.snapshots = _snapshot_seqs(name, listing, replayed.damaged)

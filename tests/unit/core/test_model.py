@@ -98,6 +98,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.now = T0
         self.log: dict[int, list[bytes]] = {}  # where placed runs' bodies are
         self.most_spilled = 0
+        self.most_deferred = 0
         self.state = self.spilling(QueueState())
         self.ids = SequentialIds()
         self.ref_ids = SequentialIds()
@@ -367,6 +368,11 @@ class QueueMachine(RuleBasedStateMachine):
     def put(self, specs: list[dict]) -> None:
         self.do_put(specs)
 
+    @rule(specs=st.lists(put_specs, min_size=1, max_size=4), delay=st.integers(1, 25_000))
+    def put_one_delay(self, specs: list[dict], delay: int) -> None:
+        """A put whose messages are all ready at one later time (a delayed run)."""
+        self.do_put([{**_plain(spec), "delay": delay} for spec in specs])
+
     @rule(limit=st.integers(1, 4), vt=st.none() | durations)
     def take(self, limit: int, vt: int | None) -> None:
         self.do_take(limit, vt)
@@ -453,7 +459,10 @@ class QueueMachine(RuleBasedStateMachine):
             assert view.lease_expires_at_ms == (m.deadline if m.state == "reserved" else None)
         due = self.state.next_due_ms()
         assert due is None or due > self.now  # advance left nothing overdue
+        waiting = [act for act, _, run in self.state.later if run.left]
+        assert not waiting or (due is not None and due <= min(waiting))  # nor comes late
         self.most_spilled = max(self.most_spilled, self.state.spilled)
+        self.most_deferred = max(self.most_deferred, self.state.deferred)
         if self.pager is not None:
             self.pager.still(self.ref)
 
@@ -505,7 +514,15 @@ TestSpillingQueueModel = SpillingQueueMachine.TestCase
 TestSpillingQueueModel.settings = MODEL_SETTINGS
 
 
+def _plain(spec: dict) -> dict:
+    """``spec`` without its own time (``delay``, ``past``)."""
+    return {k: v for k, v in spec.items() if k not in ("delay", "past")}
+
+
 def _random_specs(rng: random.Random) -> list[dict]:
+    if rng.random() < 0.15:  # all ready at one later time: a delayed run, where it spills
+        delay = rng.choice([5, 1_500, 12_000, rng.randint(1, 25_000)])
+        return [{**_plain(spec), "delay": delay} for spec in _random_specs(rng)]
     specs = []
     for _ in range(rng.randint(1, 4)):
         spec = {
@@ -610,6 +627,7 @@ def test_long_seeded_walk_matches_the_reference(
         except AssertionError as exc:
             raise AssertionError(f"seed={seed} variant={variant} step={step}: {exc}") from exc
     assert variant != 4 or m.most_spilled > 0  # the spilling variant held runs
+    assert variant != 4 or m.most_deferred > 0  # and delayed runs
 
 
 def test_a_compacted_run_half_taken_replays_to_the_same_state() -> None:

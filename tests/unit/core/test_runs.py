@@ -152,15 +152,149 @@ def test_a_run_of_ids_that_are_not_consecutive_keeps_them() -> None:
     assert [d.body for d in got] == [b"m0", b"m1", b"m2", b"m4"]
 
 
-def test_only_plain_ready_puts_spill() -> None:
+def test_only_plain_puts_ready_at_one_time_spill() -> None:
     sh = Shell()
-    sh.put(5, delay_ms=1000)
     sh.put(5, attributes={"a": "b"})
-    assert sh.state.spilled == 0
-    assert len(sh.state.messages) == 10
+    sh.run(c.Put([c.NewMessage(body=b"x", delay_ms=10), c.NewMessage(body=b"y", delay_ms=20)]))
+    sh.run(c.Put([c.NewMessage(body=b"z", activate_at_ms=sh.now - 5)]))  # ready since before
+    assert (sh.state.spilled, sh.state.deferred) == (0, 0)
+    assert len(sh.state.messages) == 8
     fifo = Shell("q.fifo", fifo=True)
     fifo.run(c.Put([c.NewMessage(body=b"x", group="g")]))
-    assert fifo.state.spilled == 0
+    fifo.run(c.Put([c.NewMessage(body=b"x", group="g", delay_ms=100)]))
+    assert (fifo.state.spilled, fifo.state.deferred) == (0, 0)
+
+
+def test_a_put_ready_at_one_later_time_is_a_delayed_run_with_no_message_objects() -> None:
+    sh = Shell()
+    ids = sh.put(1000, delay_ms=60_000)
+    s = sh.state
+    assert (s.deferred, s.n_delayed, s.spilled, s.n_ready, s.total) == (1000, 1000, 0, 0, 1000)
+    assert (len(s.messages), len(s.runs), len(s.later)) == (0, 0, 1)
+    assert s.by_id[0].bodies is None  # placed: the bodies are in the log
+    assert s.next_due_ms() == T0 + 60_000
+    stats = sh.run(c.Stats())
+    assert (stats.delayed, stats.ready, stats.total) == (1000, 0, 1000)
+    view = sh.run(c.Peek(ids[500]))
+    assert (view.body, view.state, view.activate_at_ms) == (b"m500", "delayed", T0 + 60_000)
+    assert sh.run(c.Take(max=10)) == []
+    assert len(s.messages) == 0  # reading materializes nothing
+    sh.now += 60_000
+    got = sh.run(c.Take(max=1000))
+    assert [d.id for d in got] == ids
+    assert [d.body for d in got][:2] == [b"m0", b"m1"]
+    assert (s.deferred, s.n_delayed, s.spilled, s.n_reserved) == (0, 0, 0, 1000)
+
+
+def test_a_delayed_run_wakes_whole_in_one_step_not_one_per_message() -> None:
+    """The mass activation: 100 puts of 100 messages due at one time are 100 steps of
+    ``advance``, and all 10,000 are ready at that millisecond."""
+    sh = Shell()
+    for _ in range(100):
+        sh.put(100, activate_at_ms=T0 + 3_600_000)
+    s = sh.state
+    before = s.transitions
+    s.advance(T0 + 3_599_999)
+    assert (s.n_ready, s.n_delayed, s.transitions) == (0, 10_000, before)
+    s.advance(T0 + 3_600_000)
+    assert (s.n_ready, s.n_delayed) == (10_000, 0)
+    assert s.transitions - before == 100
+    assert len(s.messages) == 0
+    assert s.oldest_ready_ms() == T0 + 3_600_000
+
+
+def test_delayed_runs_join_the_take_order_at_their_time_after_earlier_ready_runs() -> None:
+    sh = Shell()
+    late = sh.put(3, delay_ms=1_000)  # ready at T0 + 1000, put first
+    soon = sh.put(2, delay_ms=500)  # ready at T0 + 500
+    sh.now += 200
+    ready = sh.put(2)  # a ready run at T0 + 200
+    heap = sh.run(c.Put([c.NewMessage(body=b"h", delay_ms=700, attributes={"k": "v"})]))
+    sh.now += 1_000  # T0 + 1200: all due; heap's message at T0 + 900
+    got = sh.run(c.Take(max=100))
+    assert [d.id for d in got] == [*ready, *soon, heap[0].id, *late]  # type: ignore[index]
+    assert sh.state.runs[-1].id == int(late[0])  # woken last, after the runs before it
+
+
+def test_a_command_on_a_delayed_spilled_message_materializes_it_as_delayed() -> None:
+    sh = Shell()
+    ids = sh.put(10, delay_ms=10_000)
+    s = sh.state
+    view = sh.run(c.Update(id=ids[2], body=b"new"))
+    assert (view.body, view.state, view.activate_at_ms) == (b"new", "delayed", T0 + 10_000)
+    sh.run(c.Update(id=ids[3], delay_ms=0))  # reschedule: ready now
+    sh.run(c.Delete(ids[4], None))
+    assert (s.deferred, s.n_delayed, s.n_ready, s.total, len(s.messages)) == (7, 8, 1, 9, 2)
+    assert [d.id for d in sh.run(c.Take(max=10))] == [ids[3]]
+    sh.now += 10_000
+    got = sh.run(c.Take(max=10))
+    assert [d.id for d in got] == [i for n, i in enumerate(ids) if n not in (3, 4)]
+    assert got[2].body == b"new"
+
+
+def test_browse_lists_delayed_runs_in_activation_order_across_pages() -> None:
+    sh = Shell()
+    far = sh.put(3, delay_ms=3 * 86_400_000)  # far future, put first
+    near = sh.put(3, delay_ms=3_600_000)
+    one = sh.run(c.Put([c.NewMessage(body=b"o", delay_ms=7_200_000, attributes={"k": "v"})]))
+    want = [*near, one[0].id, *far]  # type: ignore[index]
+    seen, after = [], None
+    while True:
+        page = sh.run(c.Browse(state="delayed", limit=2, after=after))
+        seen += [m.id for m in page.messages]  # type: ignore[attr-defined]
+        after = page.next  # type: ignore[attr-defined]
+        if after is None:
+            break
+    assert seen == want
+    assert len(sh.state.messages) == 1  # listing materialized nothing
+
+
+def test_a_snapshot_holds_delayed_runs_without_bodies_and_restores_them_by_the_clock() -> None:
+    sh = Shell()
+    due = sh.put(4, delay_ms=1_000)
+    waiting = sh.put(5, delay_ms=5_000)
+    sh.now += 2_000
+    ready = sh.put(2)
+    sh.run(c.Delete(waiting[1], None))
+    data = encode_snapshot(snapshot(sh.state))
+    assert b"m3" not in data  # the bodies stayed in the log
+    restored = sh.spilling(restore(decode_snapshot(data)))
+    assert (restored.spilled, restored.deferred, restored.n_ready, restored.n_delayed) == (
+        6,
+        4,
+        6,
+        4,
+    )
+    assert logical(restored) == logical(sh.state)
+    sh.state = restored
+    assert [d.id for d in sh.run(c.Take(max=100))] == [*due, *ready]
+    sh.now += 3_000
+    got = sh.run(c.Take(max=100))
+    assert [d.id for d in got] == [i for n, i in enumerate(waiting) if n != 1]
+
+
+def test_retention_ends_a_delayed_run_before_its_time() -> None:
+    sh = Shell(retention_ms=200_000)
+    sh.put(5, delay_ms=120_000)
+    sh.run(c.PatchSettings({"retention_ms": 60_000}))  # shortened: it ends before its time
+    sh.now += 60_000
+    stats = sh.run(c.Stats())
+    assert (stats.delayed, stats.total, stats.expired) == (0, 0, 5)  # type: ignore[attr-defined]
+    sh.now += 60_000
+    assert sh.run(c.Take(max=10)) == []
+    assert sh.state.spilled == 0
+
+
+def test_purge_drops_delayed_runs() -> None:
+    sh = Shell()
+    sh.put(5, delay_ms=1_000)
+    sh.put(5)
+    sh.run(c.Purge())
+    s = sh.state
+    assert (s.deferred, s.spilled, s.n_delayed, s.n_ready, s.total) == (0, 0, 0, 0, 0)
+    assert (s.later, s.by_id, s.runs) == ([], [], [])
+    sh.now += 1_000
+    assert sh.run(c.Take(max=10)) == []
 
 
 def test_runs_and_heap_messages_are_taken_in_one_order() -> None:
