@@ -18,6 +18,12 @@ Then, for each depth of ``--depths`` in turn, it
    same data directory, timing until every queue's stats count its whole share of the
    depth; the fill goes on on the restarted server.
 
+Message kinds (issue 33): by default every message is put ready. ``--delay 1h`` delays
+every message by that long, a put's messages all ready at one time (a delayed run in the
+server: actors/core/runs.py); ``--delay-spread 1h..30d`` delays each message by its own
+time, drawn evenly from the range. Either way the queues keep messages a day past the
+longest delay (``retention``), and the timed takes find nothing ready.
+
 With ``--churn`` (off by default), once the last depth is measured (and restarted), it
 checks the issue's claim on disk: under a churn where half of all messages are acked, disk
 stays at most twice the live data.
@@ -194,8 +200,11 @@ class Bench:
         self.live.wait_ready(self.args.start_timeout)
         ready_s = time.monotonic() - started
         api = Api(self.live.port)
+        delays = timing(self.args)
+        # the messages must outlive their delays (the default retention is 4 days)
+        settings = {} if delays is None else {"retention": int(delays[1]) + 86_400}
         for name in self.names:
-            status, doc, _ = api.call("PUT", f"/v1/queues/{name}", {})
+            status, doc, _ = api.call("PUT", f"/v1/queues/{name}", settings)
             if status not in (200, 201):
                 raise RuntimeError(f"creating {name} answered {status}: {doc}")
         api.close()
@@ -204,7 +213,9 @@ class Bench:
         self.base |= {"rss_mib": _mib(rss), "ready_s": round(ready_s, 2)}
         self.base["disk_bytes"] = disk_bytes(self.data)  # the log's preallocated files
         emit({"base": self.base})
-        self.filler = Filler(self.args.procs, self.args.producers, self.args.size)
+        self.filler = Filler(
+            self.args.procs, self.args.producers, self.args.size, timing(self.args)
+        )
 
     def step(self, target: int) -> dict[str, Any]:
         """Fill to ``target``, measure, restart: the depth's row."""
@@ -473,6 +484,39 @@ def churn_table(c: dict[str, Any]) -> list[str]:
     ]
 
 
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86_400}
+
+
+def duration(text: str) -> float:
+    """Seconds of ``90s``, ``30m``, ``1h``, ``2d`` (or a plain number of seconds)."""
+    unit = _UNITS.get(text[-1:])
+    try:
+        seconds = float(text[:-1]) * unit if unit else float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a duration: {text!r}") from None
+    if seconds <= 0:
+        raise argparse.ArgumentTypeError(f"a delay must be positive: {text!r}")
+    return seconds
+
+
+def spread(text: str) -> tuple[float, float]:
+    """``LO..HI`` as two durations, LO < HI."""
+    lo, sep, hi = text.partition("..")
+    if not sep:
+        raise argparse.ArgumentTypeError(f"not LO..HI: {text!r}")
+    bounds = duration(lo), duration(hi)
+    if bounds[0] >= bounds[1]:
+        raise argparse.ArgumentTypeError(f"LO must be below HI: {text!r}")
+    return bounds
+
+
+def timing(args: argparse.Namespace) -> tuple[float, float] | None:
+    """The producers' delays: (lo, hi) seconds, lo == hi for one time a put."""
+    if args.delay is not None:
+        return (args.delay, args.delay)
+    return args.delay_spread
+
+
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -495,6 +539,18 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     add("--start-timeout", type=float, default=180.0)
     add("--restart-timeout", type=float, default=1800.0)
     add("--serve-arg", action="append", default=[], help="one more argument for evq serve")
+    add(
+        "--delay",
+        type=duration,
+        default=None,
+        help="every message delayed this long, a put's all ready at one time (1h, 30m, 90s, 2d)",
+    )
+    add(
+        "--delay-spread",
+        type=spread,
+        default=None,
+        help="each message delayed by its own time, drawn evenly from LO..HI (1h..30d)",
+    )
     add("--churn", action="store_true", help="at the end: ack half, weigh disk against live")
     add("--churn-clients", type=int, default=4, help="clients taking and acking at once")
     add("--churn-quiet", type=float, default=15.0, help="s the live log must not shrink")
@@ -509,6 +565,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         p.error("--depths must grow")
     if args.takes < 2 or not 1 <= args.batch <= 1000 or not 1 <= args.procs <= args.producers:
         p.error("--takes >= 2, --batch 1..1000, --procs 1..--producers")
+    if args.delay is not None and args.delay_spread is not None:
+        p.error("--delay or --delay-spread, not both")
     if args.churn_clients < 1:
         p.error("--churn-clients >= 1")
     if args.churn_keep_first and args.queues < 2:

@@ -28,6 +28,7 @@ import json
 import multiprocessing
 import os
 import platform
+import random
 import shlex
 import statistics
 import subprocess
@@ -101,18 +102,25 @@ def churn_acks(depth: int, queues: int, keep_first: bool = False) -> list[int]:
     return [share(depth, queues, i) // 2 for i in range(queues)]
 
 
-def put_body(n: int, size: int) -> bytes:
+def put_body(n: int, size: int, timing: tuple[float, float] | None = None) -> bytes:
     """A put's JSON body: ``n`` messages of ``size`` random base64 characters each.
 
     Random, because the log compresses records (zstd): equal bodies would shrink to almost
-    nothing on disk, base64 of random bytes only to ~75 %."""
+    nothing on disk, base64 of random bytes only to ~75 %. ``timing`` (lo, hi) delays them,
+    in seconds: all by ``lo`` when ``lo == hi`` (the put's messages ready at one time), else
+    each by its own, drawn evenly from lo to hi."""
     text = base64.b64encode(os.urandom(n * size))
-    bodies = (text[i * size : (i + 1) * size] for i in range(n))
-    return b'{"messages":[{"body":"' + b'"},{"body":"'.join(bodies) + b'"}]}'
+    bodies = [text[i * size : (i + 1) * size] for i in range(n)]
+    if timing is None:
+        return b'{"messages":[{"body":"' + b'"},{"body":"'.join(bodies) + b'"}]}'
+    lo, hi = timing
+    delays = [lo] * n if lo == hi else [random.uniform(lo, hi) for _ in range(n)]
+    items = (b'{"body":"%s","delay":%.3f}' % (b, d) for b, d in zip(bodies, delays, strict=True))
+    return b'{"messages":[' + b",".join(items) + b"]}"
 
 
 def _put_request(queue: str, n: int, size: int) -> bytes:
-    body = put_body(n, size)
+    body = put_body(n, size, _shared.get("timing"))
     head = (
         f"POST /v1/queues/{queue}/messages HTTP/1.1\r\nHost: evq\r\n"
         f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
@@ -125,8 +133,8 @@ def _put_request(queue: str, n: int, size: int) -> bytes:
 _shared: dict[str, Any] = {}  # in a producer process: the count and the stop event
 
 
-def _init(counter: Any, stop: Any) -> None:
-    _shared.update(counter=counter, stop=stop)
+def _init(counter: Any, stop: Any, timing: tuple[float, float] | None = None) -> None:
+    _shared.update(counter=counter, stop=stop, timing=timing)
 
 
 def fill_part(
@@ -193,13 +201,18 @@ async def _put(conn: Conn | None, port: int, raw: bytes, n: int) -> Conn:
 class Filler:
     """``procs`` producer processes with ``producers`` producers in all, kept across fills."""
 
-    def __init__(self, procs: int, producers: int, size: int) -> None:
+    def __init__(
+        self, procs: int, producers: int, size: int, timing: tuple[float, float] | None = None
+    ) -> None:
         ctx = multiprocessing.get_context("spawn")  # the tool's threads stay out of them
         self.counter = ctx.Value("q", 0)
         self.stop = ctx.Event()
         self.procs, self.producers, self.size = procs, producers, size
         self.pool = ProcessPoolExecutor(
-            procs, mp_context=ctx, initializer=_init, initargs=(self.counter, self.stop)
+            procs,
+            mp_context=ctx,
+            initializer=_init,
+            initargs=(self.counter, self.stop, timing),
         )
         for future in [self.pool.submit(os.getpid) for _ in range(procs)]:
             future.result()  # started and imported before the first fill is timed

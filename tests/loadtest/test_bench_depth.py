@@ -18,7 +18,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "loadtest"))
 
-from bench_depth import GIB, count, over_memory
+import argparse
+
+from bench_depth import GIB, count, duration, over_memory, parse, spread
 from bench_depth_load import batches, churn_acks, plan, put_body, share
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,6 +55,29 @@ def test_a_put_body_holds_distinct_bodies_of_the_size_asked() -> None:
     assert len(bodies) == 1000
     assert {len(b) for b in bodies} == {100}
     assert len(set(bodies)) == 1000
+
+
+def test_a_put_body_delays_its_messages_by_one_time_or_each_by_its_own() -> None:
+    one = json.loads(put_body(50, 10, (3600.0, 3600.0)))["messages"]
+    assert {m["delay"] for m in one} == {3600.0}
+    own = [m["delay"] for m in json.loads(put_body(500, 10, (3600.0, 30 * 86_400.0)))["messages"]]
+    assert all(3600.0 <= d <= 30 * 86_400.0 for d in own)
+    assert len(set(own)) > 450  # each its own time
+    assert "delay" not in json.loads(put_body(5, 10))["messages"][0]
+
+
+def test_delays_take_units_and_a_spread_must_grow() -> None:
+    assert [duration(x) for x in ("90s", "30m", "1h", "2d", "45")] == [90, 1800, 3600, 172_800, 45]
+    assert spread("1h..30d") == (3600, 30 * 86_400)
+    for bad in ("1x", "0s", "-1h"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            duration(bad)
+    for bad in ("30d..1h", "1h", "1h..1h"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            spread(bad)
+    with pytest.raises(SystemExit):
+        parse(["--delay", "1h", "--delay-spread", "1h..2h"])
+    assert parse(["--delay-spread", "1h..30d"]).delay_spread == (3600, 30 * 86_400)
 
 
 def test_depths_take_suffixes() -> None:

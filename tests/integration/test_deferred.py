@@ -1,0 +1,85 @@
+"""Deferred messages held as delayed runs (issue 33; actors/core/runs.py) through a real
+``evq serve``: puts whose messages share one activation time keep their bodies in the log;
+every command on such a message works, they survive a graceful restart (snapshots) and a
+SIGKILL (replay of the log), and each put becomes ready whole at its time, bodies read back
+from disk."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from actors.errors import MessageNotFound
+from evq.client import Client
+from tests.integration.conftest import Names, ServerFactory
+from tests.integration.server import eventually
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
+
+PUT = 100  # messages a put: past the size from which a put is a run (RUN_MIN_PUT)
+
+
+def bodies(tag: str) -> list[str]:
+    return [f"{tag}-{i:03d}" for i in range(PUT)]
+
+
+def test_delayed_puts_survive_restarts_and_wake_whole_at_their_time(
+    make_server: ServerFactory, names: Names
+) -> None:
+    server = make_server("--shards", "1")
+    q = names("deferred")
+    with Client(server.url, retries=0, timeout=20) as c:
+        c.create_queue(q)
+        soon_at = time.time() + 12
+        soon = [r.id for r in c.put(q, bodies("soon"), activate_at=soon_at)]
+        later = [r.id for r in c.put(q, bodies("later"), delay=3600)]
+        far = [r.id for r in c.put(q, bodies("far"), delay=3 * 86_400)]
+        stats = c.get_queue(q).stats
+        assert stats is not None
+        assert (stats.delayed, stats.ready, stats.total) == (3 * PUT, 0, 3 * PUT)
+
+        m = c.get_message(q, later[7])
+        assert (m.state, m.body) == ("delayed", b"later-007")
+        assert m.activate_at == pytest.approx(time.time() + 3600, abs=30)
+        # the delayed listing is in activation order: soon, later, far
+        listed = [x.id for x in c.browse_all(q, "delayed", limit=70)]
+        assert listed == [*soon, *later, *far]
+
+        c.update_message(q, soon[3], body="changed")
+        c.delete_message(q, soon[4])
+        c.update_message(q, far[0], delay=3600 * 2)  # rescheduled: now between later and far
+        assert c.take(q, 100) == []  # nothing is due yet
+
+    assert server.stop() == 0  # graceful: the queue's snapshot holds its runs
+    server.start()
+    with Client(server.url, retries=0, timeout=20) as c:
+        assert c.get_message(q, soon[3]).body == b"changed"
+        with pytest.raises(MessageNotFound):
+            c.get_message(q, soon[4])
+        assert c.get_message(q, far[5]).body == b"far-005"
+        listed = [x.id for x in c.browse_all(q, "delayed", limit=70)]
+        assert listed == [*soon[:4], *soon[5:], *later, *far]  # far[0] now 2 h away
+        c.put(q, bodies("after"), delay=3600)  # in the log only: replayed after the kill
+
+    server.kill()  # SIGKILL: recovery replays the log past the last snapshot
+    server.start()
+    with Client(server.url, retries=0, timeout=20) as c:
+        stats = c.get_queue(q).stats
+        assert stats is not None
+        assert (stats.delayed, stats.ready, stats.total) == (4 * PUT - 1, 0, 4 * PUT - 1)
+        assert c.get_message(q, later[99]).body == b"later-099"
+
+        def due() -> bool:
+            s = c.get_queue(q).stats
+            return s is not None and s.ready == PUT - 1
+
+        eventually(due, timeout=60, what="the first put's messages ready at their time")
+        assert time.time() >= soon_at - 1
+        got = c.take(q, 1000, visibility_timeout=600)
+        want = [b"soon-%03d" % i if i != 3 else b"changed" for i in range(PUT) if i != 4]
+        assert [x.body for x in got] == want
+        assert [x.id for x in got] == [mid for i, mid in enumerate(soon) if i != 4]
+        stats = c.get_queue(q).stats
+        assert stats is not None
+        assert (stats.delayed, stats.reserved) == (3 * PUT, PUT - 1)
