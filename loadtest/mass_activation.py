@@ -1,0 +1,186 @@
+"""A mass activation (issue 33): ``--count`` messages put ahead, every one due at the same
+second (a mailing scheduled for 09:00), then drained by consumers taking ``--take-max`` at a
+time and acking them.
+
+It starts a fresh ``evq serve`` (its defaults, the data directory in a temporary directory
+under ``--dir``), creates one queue and puts the messages (``--producers`` at once, 1000 a
+put, ``--size`` random base64 characters each) with ``activate_at`` = the fill's end plus
+``--lead`` seconds, rounded up to a whole second. From a second before that time it polls
+the queue's stats every 20 ms and reports when the first messages counted ready and when
+all were (seconds after their time). Then ``--consumers`` clients take and ack until the
+queue is empty: the take's p50/p99/max (each take alone, ms) and the drain's rate.
+
+    .venv/bin/python loadtest/mass_activation.py --count 1000000 [--lead 10] [--dir /work]
+
+One JSON line a phase, then a Markdown row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import math
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+from served import EvqServe
+
+
+def emit(doc: dict[str, Any]) -> None:
+    print(json.dumps(doc), flush=True)
+
+
+def put_body(n: int, size: int, at: float) -> bytes:
+    text = base64.b64encode(os.urandom(n * size))
+    items = (
+        b'{"body":"%s","activate_at":%.3f}' % (text[i * size : (i + 1) * size], at)
+        for i in range(n)
+    )
+    return b'{"messages":[' + b",".join(items) + b"]}"
+
+
+async def fill(url: str, count: int, producers: int, size: int, at: float) -> float:
+    """Put ``count`` messages due at ``at``; answers the seconds it took."""
+    todo = [min(1000, count - i) for i in range(0, count, 1000)]
+    started = time.monotonic()
+
+    async def producer(s: aiohttp.ClientSession) -> None:
+        while todo:
+            n = todo.pop()
+            async with s.post(url, data=put_body(n, size, at), headers=_JSON) as r:
+                if r.status != 200 and r.status != 201:
+                    raise RuntimeError(f"put answered {r.status}: {await r.text()}")
+
+    async with aiohttp.ClientSession() as s:
+        await asyncio.gather(*(producer(s) for _ in range(producers)))
+    return time.monotonic() - started
+
+
+async def watch(stats_url: str, count: int, at: float) -> dict[str, float | None]:
+    """Poll the stats from a second before ``at`` until all ``count`` are ready."""
+    await asyncio.sleep(max(0.0, at - 1 - time.time()))
+    first = None
+    async with aiohttp.ClientSession() as s:
+        while True:
+            async with s.get(stats_url) as r:
+                doc = await r.json()
+            now = time.time()
+            ready = doc["stats"]["ready"]
+            if ready and first is None:
+                first = now - at
+            if ready >= count:
+                return {"first_ready_after_s": first, "all_ready_after_s": now - at}
+            if now > at + 120:
+                return {"first_ready_after_s": first, "all_ready_after_s": None}
+            await asyncio.sleep(0.02)
+
+
+async def drain(base: str, consumers: int, take_max: int) -> dict[str, Any]:
+    """Take and ack until the queue answers nothing: each take's latency, the rate."""
+    latencies: list[float] = []
+    done = 0
+    started = time.monotonic()
+
+    async def consumer(s: aiohttp.ClientSession) -> None:
+        nonlocal done
+        while True:
+            t = time.perf_counter()
+            async with s.post(f"{base}/take", json={"max": take_max}) as r:
+                got = (await r.json())["messages"]
+            latencies.append(time.perf_counter() - t)
+            if not got:
+                return
+            items = [{"id": m["id"], "lease": m["lease"]} for m in got]
+            async with s.post(f"{base}/ack", json={"items": items}) as r:
+                await r.read()
+            done += len(got)
+
+    async with aiohttp.ClientSession() as s:
+        await asyncio.gather(*(consumer(s) for _ in range(consumers)))
+    seconds = time.monotonic() - started
+    ms = sorted(x * 1000 for x in latencies)
+    return {
+        "drained": done,
+        "drain_s": round(seconds, 2),
+        "drain_msgs_per_s": round(done / seconds),
+        "takes": len(ms),
+        "take_p50_ms": round(statistics.median(ms), 3),
+        "take_p99_ms": round(ms[min(len(ms) - 1, math.ceil(0.99 * len(ms)) - 1)], 3),
+        "take_max_ms": round(ms[-1], 3),
+    }
+
+
+_JSON = {"Content-Type": "application/json"}
+
+
+async def run(args: argparse.Namespace, server: EvqServe) -> dict[str, Any]:
+    base = f"{server.url}/v1/queues/mailing"
+    async with aiohttp.ClientSession() as s, s.put(base, json={}) as r:
+        if r.status not in (200, 201):
+            raise RuntimeError(f"creating the queue answered {r.status}")
+    # a time far enough ahead for the whole fill: about 300k messages a second here
+    at = math.ceil(time.time() + args.count / 100_000 + args.lead)
+    fill_s = await fill(f"{base}/messages", args.count, args.producers, args.size, at)
+    emit(
+        {
+            "fill": {
+                "messages": args.count,
+                "seconds": round(fill_s, 2),
+                "due_in_s": at - time.time(),
+            }
+        }
+    )
+    if time.time() >= at - 1:
+        raise RuntimeError("the fill ended less than a second before the messages' time")
+    woke = await watch(f"{base}", args.count, at)
+    emit({"activation": woke})
+    drained = await drain(base, args.consumers, args.take_max)
+    emit({"drain": drained})
+    return {"count": args.count, **woke, **drained}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    ap.add_argument("--count", type=int, default=1_000_000)
+    ap.add_argument("--producers", type=int, default=16)
+    ap.add_argument("--consumers", type=int, default=8)
+    ap.add_argument("--take-max", type=int, default=100)
+    ap.add_argument("--size", type=int, default=100)
+    ap.add_argument(
+        "--lead", type=float, default=10.0, help="s between the fill's end and the time"
+    )
+    ap.add_argument("--dir", default="/work")
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="evq-mass-", dir=args.dir) as tmp:
+        server = EvqServe(Path(tmp) / "data", Path(tmp) / "serve.log", [])
+        try:
+            server.wait_ready(180)
+            row = asyncio.run(run(args, server))
+        finally:
+            emit({"server_stop": server.stop()})
+    print(
+        "| messages due at once | first ready after | all ready after | take-"
+        f"{args.take_max} p50 / p99 / max while draining | drain |"
+    )
+    print("| ---: | ---: | ---: | ---: | ---: |")
+    all_s = row["all_ready_after_s"]
+    print(
+        f"| {row['count']:,} | {row['first_ready_after_s']:.3f} s | "
+        f"{'never' if all_s is None else f'{all_s:.3f} s'} | {row['take_p50_ms']} / "
+        f"{row['take_p99_ms']} / {row['take_max_ms']} ms | {row['drain_msgs_per_s']:,} msg/s |"
+    )
+    return 0 if all_s is not None else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,35 @@
+"""loadtest/mass_activation.py (issue 33) at a small scale against a real ``evq serve``:
+5,000 messages due at one second, all ready within a second of it, then drained whole."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+
+def test_the_messages_due_at_one_time_are_ready_within_a_second_and_drained(
+    tmp_path: Path,
+) -> None:
+    tool = ROOT / "loadtest" / "mass_activation.py"
+    args = ["--count", "5000", "--lead", "3", "--consumers", "2", "--dir", str(tmp_path)]
+    done = subprocess.run(
+        [sys.executable, str(tool), *args], capture_output=True, text=True, timeout=220
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    lines = [json.loads(x) for x in done.stdout.splitlines() if x.startswith("{")]
+    woke = next(x["activation"] for x in lines if "activation" in x)
+    assert woke["all_ready_after_s"] is not None
+    assert -0.05 <= woke["first_ready_after_s"] <= woke["all_ready_after_s"] < 1.0
+    drain = next(x["drain"] for x in lines if "drain" in x)
+    assert drain["drained"] == 5000
+    assert 0 < drain["take_p50_ms"] <= drain["take_p99_ms"] <= drain["take_max_ms"]
+    assert "| 5,000 |" in done.stdout
+    assert list(tmp_path.iterdir()) == []  # its data directory went with it
