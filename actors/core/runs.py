@@ -1,7 +1,9 @@
 """Runs: the messages of one put held as one object, their bodies in the log.
 
 Most messages of a deep queue are put ready (no delay, no group, no attributes) with
-server ids, and sit untouched until a take reaches them. A state that *spills*
+server ids, and sit untouched until a take reaches them; many others are put in batches all
+due at one later time, and sit untouched until then (a *delayed* run: ``act``, ``waiting``;
+QueueState keeps it apart until its time, then it joins the ready runs whole). A state that *spills*
 (``QueueState.spill``, set by a shell that can read its log back) holds such a put as one
 :class:`Run` instead of one :class:`~actors.core.state.QueuedMessage` per message: the
 messages' arrival sequences and times follow from the run's first ones, their ids too
