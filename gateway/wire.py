@@ -154,7 +154,7 @@ def ms(seconds: float | None, what: str) -> int | None:
     """Seconds (from the API) as integer milliseconds.
 
     Raises:
-        BadRequest: not a finite number.
+        BadRequest: not a finite number, or one past any time in milliseconds.
     """
     if seconds is None:
         return None
@@ -167,7 +167,10 @@ def ms(seconds: float | None, what: str) -> int | None:
         or not math.isfinite(seconds)
     ):
         raise BadRequest(f"{what} must be a number of seconds")
-    return round(seconds * 1000)
+    millis = seconds * 1000
+    if not math.isfinite(millis):  # finite seconds, too many to count in milliseconds
+        raise BadRequest(f"{what} is out of range")
+    return round(millis)
 
 
 def secs(millis: int | None) -> float | None:

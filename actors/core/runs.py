@@ -62,15 +62,22 @@ class RunRecord(msgspec.Struct, array_like=True, gc=False):
     bodies: list[bytes] | None = None
     ids: bytes = b""  # each slot's id, 8 bytes little-endian; empty: id, id + 1, ...
     act: int = 0  # when its messages are ready, if later than their put (``at_ms``); 0: then
+    acts: bytes = b""  # each slot's own activation time, 8 bytes little-endian (a spread run)
 
 
 class Run:
     """The messages of one put: ids ``id ..`` (increasing), arrival sequences ``seq ..``,
     all put at ``at_ms`` and ready at ``act`` (the same, or later: a *delayed* run, which is
-    ``waiting`` until the state's clock reaches ``act``)."""
+    ``waiting`` until the state's clock reaches ``act``).
+
+    A *spread* run's slots each have a time of their own (``acts``, all after the put):
+    ``order`` lists its slots by time, ``woke`` how many of them have been reached, and
+    ``act`` is the time of the next one. Its slots wake one time at a time, each
+    materialized as a ready message; the run itself never becomes ready."""
 
     __slots__ = (
         "act",
+        "acts",
         "at_ms",
         "bodies",
         "count",
@@ -81,15 +88,23 @@ class Run:
         "lengths",
         "mat",
         "next",
+        "order",
         "out",
         "place",
         "seq",
         "size",
         "waiting",
+        "woke",
     )
 
     def __init__(
-        self, seq: int, ids: list[int], at_ms: int, bodies: list[bytes], act: int | None = None
+        self,
+        seq: int,
+        ids: list[int],
+        at_ms: int,
+        bodies: list[bytes],
+        act: int | None = None,
+        acts: list[int] | None = None,
     ) -> None:
         self.seq = seq
         self.id, self.last_id = ids[0], ids[-1]
@@ -98,6 +113,11 @@ class Run:
         self.at_ms = at_ms
         self.act = at_ms if act is None else act
         self.waiting = False  # set by the state while the run is delayed
+        self.acts: array[int] | None = None
+        self.order: array[int] | None = None
+        self.woke = 0
+        if acts is not None:
+            self._spread(array("q", acts))
         self.count = len(bodies)
         self.next = 0  # slots before it are materialized (or gone)
         self.out: set[int] = set()  # slots at or after ``next`` materialized out of order
@@ -116,6 +136,50 @@ class Run:
             f"Run(seq={self.seq}, id={self.id}, count={self.count}, left={self.left}, "
             f"act={self.act})"
         )
+
+    def _spread(self, acts: array[int]) -> None:
+        """Give the slots the times ``acts``: ``order`` from them, ``act`` the first."""
+        self.acts = acts
+        self.order = array("I", sorted(range(len(acts)), key=acts.__getitem__))
+        self.woke = 0
+        self.act = acts[self.order[0]]
+
+    def act_of(self, i: int) -> int:
+        """When slot ``i`` is ready."""
+        return self.act if self.acts is None else self.acts[i]
+
+    def is_spilled(self, i: int) -> bool:
+        """Whether slot ``i`` is still in the run."""
+        return i >= self.next and i not in self.out
+
+    def due_slots(self, now_ms: int) -> list[int]:
+        """A spread run's spilled slots whose time is at or before ``now_ms``, in time
+        order; ``act`` moves on to the next spilled slot's time (None left: ``left`` is 0)."""
+        acts, order = self.acts, self.order
+        assert acts is not None
+        assert order is not None
+        k, n, due = self.woke, len(order), []
+        while k < n and acts[order[k]] <= now_ms:
+            if self.is_spilled(order[k]):
+                due.append(order[k])
+            k += 1
+        while k < n and not self.is_spilled(order[k]):
+            k += 1  # materialized before its time (an update, a delete)
+        self.woke = k
+        if k < n:
+            self.act = acts[order[k]]
+        return due
+
+    def spilled_by_time(self) -> Iterator[int]:
+        """The slots still spilled, in time order (a spread run's ``order``; else slot
+        order, which is time order too)."""
+        if self.order is None:
+            yield from self.spilled()
+            return
+        order = self.order
+        for k in range(self.woke, len(order)):
+            if self.is_spilled(order[k]):
+                yield order[k]
 
     def mid(self, i: int) -> int:
         """The id of slot ``i``."""
@@ -181,7 +245,8 @@ class Run:
             self.place,
             None if self.place is not None else self.bodies,
             b"" if self.ids is None else _little(self.ids).tobytes(),
-            self.act if self.act != self.at_ms else 0,
+            self.act if self.act != self.at_ms and self.acts is None else 0,
+            b"" if self.acts is None else _little(self.acts).tobytes(),
         )
 
     @classmethod
@@ -190,6 +255,7 @@ class Run:
         run.seq, run.id, run.at_ms, run.count, run.next = r.seq, r.id, r.at_ms, r.count, r.next
         run.act = r.act or r.at_ms
         run.waiting = False  # the state restoring it knows (its clock against ``act``)
+        run.acts, run.order, run.woke = None, None, 0
         run.ids = None
         if r.ids:
             run.ids = array("q")
@@ -204,6 +270,11 @@ class Run:
         run.lengths = _little(run.lengths)
         run.size = sum(run.lengths)
         run.mat = deque()
+        if r.acts:
+            acts = array("q")
+            acts.frombytes(r.acts)
+            run._spread(_little(acts))
+            run.due_slots(-1)  # past the slots already gone (woken or changed)
         return run
 
 

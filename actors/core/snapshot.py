@@ -97,9 +97,15 @@ def logical(state: QueueState) -> Snapshot:
     for r in snap.runs:
         run = Run.from_record(r)
         bodies = state.bodies_of(run)
-        code = DELAYED if run.act > snap.clock_ms else READY
         messages += (
-            QueuedMessage(r.seq + i, run.mid(i), bodies[i], r.at_ms, run.act, code)
+            QueuedMessage(
+                r.seq + i,
+                run.mid(i),
+                bodies[i],
+                r.at_ms,
+                run.act_of(i),
+                DELAYED if run.act_of(i) > snap.clock_ms else READY,
+            )
             for i in run.spilled()
         )
     messages.sort(key=_seq)
@@ -184,7 +190,7 @@ def restore(snap: Snapshot) -> QueueState:
     if snap.runs:
         s.by_id = [Run.from_record(r) for r in snap.runs]
         for run in s.by_id:
-            if run.act > s.clock_ms:  # a delayed run whose time has not come
+            if run.acts is not None or run.act > s.clock_ms:  # a delayed run still waiting
                 run.waiting = True
                 s.later.append((run.act, run.seq, run))
                 s.deferred += run.left

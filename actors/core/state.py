@@ -478,7 +478,7 @@ class QueueState:
                     self.n_ready += 1
                     self._make_available(m)
             else:
-                self._wake(heapq.heappop(self.later)[2])
+                self._wake(t, heapq.heappop(self.later)[2])
         self._expire_idempotency(now_ms)
         self.clock_ms = now_ms
         self._maybe_compact()
@@ -634,7 +634,7 @@ class QueueState:
             while heap and not _valid(heap[0], state, key):
                 heapq.heappop(heap)
         later = self.later
-        while later and not later[0][2].left:  # every slot materialized or expired
+        while later and not _waits(later[0]):  # every slot gone, or a time passed over
             heapq.heappop(later)
 
     def _expire_run(self, run: Run) -> None:
@@ -710,9 +710,8 @@ class QueueState:
             return False
         at = e.at_ms
         act = e.items[0].activate_at_ms
-        if act > at:
-            if act <= self.clock_ms:
-                return False  # due already (the clock went back): delayed runs wake in order
+        later = act > at
+        if later:
             depth = self.n_delayed
         elif act == at:
             runs = self.runs
@@ -724,12 +723,15 @@ class QueueState:
         if len(e.items) < self.run_min_put and depth < RUN_DEPTH:
             return False  # a few messages into a shallow queue: taken soon, from memory
         last = self.by_id[-1].last_id if self.by_id else 0
+        clock = self.clock_ms
         for it in e.items:
             mid = it.id
             if (
                 type(mid) is not int
                 or mid <= last  # out of order (a redelivery kept its id)
-                or it.activate_at_ms != act
+                # each due later (not already, as when the clock went back: delayed runs
+                # wake in time order), or all at the put
+                or (it.activate_at_ms <= clock if later else it.activate_at_ms != act)
                 or it.group is not None
                 or it.attributes is not None
             ):
@@ -742,7 +744,12 @@ class QueueState:
         ids = [it.id for it in items]
         act = items[0].activate_at_ms
         bodies = [it.body for it in items]
-        run = Run(self.next_seq, ids, e.at_ms, bodies, act)  # type: ignore[arg-type]
+        acts = [it.activate_at_ms for it in items]
+        if acts.count(act) == len(acts):
+            run = Run(self.next_seq, ids, e.at_ms, bodies, act)  # type: ignore[arg-type]
+        else:  # a spread run: each slot at its own time
+            run = Run(self.next_seq, ids, e.at_ms, bodies, acts=acts)  # type: ignore[arg-type]
+            act = run.act
         n = run.count
         self.by_id.append(run)
         self.arrivals.append(run)
@@ -756,7 +763,7 @@ class QueueState:
         self.enqueued_total += n
         if act > e.at_ms:
             run.waiting = True
-            heapq.heappush(self.later, (act, run.seq, run))
+            heapq.heappush(self.later, (run.act, run.seq, run))
             self.deferred += n
             self.n_delayed += n
         else:
@@ -764,10 +771,28 @@ class QueueState:
             self.spilled += n
             self.n_ready += n
 
-    def _wake(self, run: Run) -> None:
-        """Delayed ``run``'s time came: its spilled slots are ready, after every ready run
-        (whose times are all earlier: the clock has just reached this one's)."""
-        if not run.waiting:
+    def _wake(self, t: int, run: Run) -> None:
+        """Delayed ``run``'s time ``t`` came: its spilled slots are ready, after every ready
+        run (whose times are all earlier: the clock has just reached this one's). A spread
+        run's slots due at ``t`` are materialized as ready messages, and it waits on for
+        its next slot's time."""
+        if not _waits((t, run.seq, run)):
+            return
+        if run.acts is not None:
+            due = run.due_slots(t)
+            if due:
+                bodies = self.bodies_of(run)
+                for i in due:
+                    m = self._materialize(run, i, bodies[i])
+                    m.state = READY
+                    run.take_slot(i)
+                    heapq.heappush(self.ready, (m.activate_at_ms, m.seq, m))
+                n = len(due)
+                self.deferred -= n
+                self.n_delayed -= n
+                self.n_ready += n
+            if run.left:
+                heapq.heappush(self.later, (run.act, run.seq, run))
             return
         run.waiting = False
         n = run.left
@@ -856,18 +881,14 @@ class QueueState:
     def deferred_after(self, after: tuple[int, int] | None) -> Iterator[QueuedMessage]:
         """Transient views of the delayed runs' spilled messages whose key ``(activate_at,
         seq)`` is past ``after``, in that order (the order they become ready)."""
-        for act, seq, run in sorted(self.later):  # (act, seq) is unique: runs never compared
-            if not run.waiting or not run.left:
-                continue
-            if after is not None and (act, seq + run.count - 1) <= after:
-                continue
-            bodies = None
-            for i in run.spilled():
-                if after is not None and (act, seq + i) <= after:
-                    continue
-                if bodies is None:
-                    bodies = self.bodies_of(run)
-                yield _transient(run, i, bodies[i])
+        waiting = {entry[1]: entry[2] for entry in self.later if _waits(entry)}
+        keyed = heapq.merge(*(_keys_after(run, after) for run in waiting.values()))
+        bodies: dict[int, list[bytes]] = {}
+        for _, seq, i in keyed:
+            run = waiting[seq - i]
+            if seq - i not in bodies:
+                bodies[seq - i] = self.bodies_of(run)
+            yield _transient(run, i, bodies[seq - i][i])
 
     def holds(self, mid: ev.MessageId) -> bool:
         """Whether a message with id ``mid`` is in the queue."""
@@ -932,7 +953,24 @@ _ACTIVATE, _DEADLINE = 0, 1
 
 def _transient(run: Run, i: int, body: bytes) -> QueuedMessage:
     state = DELAYED if run.waiting else READY
-    return QueuedMessage(run.seq + i, run.mid(i), body, run.at_ms, run.act, state)
+    return QueuedMessage(run.seq + i, run.mid(i), body, run.at_ms, run.act_of(i), state)
+
+
+def _waits(entry: tuple[int, int, Run]) -> bool:
+    """Whether an entry of ``QueueState.later`` is current: its run still waits, for
+    that time."""
+    run = entry[2]
+    return run.waiting and run.left > 0 and run.act == entry[0]
+
+
+def _keys_after(run: Run, after: tuple[int, int] | None) -> Iterator[tuple[int, int, int]]:
+    """``(activate_at, seq, slot)`` of a waiting run's spilled slots past ``after``, in
+    key order."""
+    seq = run.seq
+    for i in run.spilled_by_time():
+        key = (run.act_of(i), seq + i)
+        if after is None or key > after:
+            yield (*key, i)
 
 
 def _first_id(run: Run) -> int:

@@ -99,6 +99,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.log: dict[int, list[bytes]] = {}  # where placed runs' bodies are
         self.most_spilled = 0
         self.most_deferred = 0
+        self.spread_runs = 0  # spread runs seen waiting, summed over the checks
         self.state = self.spilling(QueueState())
         self.ids = SequentialIds()
         self.ref_ids = SequentialIds()
@@ -463,6 +464,7 @@ class QueueMachine(RuleBasedStateMachine):
         assert not waiting or (due is not None and due <= min(waiting))  # nor comes late
         self.most_spilled = max(self.most_spilled, self.state.spilled)
         self.most_deferred = max(self.most_deferred, self.state.deferred)
+        self.spread_runs += sum(r.acts is not None and r.left > 0 for r in self.state.by_id)
         if self.pager is not None:
             self.pager.still(self.ref)
 
@@ -628,6 +630,7 @@ def test_long_seeded_walk_matches_the_reference(
             raise AssertionError(f"seed={seed} variant={variant} step={step}: {exc}") from exc
     assert variant != 4 or m.most_spilled > 0  # the spilling variant held runs
     assert variant != 4 or m.most_deferred > 0  # and delayed runs
+    assert variant != 4 or m.spread_runs > 0  # spread ones among them
 
 
 def test_a_compacted_run_half_taken_replays_to_the_same_state() -> None:

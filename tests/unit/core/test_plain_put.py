@@ -163,3 +163,10 @@ def test_seconds_become_rounded_milliseconds(seconds: float | None, millis: int 
 def test_what_is_not_a_finite_number_of_seconds_is_refused(seconds: Any) -> None:
     with pytest.raises(QueueError, match="delay must be a number of seconds"):
         wire.ms(seconds, "delay")
+
+
+@pytest.mark.parametrize("seconds", [1.7e308, -1.7e308, 1e306])
+def test_seconds_past_any_time_in_milliseconds_are_refused_not_a_crash(seconds: float) -> None:
+    # found by the conversion property test: finite seconds whose milliseconds are not
+    with pytest.raises(QueueError, match="delay is out of range"):
+        wire.ms(seconds, "delay")

@@ -152,11 +152,11 @@ def test_a_run_of_ids_that_are_not_consecutive_keeps_them() -> None:
     assert [d.body for d in got] == [b"m0", b"m1", b"m2", b"m4"]
 
 
-def test_only_plain_puts_ready_at_one_time_spill() -> None:
+def test_only_plain_puts_ready_at_the_put_or_later_spill() -> None:
     sh = Shell()
     sh.put(5, attributes={"a": "b"})
-    sh.run(c.Put([c.NewMessage(body=b"x", delay_ms=10), c.NewMessage(body=b"y", delay_ms=20)]))
     sh.run(c.Put([c.NewMessage(body=b"z", activate_at_ms=sh.now - 5)]))  # ready since before
+    sh.run(c.Put([c.NewMessage(body=b"r"), c.NewMessage(body=b"d", delay_ms=10)]))  # mixed
     assert (sh.state.spilled, sh.state.deferred) == (0, 0)
     assert len(sh.state.messages) == 8
     fifo = Shell("q.fifo", fifo=True)
@@ -384,6 +384,83 @@ def test_browse_lists_spilled_messages_in_key_order_across_pages() -> None:
             break
     assert seen == ids
     assert not sh.state.messages
+
+
+def spread_put(sh: Shell, delays_ms: list[int]) -> list[str]:
+    """A put whose messages are each due at a time of their own."""
+    msgs = [c.NewMessage(body=b"s%d" % i, delay_ms=d) for i, d in enumerate(delays_ms)]
+    return [r.id for r in sh.run(c.Put(msgs))]  # type: ignore[attr-defined]
+
+
+def test_a_put_of_messages_each_due_at_its_own_time_is_one_spread_run() -> None:
+    sh = Shell()
+    ids = spread_put(sh, [3000, 1000, 2000, 1000])
+    s = sh.state
+    [run] = s.by_id
+    assert (run.acts is not None, run.act, len(s.messages)) == (True, T0 + 1000, 0)
+    assert (s.deferred, s.n_delayed, s.total) == (4, 4, 4)
+    assert run.acts.itemsize * len(run.acts) + run.order.itemsize * len(run.order) == 12 * 4  # type: ignore[union-attr]
+    assert sh.run(c.Peek(ids[0])).activate_at_ms == T0 + 3000  # type: ignore[attr-defined]
+    assert s.next_due_ms() == T0 + 1000
+    sh.now += 1000  # the two due at T0 + 1000 wake, as ready messages; the run waits on
+    assert [d.id for d in sh.run(c.Take(max=10))] == [ids[1], ids[3]]
+    assert (s.deferred, s.n_delayed, s.n_reserved, run.act) == (2, 2, 2, T0 + 2000)
+    assert s.next_due_ms() == T0 + 2000
+    sh.now += 2000
+    got = sh.run(c.Take(max=10))
+    assert [d.id for d in got] == [ids[2], ids[0]]
+    assert [d.body for d in got] == [b"s2", b"s0"]
+    assert (s.deferred, s.n_delayed, run.left) == (0, 0, 0)
+
+
+def test_a_spread_run_waits_on_past_slots_changed_before_their_time() -> None:
+    sh = Shell()
+    ids = spread_put(sh, [1000, 2000, 3000])
+    sh.run(c.Update(id=ids[0], delay_ms=5000))  # the first due, moved later: out of the run
+    sh.run(c.Delete(ids[1], None))
+    s = sh.state
+    assert (s.deferred, s.n_delayed, s.total) == (1, 2, 2)
+    assert s.next_due_ms() == T0 + 1000  # early is allowed (a stale entry), never late
+    sh.now += 3000
+    assert [d.id for d in sh.run(c.Take(max=10))] == [ids[2]]
+    sh.now += 2000
+    assert [d.id for d in sh.run(c.Take(max=10))] == [ids[0]]
+
+
+def test_browse_lists_spread_runs_slot_by_slot_in_activation_order() -> None:
+    sh = Shell()
+    a = spread_put(sh, [5000, 1000, 3000])
+    b = spread_put(sh, [2000, 4000])
+    uniform = sh.put(2, delay_ms=3000)
+    want = [a[1], b[0], a[2], *uniform, b[1], a[0]]
+    pages = [sh.run(c.Browse(state="delayed", limit=2))]
+    while pages[-1].next is not None:  # type: ignore[attr-defined]
+        pages.append(sh.run(c.Browse(state="delayed", limit=2, after=pages[-1].next)))  # type: ignore[attr-defined]
+    assert [m.id for p in pages for m in p.messages] == want  # type: ignore[attr-defined]
+    assert [m.activate_at_ms for p in pages for m in p.messages][:2] == [T0 + 1000, T0 + 2000]  # type: ignore[attr-defined]
+
+
+def test_a_snapshot_of_a_spread_run_half_woken_restores_what_still_waits() -> None:
+    sh = Shell()
+    ids = spread_put(sh, [1000, 4000, 2000, 3000])
+    sh.now += 2000  # ids[0] and ids[2] woke
+    [first] = sh.run(c.Take(max=1))
+    assert first.id == ids[0]  # type: ignore[attr-defined]
+    data = encode_snapshot(snapshot(sh.state))
+    assert b"s1" not in data  # the waiting bodies stayed in the log
+    restored = sh.spilling(restore(decode_snapshot(data)))
+    [run] = restored.by_id
+    assert (run.act, restored.deferred, restored.n_delayed, restored.n_ready) == (
+        T0 + 3000,
+        2,
+        2,
+        1,
+    )
+    assert logical(restored) == logical(sh.state)
+    sh.state = restored
+    assert [d.id for d in sh.run(c.Take(max=10))] == [ids[2]]
+    sh.now += 2000
+    assert [d.id for d in sh.run(c.Take(max=10))] == [ids[3], ids[1]]
 
 
 @pytest.mark.parametrize("n", [1, 1000])
