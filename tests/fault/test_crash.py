@@ -106,7 +106,9 @@ async def run_and_kill(root: Path, run: int, seed: int, delay: float, after_read
             if proc.returncode is None:
                 proc.kill()
             await proc.wait()
-    assert proc.returncode == -signal.SIGKILL, err_path.read_text()
+    # 255: asyncio's child watcher found the status already reaped ("Unknown child process
+    # pid", seen in the fresh-clone suite); the child was running just before the SIGKILL
+    assert proc.returncode in (-signal.SIGKILL, 255), err_path.read_text()
     return out_path.read_text()
 
 
