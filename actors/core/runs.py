@@ -29,7 +29,7 @@ import sys
 from array import array
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Protocol
 
 import msgspec
@@ -63,6 +63,69 @@ class RunRecord(msgspec.Struct, array_like=True, gc=False):
     ids: bytes = b""  # each slot's id, 8 bytes little-endian; empty: id, id + 1, ...
     act: int = 0  # when its messages are ready, if later than their put (``at_ms``); 0: then
     acts: bytes = b""  # each slot's own activation time, 8 bytes little-endian (a spread run)
+
+
+class Slots:
+    """A set of slot numbers below a run's count, as a bitmap (1 bit a slot, made at the
+    first add): a spread run hands its slots out in time order, not slot order, and a set
+    of ints would cost ~50 B for each one handed out until the run is done."""
+
+    __slots__ = ("bits", "n")
+
+    def __init__(self, slots: Iterable[int] = ()) -> None:
+        self.bits: bytearray | None = None
+        self.n = 0
+        for i in slots:
+            self.add(i)
+
+    def __contains__(self, i: int) -> bool:
+        bits = self.bits
+        return bits is not None and i >> 3 < len(bits) and bool(bits[i >> 3] >> (i & 7) & 1)
+
+    def __len__(self) -> int:
+        return self.n
+
+    def __bool__(self) -> bool:
+        return self.n > 0
+
+    def __iter__(self) -> Iterator[int]:
+        """The slots, in order."""
+        bits = self.bits
+        if bits is None or not self.n:
+            return
+        for byte_at, byte in enumerate(bits):
+            if byte:
+                for bit in range(8):
+                    if byte >> bit & 1:
+                        yield byte_at * 8 + bit
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Slots | set | frozenset):
+            return set(self) == set(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def add(self, i: int) -> None:
+        bits = self.bits
+        if bits is None or i >> 3 >= len(bits):
+            grown = bytearray(max(i >> 3, 15) + 1)
+            if bits is not None:
+                grown[: len(bits)] = bits
+            self.bits = bits = grown
+        if not bits[i >> 3] >> (i & 7) & 1:
+            bits[i >> 3] |= 1 << (i & 7)
+            self.n += 1
+
+    def discard(self, i: int) -> None:
+        if i in self:
+            bits = self.bits
+            assert bits is not None
+            bits[i >> 3] &= ~(1 << (i & 7)) & 0xFF
+            self.n -= 1
+
+    def clear(self) -> None:
+        self.bits, self.n = None, 0
 
 
 class Run:
@@ -120,7 +183,7 @@ class Run:
             self._spread(array("q", acts))
         self.count = len(bodies)
         self.next = 0  # slots before it are materialized (or gone)
-        self.out: set[int] = set()  # slots at or after ``next`` materialized out of order
+        self.out = Slots()  # slots at or after ``next`` materialized out of order
         self.left = self.count  # slots still spilled
         self.bodies: list[bytes] | None = bodies  # until placed
         self.place: Any = None
@@ -150,7 +213,8 @@ class Run:
 
     def is_spilled(self, i: int) -> bool:
         """Whether slot ``i`` is still in the run."""
-        return i >= self.next and i not in self.out
+        out = self.out
+        return i >= self.next and (not out.n or i not in out)
 
     def due_slots(self, now_ms: int) -> list[int]:
         """A spread run's spilled slots whose time is at or before ``now_ms``, in time
@@ -194,7 +258,8 @@ class Run:
             i = bisect_left(ids, mid)
             if i < self.count and ids[i] != mid:
                 return None
-        if 0 <= i < self.count and i >= self.next and i not in self.out:
+        out = self.out
+        if 0 <= i < self.count and i >= self.next and (not out.n or i not in out):
             return i
         return None
 
@@ -206,6 +271,9 @@ class Run:
     def spilled(self) -> Iterator[int]:
         """The slots still spilled, in order."""
         out = self.out
+        if not out.n:
+            yield from range(self.next, self.count)
+            return
         for i in range(self.next, self.count):
             if i not in out:
                 yield i
@@ -216,7 +284,7 @@ class Run:
         if i == self.next:
             n = i + 1
             out = self.out
-            while n < self.count and n in out:
+            while n < self.count and out.n and n in out:
                 out.discard(n)
                 n += 1
             self.next = n
@@ -240,7 +308,7 @@ class Run:
             self.at_ms,
             self.count,
             self.next,
-            sorted(self.out),
+            list(self.out),  # in order
             _little(self.lengths).tobytes(),
             self.place,
             None if self.place is not None else self.bodies,
@@ -262,7 +330,7 @@ class Run:
             run.ids.frombytes(r.ids)
             run.ids = _little(run.ids)
         run.last_id = run.mid(r.count - 1)
-        run.out = set(r.out)
+        run.out = Slots(r.out)
         run.left = r.count - r.next - len(run.out)
         run.place, run.bodies = r.place, r.bodies
         run.lengths = array("I")
