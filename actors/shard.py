@@ -263,6 +263,9 @@ class QueueShard:
         for name, queue in self.queues.items():
             if name not in opened.queues:  # created in a write that did not land
                 queue.reloaded(QueueState(), self._deleted.get(name, 0) + 1, [])
+        # What recovery decoded and let go (snapshots' records, between the arrays made
+        # from them) goes back to the system: else it stays in the heap's holes.
+        _malloc_trim()
         self.log_ready.set()
 
     def _new_queue(self, name: str, state: QueueState, next_seq: int) -> QueueActor:

@@ -181,16 +181,10 @@ async def test_room_for_each_queues_next_snapshot_counts_against_the_budget(
     # the last snapshot object of each queue.
     shard = budgeted_shard
     bodies = [os.urandom(1000) for _ in range(16_000)]  # incompressible: kept plain
-    # Each delayed to a time of its own, so held as messages with their bodies, snapshots
-    # too (a put ready at one time stays in the log as a run, and a snapshot only says
-    # where: actors/core/runs.py).
+    # With attributes, so held as messages with their bodies, snapshots too (plain puts
+    # stay in the log as runs, and a snapshot only says where: actors/core/runs.py).
     puts = [
-        cmd.Put(
-            [
-                cmd.NewMessage(body=b, delay_ms=600_000 + j)
-                for j, b in enumerate(bodies[i : i + 1000])
-            ]
-        )
+        cmd.Put([cmd.NewMessage(body=b, attributes={"k": "v"}) for b in bodies[i : i + 1000]])
         for i in range(0, 16_000, 1000)
     ]
     assert not any(isinstance(r, Exception) for r in await shard.execute_many("q", puts))
