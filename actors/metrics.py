@@ -78,3 +78,4 @@ class QueueMetrics(msgspec.Struct, kw_only=True):
     recovery_s: float  # the last recovery of the queue's shard (its log read before serving)
     # Appended with a default: a gateway and shards of different versions still agree.
     in_queue: Histogram | None = None
+    spilled: int | None = None  # messages held in runs (actors/core/runs.py), not as objects

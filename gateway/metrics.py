@@ -207,6 +207,11 @@ def _queue_families(queues: list[QueueMetrics]) -> Iterator[Metric]:
             "recovery_s",
             "How long the last recovery of the queue's shard took (its log read, before serving)",
         ),
+        "evq_queue_spilled_messages": (
+            "spilled",
+            "Messages held in runs, a few bytes each, their bodies in the log (of those counted"
+            " by evq_queue_messages; the others are objects in memory)",
+        ),
     }
     for name, (field, text) in simple.items():
         g = GaugeMetricFamily(name, text, labels=["queue"])

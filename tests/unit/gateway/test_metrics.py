@@ -79,6 +79,7 @@ async def test_metrics_after_real_traffic(serve: Serve) -> None:
     assert 0 <= recovery <= time.perf_counter() - started
     assert 0 <= value(f, "evq_queue_oldest_ready_age_seconds", queue="m1") <= time.time() - put_at
     assert value(f, "evq_queue_time_in_queue_seconds_count", queue="m1") == 1  # one ack
+    assert value(f, "evq_queue_spilled_messages", queue="m1") == 0  # a put of 4: objects
     put_route = "/v1/queues/{name}/messages"
     assert value(f, "evq_http_requests_total", route=put_route, method="POST", status="200") == 1
     assert value(f, "evq_http_requests_total", route="/v1/queues/{name}", status="404") == 1
@@ -90,6 +91,22 @@ async def test_metrics_after_real_traffic(serve: Serve) -> None:
     assert value(f, "evq_log_records_dropped_total") == logs.dropped()
     assert not any(s.labels.get("queue", "").startswith("__evq") for s in f["evq_queue_messages"])
     await ws.close()
+
+
+async def test_messages_held_in_runs_are_counted_apart(api: Api) -> None:
+    await api.create("spill")
+    await api.put("spill", *[{"body": f"d{i}", "delay": 3600 + i} for i in range(20)])
+    await api.put("spill", *[f"r{i}" for i in range(30)])
+    await api.put("spill", {"body": "a", "attributes": {"k": "v"}})
+    f = await scrape(api)
+    assert value(f, "evq_queue_messages", queue="spill", state="delayed") == 20
+    assert value(f, "evq_queue_messages", queue="spill", state="ready") == 31
+    assert (
+        value(f, "evq_queue_spilled_messages", queue="spill") == 50
+    )  # not the one with attributes
+    await api.take("spill", 5)
+    f = await scrape(api)
+    assert value(f, "evq_queue_spilled_messages", queue="spill") == 45
 
 
 async def test_shard_log_figures_count_commits_records_and_bytes(api: Api) -> None:
