@@ -55,6 +55,7 @@ __all__ = [
     "fill_part",
     "plan",
     "put_body",
+    "random_bodies",
     "run_info",
     "session_rss",
     "settled_rss",
@@ -102,15 +103,19 @@ def churn_acks(depth: int, queues: int, keep_first: bool = False) -> list[int]:
     return [share(depth, queues, i) // 2 for i in range(queues)]
 
 
-def put_body(n: int, size: int, timing: tuple[float, float] | None = None) -> bytes:
-    """A put's JSON body: ``n`` messages of ``size`` random base64 characters each.
-
-    Random, because the log compresses records (zstd): equal bodies would shrink to almost
-    nothing on disk, base64 of random bytes only to ~75 %. ``timing`` (lo, hi) delays them,
-    in seconds: all by ``lo`` when ``lo == hi`` (the put's messages ready at one time), else
-    each by its own, drawn evenly from lo to hi."""
+def random_bodies(n: int, size: int) -> list[bytes]:
+    """``n`` bodies of ``size`` random base64 characters each: random, because the log
+    compresses records (zstd), and equal bodies would shrink to almost nothing on disk,
+    base64 of random bytes only to ~75 %."""
     text = base64.b64encode(os.urandom(n * size))
-    bodies = [text[i * size : (i + 1) * size] for i in range(n)]
+    return [text[i * size : (i + 1) * size] for i in range(n)]
+
+
+def put_body(n: int, size: int, timing: tuple[float, float] | None = None) -> bytes:
+    """A put's JSON body: ``n`` messages of :func:`random_bodies`. ``timing`` (lo, hi)
+    delays them, in seconds: all by ``lo`` when ``lo == hi`` (the put's messages ready at
+    one time), else each by its own, drawn evenly from lo to hi."""
+    bodies = random_bodies(n, size)
     if timing is None:
         return b'{"messages":[{"body":"' + b'"},{"body":"'.join(bodies) + b'"}]}'
     lo, hi = timing

@@ -19,10 +19,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import base64
 import json
 import math
-import os
 import statistics
 import sys
 import tempfile
@@ -31,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from bench_depth_load import random_bodies
 from served import EvqServe
 
 
@@ -39,11 +38,8 @@ def emit(doc: dict[str, Any]) -> None:
 
 
 def put_body(n: int, size: int, at: float) -> bytes:
-    text = base64.b64encode(os.urandom(n * size))
-    items = (
-        b'{"body":"%s","activate_at":%.3f}' % (text[i * size : (i + 1) * size], at)
-        for i in range(n)
-    )
+    """A put's JSON body: ``n`` random bodies, every one due at ``at``."""
+    items = (b'{"body":"%s","activate_at":%.3f}' % (b, at) for b in random_bodies(n, size))
     return b'{"messages":[' + b",".join(items) + b"]}"
 
 

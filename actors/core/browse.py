@@ -123,14 +123,15 @@ def _ordered(state: QueueState, code: int, after: Key | None, want: int) -> list
         found = _walk(heap, code, after, want, walk_budget(state, want))
     if found is None:
         found = _scan(state, code, after, want)
+    # messages held in runs (runs.py), ready or delayed, in the same key order: merged in
     if code == READY and state.spilled:
-        # spilled messages (runs.py) are ready, in the same key order: merged in
-        found = list(heapq.merge(found, islice(state.spilled_after(after), want), key=_key))
-        del found[want:]
+        runs = state.spilled_after(after)
     elif code == DELAYED and state.deferred:
-        # so are the delayed runs' messages, delayed
-        found = list(heapq.merge(found, islice(state.deferred_after(after), want), key=_key))
-        del found[want:]
+        runs = state.deferred_after(after)
+    else:
+        return found
+    found = list(heapq.merge(found, islice(runs, want), key=_key))
+    del found[want:]
     return found
 
 

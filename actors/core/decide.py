@@ -621,9 +621,7 @@ def _lookup(state: QueueState, mid: object) -> QueuedMessage | None:
             return None
         key = int(mid)
         m = state.messages.get(key)
-        if m is not None or not (state.spilled or state.deferred):
-            return m
-        return state.spilled_message(key)
+        return m if m is not None else state.spilled_message(key)  # None when no run holds it
     return state.messages.get(mid)
 
 

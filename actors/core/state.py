@@ -749,7 +749,6 @@ class QueueState:
             run = Run(self.next_seq, ids, e.at_ms, bodies, act)  # type: ignore[arg-type]
         else:  # a spread run: each slot at its own time
             run = Run(self.next_seq, ids, e.at_ms, bodies, acts=acts)  # type: ignore[arg-type]
-            act = run.act
         n = run.count
         self.by_id.append(run)
         self.arrivals.append(run)
@@ -761,7 +760,7 @@ class QueueState:
         self.next_seq += n
         self.last_id = max(self.last_id, run.last_id)
         self.enqueued_total += n
-        if act > e.at_ms:
+        if run.act > e.at_ms:
             run.waiting = True
             heapq.heappush(self.later, (run.act, run.seq, run))
             self.deferred += n
@@ -897,8 +896,8 @@ class QueueState:
     def find(self, mid: ev.MessageId) -> QueuedMessage | None:
         """The live message ``mid``, materialized out of its run if it was spilled."""
         m = self.messages.get(mid)
-        if m is None and (self.spilled or self.deferred):
-            m = self._unspill(mid, offer=True)
+        if m is None:
+            m = self._unspill(mid, offer=True)  # None at once when no run holds it
         return m
 
     def unspill_all(self) -> None:

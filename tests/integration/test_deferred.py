@@ -24,6 +24,16 @@ def bodies(tag: str) -> list[str]:
     return [f"{tag}-{i:03d}" for i in range(PUT)]
 
 
+def wait_ready(c: Client, q: str, n: int, what: str) -> None:
+    """Until ``n`` messages of ``q`` count as ready."""
+
+    def ready() -> bool:
+        s = c.get_queue(q).stats
+        return s is not None and s.ready == n
+
+    eventually(ready, timeout=60, what=what)
+
+
 def test_delayed_puts_survive_restarts_and_wake_whole_at_their_time(
     make_server: ServerFactory, names: Names
 ) -> None:
@@ -72,11 +82,7 @@ def test_delayed_puts_survive_restarts_and_wake_whole_at_their_time(
         assert stats.ready == 0 or time.time() >= soon_at  # the first put's, once due
         assert c.get_message(q, later[99]).body == b"later-099"
 
-        def due() -> bool:
-            s = c.get_queue(q).stats
-            return s is not None and s.ready == PUT - 1
-
-        eventually(due, timeout=60, what="the first put's messages ready at their time")
+        wait_ready(c, q, PUT - 1, "the first put's messages ready at their time")
         assert time.time() >= soon_at - 1
         got = c.take(q, 1000, visibility_timeout=600)
         want = [b"soon-%03d" % i if i != 3 else b"changed" for i in range(PUT) if i != 4]
@@ -114,11 +120,7 @@ def test_a_put_of_messages_each_due_at_its_own_time_survives_a_restart_and_wakes
             assert listed == by_time
         assert listed == by_time[len(by_time) - len(listed) :]
 
-        def soon_ready() -> bool:
-            s = c.get_queue(q).stats
-            return s is not None and s.ready == PUT // 2
-
-        eventually(soon_ready, timeout=60, what="the first half ready at their times")
+        wait_ready(c, q, PUT // 2, "the first half ready at their times")
         got = c.take(q, 1000, visibility_timeout=600)
         assert [x.id for x in got] == by_time[: PUT // 2]  # in activation order
         assert {x.body for x in got} == {b"m%03d" % i for i in range(PUT // 2)}
