@@ -47,7 +47,7 @@ from actors.core.events import (
     QueuePurged,
 )
 from actors.core.ids import IdSource
-from actors.core.runs import Run
+from actors.core.runs import Contents, Run
 from actors.core.state import QueuedMessage, QueueState
 from actors.errors import NotReady, QueueError, Unavailable
 from actors.flow import Entry, Flow
@@ -378,7 +378,8 @@ class QueueActor:
                 batch.segment, batch.offset, batch.length, seq, batch.first_lsn, event, run.id
             )
             if bodies is not None and run.left and run.bodies is not None:
-                bodies.keep(self.name, place, run.bodies, run.size)  # read by the next takes
+                contents = Contents(run.bodies, run.attrs)
+                bodies.keep(self.name, place, contents, run.size)  # read by the next takes
             self.state.place(run, place)
 
     def bodies_in(self, segments: set[str]) -> int:

@@ -35,6 +35,7 @@ from typing import Any, TypeVar
 import msgspec
 
 from actors.core.events import Event
+from actors.core.runs import Contents
 from actors.core.snapshot import Snapshot, decode_snapshot, restore
 from actors.core.state import QueueState
 from actors.errors import DataError
@@ -283,15 +284,15 @@ def _exists(store: SyncStore, key: str) -> bool:
     return True
 
 
-def _runs_reader(store: SyncStore, queue: str) -> Callable[[Any], list[bytes]]:
-    """Reads the bodies of the put at a run's place from its segment, live or archived
-    (the last segment read is kept: runs come in log order).
+def _runs_reader(store: SyncStore, queue: str) -> Callable[[Any], Contents]:
+    """Reads the bodies (and attributes) of the put at a run's place from its segment,
+    live or archived (the last segment read is kept: runs come in log order).
 
     The reader raises KeyNotFound (the segment is neither) or DataError (it does not hold
     them)."""
     last: dict[str, bytes] = {}
 
-    def read(place: Any) -> list[bytes]:
+    def read(place: Any) -> Contents:
         segment, offset, length = place[0], place[1], place[2]
         data = last.get(segment)
         if data is None:

@@ -837,16 +837,21 @@ def _move_bodies(state: QueueState, c: cmd.MoveBodies, now: int, ids: IdSource) 
     moved: list[int] = []
     firsts: list[int] = []
     bodies: list[list[bytes]] = []
+    attrs: list[list[dict[str, Any] | None] | None] = []
     for first_id in c.ids:
         run = state.run_at(first_id)
         if run is None or not run.left or run.place is None:
             continue  # gone, or its bodies are not in the log yet
         moved.append(run.id)
         firsts.append(run.next)
-        bodies.append(state.bodies_of(run)[run.next :])
+        contents = state.contents_of(run)
+        bodies.append(contents.bodies[run.next :])
+        attrs.append(None if contents.attrs is None else contents.attrs[run.next :])
     if not moved:
         return [], 0
-    return [ev.BodiesMoved(now, moved, firsts, bodies)], sum(len(b) for b in bodies)
+    with_attrs = attrs if any(a is not None for a in attrs) else None
+    event = ev.BodiesMoved(now, moved, firsts, bodies, with_attrs)
+    return [event], sum(len(b) for b in bodies)
 
 
 def _drop(state: QueueState, c: cmd.Drop, now: int, ids: IdSource) -> Decision:

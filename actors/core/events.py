@@ -203,11 +203,13 @@ class BodiesMoved(_Base, frozen=True, tag="moved"):
     """No change to the queue: the bodies of messages it still holds in runs, written again
     further on in the log so that the segment their put was in can go (compaction,
     actors/core/runs.py). ``bodies[i]`` are the bodies of the run whose first message is
-    ``ids[i]``, from its slot ``firsts[i]`` on."""
+    ``ids[i]``, from its slot ``firsts[i]`` on; ``attributes[i]`` their attributes, if that
+    run's messages carry any (None: no run's do; an entry None: that run's do not)."""
 
     ids: list[int]
     firsts: list[int]
     bodies: list[list[Body]]
+    attributes: list[list[dict[str, Any] | None] | None] | None = None  # appended
 
 
 class KeySet(_Base, frozen=True, tag="key"):

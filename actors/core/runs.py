@@ -1,17 +1,17 @@
 """Runs: the messages of one put held as one object, their bodies in the log.
 
-Most messages of a deep queue are put ready (no delay, no group, no attributes) with
-server ids, and sit untouched until a take reaches them; many others are put in batches all
-due at one later time, and sit untouched until then (a *delayed* run: ``act``, ``waiting``;
-QueueState keeps it apart until its time, then it joins the ready runs whole). A state that *spills*
+Most messages of a deep queue are put ready (no delay, no group) with server ids, and sit
+untouched until a take reaches them; many others are put in batches all due at one later
+time, and sit untouched until then (a *delayed* run: ``act``, ``waiting``; QueueState keeps
+it apart until its time, then it joins the ready runs whole). A state that *spills*
 (``QueueState.spill``, set by a shell that can read its log back) holds such a put as one
 :class:`Run` instead of one :class:`~actors.core.state.QueuedMessage` per message: the
 messages' arrival sequences and times follow from the run's first ones, their ids too
 when they are consecutive (else 8 bytes each: server ids are drawn from the clock with a
-random part, and increase), and their bodies stay in the log once the put is durable (the
-shell *places* the run: it tells the state where the put's record is, and the inline
-bodies go). A slot of a run costs the 4 bytes of its body's length, and its id's 8 if
-ids are not consecutive.
+random part, and increase), and their bodies (and attributes, if any) stay in the log
+once the put is durable (the shell *places* the run: it tells the state where the put's
+record is, and the inline contents go). A slot of a run costs the 4 bytes of its body's
+length, and its id's 8 if ids are not consecutive.
 
 A slot leaves its run — is *materialized* into a ``QueuedMessage``, body read back through
 the state's reader — only when an event changes it (a take, an update, a delete); reads
@@ -30,15 +30,38 @@ from array import array
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 import msgspec
 
-__all__ = ["BodyReader", "Run", "RunRecord"]
+from actors.core.events import BodiesMoved
 
-# Reads the bodies of a placed run: every body of its put, in order, given the place the
-# shell gave (opaque to the engine: a segment, an offset in it, ...).
-BodyReader = Callable[[Any], list[bytes]]
+__all__ = ["BodyReader", "Contents", "Run", "RunRecord", "moved_contents"]
+
+Attributes = dict[str, Any]
+
+
+class Contents(NamedTuple):
+    """What a put's record holds of its messages beyond the index: every body, in order,
+    and every message's attributes (``attrs`` None: no message of the put has any)."""
+
+    bodies: list[bytes]
+    attrs: list[Attributes | None] | None = None
+
+
+def moved_contents(moved: BodiesMoved, i: int) -> Contents:
+    """The contents of the run ``moved`` wrote ``i``-th, as its put held them: the slots
+    before the record's first for it blank (``b""``, no attributes: taken before, never
+    read again)."""
+    start = moved.firsts[i]
+    attrs = moved.attributes[i] if moved.attributes else None
+    blank: list[Attributes | None] = [None] * start
+    return Contents([b""] * start + moved.bodies[i], None if attrs is None else blank + attrs)
+
+
+# Reads the contents of a placed run: every body (and attributes) of its put, in order,
+# given the place the shell gave (opaque to the engine: a segment, an offset in it, ...).
+BodyReader = Callable[[Any], Contents]
 
 
 class _Materialized(Protocol):
@@ -63,6 +86,8 @@ class RunRecord(msgspec.Struct, array_like=True, gc=False):
     ids: bytes = b""  # each slot's id, 8 bytes little-endian; empty: id, id + 1, ...
     act: int = 0  # when its messages are ready, if later than their put (``at_ms``); 0: then
     acts: bytes = b""  # each slot's own activation time, 8 bytes little-endian (a spread run)
+    with_attrs: bool = False  # its messages carry attributes (in the log with the bodies)
+    attrs: list[Attributes | None] | None = None  # with ``bodies``: each message's attributes
 
 
 class Slots:
@@ -131,7 +156,8 @@ class Slots:
 class Run:
     """The messages of one put: ids ``id ..`` (increasing), arrival sequences ``seq ..``,
     all put at ``at_ms`` and ready at ``act`` (the same, or later: a *delayed* run, which is
-    ``waiting`` until the state's clock reaches ``act``).
+    ``waiting`` until the state's clock reaches ``act``). Their bodies, and their attributes
+    if they have any (``with_attrs``), are read back from the put's record.
 
     A *spread* run's slots each have a time of their own (``acts``, all after the put):
     ``order`` lists its slots by time, ``woke`` how many of them have been reached, and
@@ -142,6 +168,7 @@ class Run:
         "act",
         "acts",
         "at_ms",
+        "attrs",
         "bodies",
         "count",
         "id",
@@ -157,6 +184,7 @@ class Run:
         "seq",
         "size",
         "waiting",
+        "with_attrs",
         "woke",
     )
 
@@ -168,6 +196,7 @@ class Run:
         bodies: list[bytes],
         act: int | None = None,
         acts: list[int] | None = None,
+        attrs: list[Attributes | None] | None = None,
     ) -> None:
         self.seq = seq
         self.id, self.last_id = ids[0], ids[-1]
@@ -186,6 +215,9 @@ class Run:
         self.out = Slots()  # slots at or after ``next`` materialized out of order
         self.left = self.count  # slots still spilled
         self.bodies: list[bytes] | None = bodies  # until placed
+        # each message's attributes, until placed (None: none has any)
+        self.attrs = attrs if attrs is not None and any(a is not None for a in attrs) else None
+        self.with_attrs = self.attrs is not None
         self.place: Any = None
         self.lengths = array("I", [len(b) for b in bodies])
         self.size = sum(self.lengths)  # bytes of all its bodies
@@ -315,6 +347,8 @@ class Run:
             b"" if self.ids is None else _little(self.ids).tobytes(),
             self.act if self.act != self.at_ms and self.acts is None else 0,
             b"" if self.acts is None else _little(self.acts).tobytes(),
+            self.with_attrs,
+            None if self.place is not None else self.attrs,
         )
 
     @classmethod
@@ -333,6 +367,7 @@ class Run:
         run.out = Slots(r.out)
         run.left = r.count - r.next - len(run.out)
         run.place, run.bodies = r.place, r.bodies
+        run.with_attrs, run.attrs = r.with_attrs, r.attrs
         run.lengths = array("I")
         run.lengths.frombytes(r.lengths)
         run.lengths = _little(run.lengths)

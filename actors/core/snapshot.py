@@ -96,7 +96,7 @@ def logical(state: QueueState) -> Snapshot:
     messages = list(snap.messages)
     for r in snap.runs:
         run = Run.from_record(r)
-        bodies = state.bodies_of(run)
+        bodies, attrs = state.contents_of(run)
         messages += (
             QueuedMessage(
                 r.seq + i,
@@ -105,6 +105,7 @@ def logical(state: QueueState) -> Snapshot:
                 r.at_ms,
                 run.act_of(i),
                 DELAYED if run.act_of(i) > snap.clock_ms else READY,
+                attributes=None if attrs is None else attrs[i],
             )
             for i in run.spilled()
         )

@@ -40,7 +40,7 @@ import msgspec
 
 from actors.core import events as ev
 from actors.core import replies as rp
-from actors.core.runs import BodyReader, Run
+from actors.core.runs import BodyReader, Contents, Run
 from actors.settings import QueueSettings
 
 __all__ = [
@@ -704,8 +704,8 @@ class QueueState:
 
     def _runnable(self, e: ev.MessagesPut) -> bool:
         """Whether a put can be held as a run: all its messages ready at once, either at
-        the put or at one later time; server ids increasing past every run's; no group,
-        attributes or observer (which wants each message)."""
+        the put or at one later time, or each at its own later time; server ids increasing
+        past every run's; no group or observer (which wants each message)."""
         if self.settings.fifo or self.observer is not None or not e.items:
             return False
         at = e.at_ms
@@ -733,7 +733,6 @@ class QueueState:
                 # wake in time order), or all at the put
                 or (it.activate_at_ms <= clock if later else it.activate_at_ms != act)
                 or it.group is not None
-                or it.attributes is not None
             ):
                 return False
             last = mid
@@ -745,10 +744,11 @@ class QueueState:
         act = items[0].activate_at_ms
         bodies = [it.body for it in items]
         acts = [it.activate_at_ms for it in items]
+        attrs = [it.attributes for it in items]
         if acts.count(act) == len(acts):
-            run = Run(self.next_seq, ids, e.at_ms, bodies, act)  # type: ignore[arg-type]
+            run = Run(self.next_seq, ids, e.at_ms, bodies, act, attrs=attrs)  # type: ignore[arg-type]
         else:  # a spread run: each slot at its own time
-            run = Run(self.next_seq, ids, e.at_ms, bodies, acts=acts)  # type: ignore[arg-type]
+            run = Run(self.next_seq, ids, e.at_ms, bodies, acts=acts, attrs=attrs)  # type: ignore[arg-type]
         n = run.count
         self.by_id.append(run)
         self.arrivals.append(run)
@@ -780,9 +780,9 @@ class QueueState:
         if run.acts is not None:
             due = run.due_slots(t)
             if due:
-                bodies = self.bodies_of(run)
+                contents = self.contents_of(run)
                 for i in due:
-                    m = self._materialize(run, i, bodies[i])
+                    m = self._materialize(run, i, contents)
                     m.state = READY
                     run.take_slot(i)
                     heapq.heappush(self.ready, (m.activate_at_ms, m.seq, m))
@@ -806,15 +806,20 @@ class QueueState:
         """The shell wrote ``run``'s put: its bodies are read back from ``place`` from now
         on (not an event: it changes where bodies are read from, not the queue)."""
         if run.left or run.mat:
-            run.place, run.bodies = place, None
+            run.place, run.bodies, run.attrs = place, None, None
 
-    def bodies_of(self, run: Run) -> list[bytes]:
-        """The bodies of ``run``'s put, in order (read back if it is placed)."""
+    def contents_of(self, run: Run) -> Contents:
+        """The bodies (and attributes) of ``run``'s put, in order (read back if it is
+        placed)."""
         if run.bodies is not None:
-            return run.bodies
+            return Contents(run.bodies, run.attrs)
         if self.read is None:
             raise RuntimeError("a placed run, and no reader to read its bodies")
         return self.read(run.place)
+
+    def bodies_of(self, run: Run) -> list[bytes]:
+        """The bodies of ``run``'s put, in order (read back if it is placed)."""
+        return self.contents_of(run).bodies
 
     def front_run(self) -> Run | None:
         """The first run with spilled slots: the next ones ``take`` reaches among runs."""
@@ -855,7 +860,7 @@ class QueueState:
         if found is None:
             return None
         run, i = found
-        return _transient(run, i, self.bodies_of(run)[i])
+        return _transient(run, i, self.contents_of(run))
 
     def spilled_after(self, after: tuple[int, int] | None) -> Iterator[QueuedMessage]:
         """Transient views of the spilled messages whose ready key ``(activate_at, seq)``
@@ -869,25 +874,25 @@ class QueueState:
             run = runs[j]
             if not run.left:
                 continue
-            bodies = None
+            contents = None
             for i in run.spilled():
                 if after is not None and (run.act, run.seq + i) <= after:
                     continue
-                if bodies is None:
-                    bodies = self.bodies_of(run)
-                yield _transient(run, i, bodies[i])
+                if contents is None:
+                    contents = self.contents_of(run)
+                yield _transient(run, i, contents)
 
     def deferred_after(self, after: tuple[int, int] | None) -> Iterator[QueuedMessage]:
         """Transient views of the delayed runs' spilled messages whose key ``(activate_at,
         seq)`` is past ``after``, in that order (the order they become ready)."""
         waiting = {entry[1]: entry[2] for entry in self.later if _waits(entry)}
         keyed = heapq.merge(*(_keys_after(run, after) for run in waiting.values()))
-        bodies: dict[int, list[bytes]] = {}
+        read: dict[int, Contents] = {}
         for _, seq, i in keyed:
             run = waiting[seq - i]
-            if seq - i not in bodies:
-                bodies[seq - i] = self.bodies_of(run)
-            yield _transient(run, i, bodies[seq - i][i])
+            if seq - i not in read:
+                read[seq - i] = self.contents_of(run)
+            yield _transient(run, i, read[seq - i])
 
     def holds(self, mid: ev.MessageId) -> bool:
         """Whether a message with id ``mid`` is in the queue."""
@@ -906,12 +911,12 @@ class QueueState:
         for run in self.by_id:
             if not run.left:
                 continue
-            bodies = self.bodies_of(run)
+            contents = self.contents_of(run)
             heap = self.delayed if run.waiting else self.ready
             for i in list(run.spilled()):
-                m = self._materialize(run, i, bodies[i])
+                m = self._materialize(run, i, contents)
                 heap.append((m.activate_at_ms, m.seq, m))
-            run.left, run.next, run.place, run.bodies = 0, run.count, None, None
+            run.left, run.next, run.place, run.bodies, run.attrs = 0, run.count, None, None, None
             run.out.clear()
         heapq.heapify(self.ready)
         heapq.heapify(self.delayed)
@@ -926,7 +931,7 @@ class QueueState:
         if found is None:
             return None
         run, i = found
-        m = self._materialize(run, i, self.bodies_of(run)[i])
+        m = self._materialize(run, i, self.contents_of(run))
         run.take_slot(i)
         if run.waiting:
             self.deferred -= 1
@@ -937,10 +942,10 @@ class QueueState:
                 heapq.heappush(self.ready, (m.activate_at_ms, m.seq, m))
         return m
 
-    def _materialize(self, run: Run, i: int, body: bytes) -> QueuedMessage:
+    def _materialize(self, run: Run, i: int, contents: Contents) -> QueuedMessage:
         """Slot ``i`` of ``run`` as a message of the state (ready, or delayed while the run
         waits; the caller indexes it and counts the slot out of the run)."""
-        m = _transient(run, i, body)
+        m = _transient(run, i, contents)
         run.mat.append(m)
         self.in_mats += 1
         self.messages[m.id] = m
@@ -950,9 +955,19 @@ class QueueState:
 _ACTIVATE, _DEADLINE = 0, 1
 
 
-def _transient(run: Run, i: int, body: bytes) -> QueuedMessage:
+def _transient(run: Run, i: int, contents: Contents) -> QueuedMessage:
+    """Slot ``i`` of ``run`` as a message, its body (and attributes) from ``contents``."""
     state = DELAYED if run.waiting else READY
-    return QueuedMessage(run.seq + i, run.mid(i), body, run.at_ms, run.act_of(i), state)
+    attrs = contents.attrs
+    return QueuedMessage(
+        run.seq + i,
+        run.mid(i),
+        contents.bodies[i],
+        run.at_ms,
+        run.act_of(i),
+        state,
+        attributes=None if attrs is None else attrs[i],
+    )
 
 
 def _waits(entry: tuple[int, int, Run]) -> bool:

@@ -1,4 +1,5 @@
-"""Bodies read back from a shard's local log, for queues that spill (actors/core/runs.py).
+"""Bodies (and attributes) read back from a shard's local log, for queues that spill
+(actors/core/runs.py).
 
 A run's *place* is where its put's record is: ``(segment, block offset, block length,
 queue sequence number, block LSN)``; once compaction moved its bodies, where that
@@ -24,6 +25,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, runtime_checkable
 
 from actors.core.events import BodiesMoved, Event, MessagesPut
+from actors.core.runs import Contents, moved_contents
 from actors.core.state import QueueState
 from actors.errors import DataError
 from actors.log.wal import decode_block, decode_groups, decode_record
@@ -61,7 +63,7 @@ class Bodies:
         self.device = device
         self.cache_bytes = cache_bytes
         self.cached = 0  # bytes of bodies in the cache
-        self._cache: OrderedDict[tuple[Any, ...], tuple[list[bytes], int]] = OrderedDict()
+        self._cache: OrderedDict[tuple[Any, ...], tuple[Contents, int]] = OrderedDict()
         self.blocks_read = 0
         self.hits = 0
 
@@ -70,13 +72,13 @@ class Bodies:
         self._cache.clear()
         self.cached = 0
 
-    def reader(self, queue: str) -> Callable[[Any], list[bytes]]:
+    def reader(self, queue: str) -> Callable[[Any], Contents]:
         """The reader a spilling state of ``queue`` is given."""
         return lambda place: self.read(queue, place)
 
-    def read(self, queue: str, place: Any) -> list[bytes]:
-        """Every body of the put at ``place`` (a :data:`Place`; a snapshot gives it back
-        as a list), in order.
+    def read(self, queue: str, place: Any) -> Contents:
+        """Every body (and attributes) of the put at ``place`` (a :data:`Place`; a
+        snapshot gives it back as a list), in order.
 
         Raises:
             DataError: the block is gone, damaged, or does not hold that put.
@@ -90,19 +92,20 @@ class Bodies:
             self.hits += 1
             return found[0]
         self.blocks_read += 1
-        bodies = bodies_in(self.device.read_at(place[0], place[1], place[2]), queue, place)
-        self._add(key, bodies, sum(len(b) for b in bodies))
-        return bodies
+        contents = bodies_in(self.device.read_at(place[0], place[1], place[2]), queue, place)
+        self._add(key, contents, sum(len(b) for b in contents.bodies))
+        return contents
 
-    def keep(self, queue: str, place: Any, bodies: list[bytes], size: int) -> None:
-        """The bodies of a put of ``queue`` just placed at ``place`` (``size``: their
-        bytes), kept as if read back: a take soon after its put reads no block."""
+    def keep(self, queue: str, place: Any, contents: Contents, size: int) -> None:
+        """The bodies (and attributes) of a put of ``queue`` just placed at ``place``
+        (``size``: the bodies' bytes), kept as if read back: a take soon after its put
+        reads no block."""
         if size <= self.cache_bytes:
-            self._add(_key(queue, place), bodies, size)
+            self._add(_key(queue, place), contents, size)
 
-    def _add(self, key: tuple[Any, ...], bodies: list[bytes], size: int) -> None:
+    def _add(self, key: tuple[Any, ...], contents: Contents, size: int) -> None:
         cache = self._cache
-        cache[key] = (bodies, size)
+        cache[key] = (contents, size)
         self.cached += size
         while self.cached > self.cache_bytes and len(cache) > 1:
             _, (_, dropped) = cache.popitem(last=False)
@@ -113,10 +116,10 @@ def _key(queue: str, place: Any) -> tuple[Any, ...]:
     return (queue, place[0], place[1], place[3], place[5] if len(place) > 5 else -1)
 
 
-def bodies_in(data: bytes, queue: str, place: Any) -> list[bytes]:
-    """The bodies of the run at ``place`` (a :data:`Place`) in the block ``data`` holds:
-    every body of its put, in order (slots before the first a move wrote are ``b""``: they
-    were taken before, and are never read).
+def bodies_in(data: bytes, queue: str, place: Any) -> Contents:
+    """The bodies (and attributes) of the run at ``place`` (a :data:`Place`) in the block
+    ``data`` holds: every body of its put, in order (slots before the first a move wrote are
+    ``b""``, their attributes None: they were taken before, and are never read).
 
     Raises:
         DataError: the block is damaged, or holds no such record.
@@ -126,11 +129,15 @@ def bodies_in(data: bytes, queue: str, place: Any) -> list[bytes]:
         if name == queue and first <= seq < first + len(records):
             event = decode_record(records[seq - first])
             if len(place) > 5:
-                index, start = place[5], place[6]
+                index = place[5]
                 if type(event) is BodiesMoved and index < len(event.bodies):
-                    return [b""] * start + event.bodies[index]
+                    return moved_contents(event, index)
             elif type(event) is MessagesPut:
-                return [it.body for it in event.items]
+                attrs = [it.attributes for it in event.items]
+                return Contents(
+                    [it.body for it in event.items],
+                    attrs if any(a is not None for a in attrs) else None,
+                )
             break
     raise DataError(f"{place[0]} at {place[1]} holds no bodies of record {seq} of queue {queue}")
 
@@ -138,7 +145,7 @@ def bodies_in(data: bytes, queue: str, place: Any) -> list[bytes]:
 async def inline_runs(
     state: QueueState, queue: str, read: Callable[[str], Awaitable[bytes]]
 ) -> None:
-    """Read the bodies of ``state``'s placed runs back into memory, segment by segment
+    """Read the contents of ``state``'s placed runs back into memory, segment by segment
     (``read``: a whole segment), for a state that cannot read them while it decides (a log
     on an object store; runs.py).
 
@@ -154,4 +161,5 @@ async def inline_runs(
             segments.clear()  # runs come in log order, mostly: one segment at a time
             segments[segment] = await read(segment)
         data = segments[segment][offset : offset + length]
-        run.bodies, run.place = bodies_in(data, queue, run.place), None
+        run.bodies, run.attrs = bodies_in(data, queue, run.place)
+        run.place = None

@@ -37,11 +37,13 @@ class ServerFactory:
         data: Path | None = None,
         start: bool = True,
         wait_ready: bool = True,
+        env: dict[str, str] | None = None,
     ) -> Server:
-        """A server with ``args`` on ``data`` (default: a new directory), started."""
+        """A server with ``args`` on ``data`` (default: a new directory), started
+        (``env``: its environment, else the suite's)."""
         if data is None:
             data = self.root / f"data-{next(_serial)}"
-        server = Server(data, *args)
+        server = Server(data, *args, env=env)
         self.servers.append(server)
         if start:
             server.start(wait_ready=wait_ready)

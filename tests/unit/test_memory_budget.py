@@ -181,10 +181,14 @@ async def test_room_for_each_queues_next_snapshot_counts_against_the_budget(
     # the last snapshot object of each queue.
     shard = budgeted_shard
     bodies = [os.urandom(1000) for _ in range(16_000)]  # incompressible: kept plain
-    # With attributes, so held as messages with their bodies, snapshots too (plain puts
-    # stay in the log as runs, and a snapshot only says where: actors/core/runs.py).
+    # Each put mixes messages ready now with one due later, so they are held as messages
+    # with their bodies, snapshots too (a put ready at one time, or each message due later,
+    # stays in the log as a run, and a snapshot only says where: actors/core/runs.py).
     puts = [
-        cmd.Put([cmd.NewMessage(body=b, attributes={"k": "v"}) for b in bodies[i : i + 1000]])
+        cmd.Put(
+            [cmd.NewMessage(body=b) for b in bodies[i : i + 999]]
+            + [cmd.NewMessage(body=bodies[i + 999], delay_ms=60_000)]
+        )
         for i in range(0, 16_000, 1000)
     ]
     assert not any(isinstance(r, Exception) for r in await shard.execute_many("q", puts))

@@ -26,6 +26,7 @@ class RMsg:
     receive_count: int = 0
     lease: str | None = None
     deadline: int = 0
+    attributes: dict[str, object] | None = None
 
 
 @dataclass
@@ -167,6 +168,7 @@ class Reference:
             delay = spec.get("delay", 0)
             activate = spec.get("activate_at", now + delay)  # type: ignore[operator]
             m = RMsg(mid, body, 0, now, activate, "delayed", spec.get("group"))  # type: ignore[arg-type]
+            m.attributes = spec.get("attributes")  # type: ignore[assignment]
             staged.append(m)
             if key is not None:
                 keys[key] = (mid, now)  # type: ignore[assignment]

@@ -31,6 +31,7 @@ from actors.core import browse, decide
 from actors.core import commands as c
 from actors.core.decide import execute
 from actors.core.events import BodiesMoved, Event
+from actors.core.runs import Contents, moved_contents
 from actors.core.snapshot import (
     decode_snapshot,
     encode_snapshot,
@@ -54,13 +55,19 @@ GROUPS = ["g1", "g2", "g3"]
 STATES = ["ready", "delayed", "reserved"]
 delays = st.sampled_from([0, 0, 0, 5, 1_500, 12_000]) | st.integers(0, 25_000)
 durations = st.integers(0, 20_000)
+ATTRS = [{"a": "1"}, {"kind": "mail", "n": 2}]
 put_specs = st.fixed_dictionaries(
     {
         "body": st.sampled_from(BODIES),
         "id": st.sampled_from(CLIENT_IDS),
         "group": st.sampled_from(GROUPS),
     },
-    optional={"delay": delays, "past": st.integers(1, 5_000), "key": st.sampled_from(KEYS)},
+    optional={
+        "delay": delays,
+        "past": st.integers(1, 5_000),
+        "key": st.sampled_from(KEYS),
+        "attrs": st.sampled_from(ATTRS),
+    },
 )
 
 
@@ -96,10 +103,11 @@ class QueueMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.now = T0
-        self.log: dict[int, list[bytes]] = {}  # where placed runs' bodies are
+        self.log: dict[int, Contents] = {}  # where placed runs' bodies (and attributes) are
         self.most_spilled = 0
         self.most_deferred = 0
         self.spread_runs = 0  # spread runs seen waiting, summed over the checks
+        self.attr_runs = 0  # runs with attributes seen holding slots, summed over the checks
         self.state = self.spilling(QueueState())
         self.ids = SequentialIds()
         self.ref_ids = SequentialIds()
@@ -125,13 +133,15 @@ class QueueMachine(RuleBasedStateMachine):
         for e in self.events:
             if type(e) is BodiesMoved:
                 for i, mid in enumerate(e.ids):
-                    moved[mid] = [b""] * e.firsts[i] + e.bodies[i]
+                    moved[mid] = moved_contents(e, i)
         placed = set()
         for run in self.state.unplaced:
-            bodies = moved.get(run.id, run.bodies)
-            if bodies is not None and id(run) not in placed:
+            contents = moved.get(run.id)
+            if contents is None and run.bodies is not None:
+                contents = Contents(list(run.bodies), run.attrs)
+            if contents is not None and id(run) not in placed:
                 placed.add(id(run))
-                self.log[len(self.log)] = list(bodies)
+                self.log[len(self.log)] = contents
                 self.state.place(run, len(self.log) - 1)
         self.state.unplaced.clear()
 
@@ -142,9 +152,11 @@ class QueueMachine(RuleBasedStateMachine):
         snap = snapshot(state)
         for r in snap.runs:
             if r.place is not None:
-                r.bodies, r.place = self.log[r.place], None
+                (r.bodies, r.attrs), r.place = self.log[r.place], None
             if r.bodies is not None:
                 r.bodies = [b"" if i < r.next else body for i, body in enumerate(r.bodies)]
+            if r.attrs is not None:
+                r.attrs = [None if i < r.next else a for i, a in enumerate(r.attrs)]
         return encode_snapshot(snap)
 
     def run(self, command: object, *, ref_at_now: bool = False) -> object:
@@ -204,6 +216,8 @@ class QueueMachine(RuleBasedStateMachine):
                 kw["id"] = rs["id"] = spec["id"]
             if ref.settings.fifo:
                 kw["group"] = rs["group"] = spec["group"]
+            if "attrs" in spec:
+                kw["attributes"] = rs["attributes"] = spec["attrs"]
             if "past" in spec:
                 kw["activate_at_ms"] = rs["activate_at"] = self.now - spec["past"]
             elif "delay" in spec:
@@ -221,8 +235,9 @@ class QueueMachine(RuleBasedStateMachine):
     def do_take(self, limit: int, vt: int | None) -> None:
         reply = self.run(c.Take(max=limit, visibility_timeout_ms=vt))
         expected = self.ref.take(self.now, limit, vt)
-        got = [(d.id, d.body, d.receive_count, d.lease_expires_at_ms) for d in reply]
-        assert got == [(str(m.id), m.body, m.receive_count, m.deadline) for m in expected]
+        got = [(d.id, d.body, d.attributes, d.receive_count, d.lease_expires_at_ms) for d in reply]
+        want = [(str(m.id), m.body, m.attributes, m.receive_count, m.deadline) for m in expected]
+        assert got == want
         for d, m in zip(reply, expected, strict=True):
             m.lease = str(self.ref_ids.next_lease())
             assert d.lease == m.lease
@@ -263,9 +278,16 @@ class QueueMachine(RuleBasedStateMachine):
         if isinstance(expected, str):
             assert reply == expected
         else:
-            assert (reply.state, reply.body, reply.activate_at_ms, reply.receive_count) == (
+            assert (
+                reply.state,
+                reply.body,
+                reply.attributes,
+                reply.activate_at_ms,
+                reply.receive_count,
+            ) == (
                 expected.state,
                 expected.body,
+                expected.attributes,
                 expected.activate_at,
                 expected.receive_count,
             )
@@ -301,7 +323,9 @@ class QueueMachine(RuleBasedStateMachine):
         p = self.pager
         page = self.run(c.Browse(state, limit, p.after))
         found, ref_next = ref.browse(state, limit, p.ref_after)
-        assert [v.id for v in page.messages] == [str(m.id) for m in found]
+        assert [(v.id, v.attributes) for v in page.messages] == [
+            (str(m.id), m.attributes) for m in found
+        ]
         assert page.next == (None if ref_next is None else f"{state}.{ref_next[0]}.{ref_next[1]}")
         self.check_browse_paths(state, p.ref_after, limit + 1)
         p.listed += [(str(m.id), ref.key(m)) for m in found]
@@ -465,6 +489,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.most_spilled = max(self.most_spilled, self.state.spilled)
         self.most_deferred = max(self.most_deferred, self.state.deferred)
         self.spread_runs += sum(r.acts is not None and r.left > 0 for r in self.state.by_id)
+        self.attr_runs += sum(r.with_attrs and r.left > 0 for r in self.state.by_id)
         if self.pager is not None:
             self.pager.still(self.ref)
 
@@ -539,6 +564,8 @@ def _random_specs(rng: random.Random) -> list[dict]:
             spec["delay"] = rng.choice([5, 1_500, 12_000, rng.randint(0, 25_000)])
         if rng.random() < 0.3:
             spec["key"] = rng.choice(KEYS)
+        if rng.random() < 0.25:
+            spec["attrs"] = rng.choice(ATTRS)
         specs.append(spec)
     return specs
 
@@ -631,6 +658,7 @@ def test_long_seeded_walk_matches_the_reference(
     assert variant != 4 or m.most_spilled > 0  # the spilling variant held runs
     assert variant != 4 or m.most_deferred > 0  # and delayed runs
     assert variant != 4 or m.spread_runs > 0  # spread ones among them
+    assert variant != 4 or m.attr_runs > 0  # and ones whose messages carry attributes
 
 
 def test_a_compacted_run_half_taken_replays_to_the_same_state() -> None:
@@ -645,6 +673,6 @@ def test_a_compacted_run_half_taken_replays_to_the_same_state() -> None:
     m.do_move_bodies([True])
     m.check()
     [run] = [r for r in m.state.runs if r.place is not None]
-    assert (run.count, run.next, m.log[run.place]) == (2, 1, [b"", b"alpha"])
+    assert (run.count, run.next, m.log[run.place].bodies) == (2, 1, [b"", b"alpha"])
     m.do_replay_from_events()
     m.check()

@@ -10,7 +10,7 @@ import pytest
 from actors.core import commands as c
 from actors.core import events as ev
 from actors.core.decide import execute
-from actors.core.runs import Run
+from actors.core.runs import Contents, Run, moved_contents
 from actors.core.snapshot import decode_snapshot, encode_snapshot, logical, restore, snapshot
 from actors.core.state import RESERVED, RUN_DEPTH, RUN_MIN_PUT, QueueState
 from actors.errors import MessageNotFound
@@ -24,7 +24,7 @@ class Shell:
     """A spilling state and a dict for a log: what a shell does around the engine."""
 
     def __init__(self, name: str = "q", **settings: object) -> None:
-        self.log: dict[int, list[bytes]] = {}
+        self.log: dict[int, Contents] = {}
         self.events: list[ev.Event] = []
         self.reads = 0
         self.state = self.spilling(QueueState())
@@ -37,7 +37,7 @@ class Shell:
         state.read = self.read
         return state
 
-    def read(self, place: int) -> list[bytes]:
+    def read(self, place: int) -> Contents:
         self.reads += 1
         return self.log[place]
 
@@ -57,10 +57,9 @@ class Shell:
         moved = next((e for e in events if type(e) is ev.BodiesMoved), None)
         for run in self.state.unplaced:  # "durable": bodies now come from the log
             if moved is None:
-                self.log[len(self.log)] = list(run.bodies or [])
+                self.log[len(self.log)] = Contents(list(run.bodies or []), run.attrs)
             else:  # compaction: the same bodies from the record's slot on
-                i = moved.ids.index(run.id)
-                self.log[len(self.log)] = [b""] * moved.firsts[i] + moved.bodies[i]
+                self.log[len(self.log)] = moved_contents(moved, moved.ids.index(run.id))
             self.state.place(run, len(self.log) - 1)
         self.state.unplaced.clear()
 
@@ -152,17 +151,83 @@ def test_a_run_of_ids_that_are_not_consecutive_keeps_them() -> None:
     assert [d.body for d in got] == [b"m0", b"m1", b"m2", b"m4"]
 
 
-def test_only_plain_puts_ready_at_the_put_or_later_spill() -> None:
+def test_only_puts_ready_at_the_put_or_later_without_groups_spill() -> None:
     sh = Shell()
-    sh.put(5, attributes={"a": "b"})
     sh.run(c.Put([c.NewMessage(body=b"z", activate_at_ms=sh.now - 5)]))  # ready since before
     sh.run(c.Put([c.NewMessage(body=b"r"), c.NewMessage(body=b"d", delay_ms=10)]))  # mixed
     assert (sh.state.spilled, sh.state.deferred) == (0, 0)
-    assert len(sh.state.messages) == 8
+    assert len(sh.state.messages) == 3
     fifo = Shell("q.fifo", fifo=True)
     fifo.run(c.Put([c.NewMessage(body=b"x", group="g")]))
     fifo.run(c.Put([c.NewMessage(body=b"x", group="g", delay_ms=100)]))
     assert (fifo.state.spilled, fifo.state.deferred) == (0, 0)
+
+
+ATTRS = [{"kind": "mail", "n": i} if i % 3 else None for i in range(30)]
+
+
+def attr_put(sh: Shell, **kw: object) -> list[str]:
+    """A put of 30 messages, two of every three with attributes."""
+    messages = [c.NewMessage(body=b"m%d" % i, attributes=a, **kw) for i, a in enumerate(ATTRS)]
+    return [r.id for r in sh.run(c.Put(messages))]  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("delay", [None, 60_000, "spread"], ids=["ready", "delayed", "spread"])
+def test_messages_with_attributes_spill_and_read_them_back_from_the_log(delay: object) -> None:
+    sh = Shell()
+    if delay == "spread":
+        at = [sh.now + 1000 * (30 - i) for i in range(30)]  # the last due first
+        messages = [
+            c.NewMessage(body=b"m%d" % i, attributes=a, activate_at_ms=at[i])
+            for i, a in enumerate(ATTRS)
+        ]
+        ids = [r.id for r in sh.run(c.Put(messages))]  # type: ignore[attr-defined]
+    else:
+        ids = attr_put(sh, delay_ms=delay)
+    s = sh.state
+    [run] = s.by_id
+    assert (len(s.messages), s.spilled + s.deferred, run.with_attrs) == (0, 30, True)
+    assert (run.bodies, run.attrs) == (None, None)  # placed: both are in the log
+    assert sh.run(c.Peek(ids[4])).attributes == {"kind": "mail", "n": 4}
+    assert sh.run(c.Peek(ids[3])).attributes is None
+    listed = sh.run(c.Browse(state="delayed" if delay else "ready", limit=100))
+    assert {m.id: m.attributes for m in listed.messages} == dict(zip(ids, ATTRS, strict=True))
+    assert len(s.messages) == 0  # reading materializes nothing
+    sh.now += 60_000
+    got = sh.run(c.Take(max=100))
+    assert {d.id: (d.body, d.attributes) for d in got} == {
+        mid: (b"m%d" % i, ATTRS[i]) for i, mid in enumerate(ids)
+    }
+
+
+def test_attributes_survive_a_snapshot_placed_or_not_and_a_move() -> None:
+    sh = Shell()
+    ids = attr_put(sh)
+    sh.run(c.Take(max=2))
+    events, moved = execute(sh.state, c.MoveBodies([int(ids[0])]), sh.now, sh.ids)
+    assert moved == 28
+    assert events[0].attributes == [ATTRS[2:]]
+    assert moved_contents(events[0], 0).attrs == [None, None, *ATTRS[2:]]
+    sh.state.unplaced.clear()
+    sh.log[1] = moved_contents(events[0], 0)
+    sh.state.place(sh.state.by_id[0], 1)
+    del sh.log[0]  # the put's segment is gone: only the move holds them
+    snap = snapshot(sh.state)
+    assert (snap.runs[0].with_attrs, snap.runs[0].attrs, len(snap.messages)) == (True, None, 2)
+    data = encode_snapshot(snap)  # the attributes stayed in the log, with the bodies
+    sh.state = sh.spilling(restore(decode_snapshot(data)))
+    assert sh.run(c.Peek(ids[29])).attributes == ATTRS[29]
+    # a put not yet durable keeps its attributes in the snapshot, with its bodies
+    unplaced = QueueState()
+    unplaced.spill, unplaced.run_min_put = True, 1
+    execute(unplaced, c.Create("q", QueueSettings(id_mode="server")), sh.now, sh.ids)
+    put = [c.NewMessage(body=b"b", attributes={"x": "1"}), c.NewMessage(body=b"c")]
+    execute(unplaced, c.Put(put), sh.now, sh.ids)
+    snap = snapshot(unplaced)
+    assert (snap.runs[0].with_attrs, snap.runs[0].attrs) == (True, [{"x": "1"}, None])
+    restored = restore(decode_snapshot(encode_snapshot(snap)))
+    got = execute(restored, c.Take(max=2), sh.now, sh.ids)[1]
+    assert [d.attributes for d in got] == [{"x": "1"}, None]
 
 
 def test_a_put_ready_at_one_later_time_is_a_delayed_run_with_no_message_objects() -> None:
@@ -236,8 +301,9 @@ def test_browse_lists_delayed_runs_in_activation_order_across_pages() -> None:
     sh = Shell()
     far = sh.put(3, delay_ms=3 * 86_400_000)  # far future, put first
     near = sh.put(3, delay_ms=3_600_000)
-    one = sh.run(c.Put([c.NewMessage(body=b"o", delay_ms=7_200_000, attributes={"k": "v"})]))
-    want = [*near, one[0].id, *far]  # type: ignore[index]
+    one = sh.put(1, delay_ms=60_000)
+    sh.run(c.Update(id=one[0], delay_ms=7_200_000))  # a message object in the delayed heap
+    want = [*near, one[0], *far]
     seen, after = [], None
     while True:
         page = sh.run(c.Browse(state="delayed", limit=2, after=after))
@@ -510,7 +576,7 @@ def test_moved_bodies_are_read_from_their_new_place_by_peek_take_update_and_resc
     assert moved == 12
     assert sh.state.unplaced == [first, second]  # for the shell to place again
     sh.state.unplaced.clear()
-    sh.log[2], sh.log[3] = [b""] * 3 + events[0].bodies[0], events[0].bodies[1]
+    sh.log[2], sh.log[3] = moved_contents(events[0], 0), moved_contents(events[0], 1)
     sh.state.place(first, 2)
     sh.state.place(second, 3)
     del sh.log[0], sh.log[1]  # the old segment is gone

@@ -337,8 +337,19 @@ def _events_by_queue() -> dict[str, list[ev.Event]]:
     return out
 
 
+# Events that gained a field since: what today's writer writes for the same event (the
+# old bytes, plus the appended fields' defaults). The old bytes still decode the same.
+APPENDED_SINCE = {
+    # BodiesMoved.attributes (issue 33: runs of messages with attributes), a trailing nil
+    ev.BodiesMoved: "96a56d6f766564cf0000018bcfe568009207cf00060a24182022409202009292c40178c4"
+    "0091c402797ac0",
+}
+
+
 @pytest.mark.parametrize("kind", list(ADDED_IN_V2), ids=lambda t: t.__name__)
 def test_events_added_to_version_2_keep_the_bytes_they_were_added_with(kind: type) -> None:
     event, frozen = ADDED_IN_V2[kind]
     assert ev.decode_event(bytes.fromhex(frozen)) == event
-    assert ev.encode_event(event).hex() == frozen
+    now = APPENDED_SINCE.get(kind, frozen)
+    assert ev.encode_event(event).hex() == now
+    assert now[2:].startswith(frozen[2:])  # past the array's length: the same fields first

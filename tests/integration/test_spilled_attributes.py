@@ -1,0 +1,155 @@
+"""Messages with attributes held in runs (issue 33; actors/core/runs.py) through a real
+``evq serve``: their attributes stay in the log with their bodies, every command on such a
+message shows them, they survive a graceful restart and a SIGKILL, and SQS clients (boto3)
+get them back with the right MD5 from a queue deep enough that their small batches spill."""
+
+from __future__ import annotations
+
+import re
+import time
+import urllib.request
+from typing import Any
+
+import boto3
+import pytest
+from botocore.config import Config
+
+from actors.core.state import RUN_DEPTH
+from evq.client import Client, NewMessage
+from tests.integration.conftest import Names, ServerFactory
+from tests.integration.server import server_env
+from tests.unit.gateway.sqs_support import expected_md5
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+KEY, SECRET = "AKIDEVQSPILL", "evq/spill+secret"
+REGION = "eu-central-1"
+
+
+def spilled(url: str, queue: str) -> int:
+    """The queue's ``evq_queue_spilled_messages`` on the server's /metrics."""
+    with urllib.request.urlopen(url + "/metrics", timeout=20) as resp:
+        text = resp.read().decode()
+    found = re.search(
+        rf'^evq_queue_spilled_messages{{queue="{re.escape(queue)}"}} (\S+)$', text, re.M
+    )
+    assert found is not None, f"no spilled gauge for {queue}"
+    return int(float(found.group(1)))
+
+
+def attrs(i: int) -> dict[str, str]:
+    return {"tenant": f"t{i % 7}", "trace": f"trace-{i:04d}"}
+
+
+def test_native_messages_with_attributes_spill_and_keep_them_through_restarts(
+    make_server: ServerFactory, names: Names
+) -> None:
+    server = make_server("--shards", "1")
+    q = names("attrs")
+    with Client(server.url, retries=0, timeout=20) as c:
+        c.create_queue(q)
+        ready = [
+            r.id
+            for r in c.put(q, [NewMessage(body=f"r{i}", attributes=attrs(i)) for i in range(200)])
+        ]
+        later = [
+            r.id
+            for r in c.put(
+                q, [NewMessage(body=f"d{i}", attributes=attrs(i), delay=3600) for i in range(100)]
+            )
+        ]
+        assert spilled(server.url, q) == 300  # no message objects: all in runs
+        m = c.get_message(q, ready[5])
+        assert (m.body, m.attributes) == (b"r5", attrs(5))
+        m = c.get_message(q, later[9])
+        assert (m.state, m.attributes) == ("delayed", attrs(9))
+        listed = c.browse_all(q, "delayed", limit=40)
+        assert [(x.id, x.attributes) for x in listed] == [
+            (mid, attrs(i)) for i, mid in enumerate(later)
+        ]
+        c.update_message(q, later[1], body="changed")  # leaves its run, keeps its attributes
+        assert c.get_message(q, later[1]).attributes == attrs(1)
+
+    assert server.stop() == 0  # graceful: the snapshot holds the runs, not the attributes
+    server.start()
+    with Client(server.url, retries=0, timeout=20) as c:
+        got = c.take(q, 50, visibility_timeout=600)
+        assert [(x.id, x.body, x.attributes) for x in got] == [
+            (mid, f"r{i}".encode(), attrs(i)) for i, mid in enumerate(ready[:50])
+        ]
+        c.put(q, [NewMessage(body=f"k{i}", attributes=attrs(i)) for i in range(100)])  # log only
+
+    server.kill()  # SIGKILL: the last put is replayed from the log
+    server.start()
+    with Client(server.url, retries=0, timeout=20) as c:
+        assert c.get_message(q, later[1]).attributes == attrs(1)
+        assert c.get_message(q, later[99]).attributes == attrs(99)
+        time.sleep(1)  # the leases of the first take are still held (600 s)
+        got = c.take(q, 1000, visibility_timeout=600)
+        assert [x.attributes for x in got] == [attrs(i) for i in range(50, 200)] + [
+            attrs(i) for i in range(100)
+        ]
+        assert got[-1].body == b"k99"
+
+
+def test_sqs_batches_with_message_attributes_spill_in_a_deep_queue_and_come_back_whole(
+    make_server: ServerFactory, names: Names
+) -> None:
+    server = make_server("--shards", "1", env=server_env(EVQ_SQS_KEYS=f"{KEY}:{SECRET}"))
+    sqs: Any = boto3.session.Session().client(
+        "sqs",
+        endpoint_url=server.url,
+        region_name=REGION,
+        aws_access_key_id=KEY,
+        aws_secret_access_key=SECRET,
+        config=Config(retries={"max_attempts": 1, "mode": "standard"}, read_timeout=30),
+    )
+    name = names("sqsattrs")
+    url = sqs.create_queue(QueueName=name)["QueueUrl"]
+    with Client(server.url, retries=0, timeout=20) as c:  # deep enough that small puts spill
+        for _ in range(RUN_DEPTH // 1000):
+            c.put(name, ["filler"] * 1000)
+    sent_attrs = {
+        "kind": {"DataType": "String", "StringValue": "invoice"},
+        "amount": {"DataType": "Number", "StringValue": "12.5"},
+        "blob": {"DataType": "Binary", "BinaryValue": b"\x00\x01\xff"},
+    }
+    sent = sqs.send_message_batch(
+        QueueUrl=url,
+        Entries=[
+            {"Id": f"m{i}", "MessageBody": f"body {i}", "MessageAttributes": sent_attrs}
+            for i in range(10)
+        ],
+    )
+    assert len(sent["Successful"]) == 10
+    assert spilled(server.url, name) == RUN_DEPTH + 10  # the batch is a run too
+    sqs.close()
+
+    server.kill()
+    server.start()
+    sqs = boto3.session.Session().client(
+        "sqs",
+        endpoint_url=server.url,
+        region_name=REGION,
+        aws_access_key_id=KEY,
+        aws_secret_access_key=SECRET,
+        config=Config(retries={"max_attempts": 1, "mode": "standard"}, read_timeout=30),
+    )
+    with Client(server.url, retries=0, timeout=20) as c:
+        for _ in range(RUN_DEPTH // 1000):  # the filler, out of the way
+            assert len(c.take(name, 1000, visibility_timeout=600)) == 1000
+    got: list[dict[str, Any]] = []
+    while len(got) < 10:
+        reply = sqs.receive_message(
+            QueueUrl=url,
+            MaxNumberOfMessages=10,
+            MessageAttributeNames=["All"],
+            VisibilityTimeout=600,
+        )
+        assert reply.get("Messages"), "the batch's messages did not come back"
+        got += reply["Messages"]
+    assert sorted(m["Body"] for m in got) == sorted(f"body {i}" for i in range(10))
+    for m in got:
+        assert m["MessageAttributes"] == sent_attrs
+        assert m["MD5OfMessageAttributes"] == expected_md5(sent_attrs)
+    sqs.close()
