@@ -22,7 +22,9 @@ Message kinds (issue 33): by default every message is put ready. ``--delay 1h`` 
 every message by that long, a put's messages all ready at one time (a delayed run in the
 server: actors/core/runs.py); ``--delay-spread 1h..30d`` delays each message by its own
 time, drawn evenly from the range. Either way the queues keep messages a day past the
-longest delay (``retention``), and the timed takes find nothing ready.
+longest delay (``retention``), and the timed takes find nothing ready. ``--attrs`` gives
+each message two attributes, as SQS senders set them (a tenant among 1,000 and a random
+trace id), with any of the above.
 
 With ``--churn`` (off by default), once the last depth is measured (and restarted), it
 checks the issue's claim on disk: under a churn where half of all messages are acked, disk
@@ -214,7 +216,7 @@ class Bench:
         self.base["disk_bytes"] = disk_bytes(self.data)  # the log's preallocated files
         emit({"base": self.base})
         self.filler = Filler(
-            self.args.procs, self.args.producers, self.args.size, timing(self.args)
+            self.args.procs, self.args.producers, self.args.size, timing(self.args), self.args.attrs
         )
 
     def step(self, target: int) -> dict[str, Any]:
@@ -551,6 +553,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         help="each message delayed by its own time, drawn evenly from LO..HI (1h..30d)",
     )
+    add("--attrs", action="store_true", help="each message with two attributes (SQS-style)")
     add("--churn", action="store_true", help="at the end: ack half, weigh disk against live")
     add("--churn-clients", type=int, default=4, help="clients taking and acking at once")
     add("--churn-quiet", type=float, default=15.0, help="s the live log must not shrink")

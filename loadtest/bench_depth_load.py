@@ -111,21 +111,37 @@ def random_bodies(n: int, size: int) -> list[bytes]:
     return [text[i * size : (i + 1) * size] for i in range(n)]
 
 
-def put_body(n: int, size: int, timing: tuple[float, float] | None = None) -> bytes:
+def put_body(
+    n: int, size: int, timing: tuple[float, float] | None = None, attrs: bool = False
+) -> bytes:
     """A put's JSON body: ``n`` messages of :func:`random_bodies`. ``timing`` (lo, hi)
     delays them, in seconds: all by ``lo`` when ``lo == hi`` (the put's messages ready at
-    one time), else each by its own, drawn evenly from lo to hi."""
+    one time), else each by its own, drawn evenly from lo to hi. ``attrs``: each message
+    carries two attributes, as an SQS sender's would (:func:`attributes`)."""
     bodies = random_bodies(n, size)
-    if timing is None:
+    if timing is None and not attrs:
         return b'{"messages":[{"body":"' + b'"},{"body":"'.join(bodies) + b'"}]}'
-    lo, hi = timing
-    delays = [lo] * n if lo == hi else [random.uniform(lo, hi) for _ in range(n)]
-    items = (b'{"body":"%s","delay":%.3f}' % (b, d) for b, d in zip(bodies, delays, strict=True))
-    return b'{"messages":[' + b",".join(items) + b"]}"
+    items = [b'{"body":"%s"' % b for b in bodies]
+    if timing is not None:
+        lo, hi = timing
+        delays = [lo] * n if lo == hi else [random.uniform(lo, hi) for _ in range(n)]
+        items = [b'%s,"delay":%.3f' % (item, d) for item, d in zip(items, delays, strict=True)]
+    if attrs:
+        items = [b'%s,"attributes":%s' % (item, attributes()) for item in items]
+    return b'{"messages":[' + b"},".join(items) + b"}]}"
+
+
+def attributes() -> bytes:
+    """Two attributes as JSON, as an SQS sender sets them: a tenant among 1,000 and a
+    trace id of 16 random hex digits (62 bytes in all, encoded)."""
+    return b'{"tenant":"t%03d","trace":"%s"}' % (
+        random.randrange(1000),
+        os.urandom(8).hex().encode(),
+    )
 
 
 def _put_request(queue: str, n: int, size: int) -> bytes:
-    body = put_body(n, size, _shared.get("timing"))
+    body = put_body(n, size, _shared.get("timing"), _shared.get("attrs", False))
     head = (
         f"POST /v1/queues/{queue}/messages HTTP/1.1\r\nHost: evq\r\n"
         f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
@@ -138,8 +154,10 @@ def _put_request(queue: str, n: int, size: int) -> bytes:
 _shared: dict[str, Any] = {}  # in a producer process: the count and the stop event
 
 
-def _init(counter: Any, stop: Any, timing: tuple[float, float] | None = None) -> None:
-    _shared.update(counter=counter, stop=stop, timing=timing)
+def _init(
+    counter: Any, stop: Any, timing: tuple[float, float] | None = None, attrs: bool = False
+) -> None:
+    _shared.update(counter=counter, stop=stop, timing=timing, attrs=attrs)
 
 
 def fill_part(
@@ -207,7 +225,12 @@ class Filler:
     """``procs`` producer processes with ``producers`` producers in all, kept across fills."""
 
     def __init__(
-        self, procs: int, producers: int, size: int, timing: tuple[float, float] | None = None
+        self,
+        procs: int,
+        producers: int,
+        size: int,
+        timing: tuple[float, float] | None = None,
+        attrs: bool = False,
     ) -> None:
         ctx = multiprocessing.get_context("spawn")  # the tool's threads stay out of them
         self.counter = ctx.Value("q", 0)
@@ -217,7 +240,7 @@ class Filler:
             procs,
             mp_context=ctx,
             initializer=_init,
-            initargs=(self.counter, self.stop, timing),
+            initargs=(self.counter, self.stop, timing, attrs),
         )
         for future in [self.pool.submit(os.getpid) for _ in range(procs)]:
             future.result()  # started and imported before the first fill is timed

@@ -66,6 +66,15 @@ def test_a_put_body_delays_its_messages_by_one_time_or_each_by_its_own() -> None
     assert "delay" not in json.loads(put_body(5, 10))["messages"][0]
 
 
+def test_a_put_body_gives_each_message_two_attributes_with_any_timing() -> None:
+    for timing in (None, (60.0, 60.0), (60.0, 3600.0)):
+        messages = json.loads(put_body(200, 10, timing, attrs=True))["messages"]
+        assert all(sorted(m["attributes"]) == ["tenant", "trace"] for m in messages)
+        assert len({m["attributes"]["trace"] for m in messages}) == 200  # random, not one
+        assert all(("delay" in m) == (timing is not None) for m in messages)
+    assert "attributes" not in json.loads(put_body(5, 10))["messages"][0]
+
+
 def test_delays_take_units_and_a_spread_must_grow() -> None:
     assert [duration(x) for x in ("90s", "30m", "1h", "2d", "45")] == [90, 1800, 3600, 172_800, 45]
     assert spread("1h..30d") == (3600, 30 * 86_400)
