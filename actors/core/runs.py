@@ -10,8 +10,8 @@ messages' arrival sequences and times follow from the run's first ones, their id
 when they are consecutive (else 8 bytes each: server ids are drawn from the clock with a
 random part, and increase), and their bodies (and attributes, if any) stay in the log
 once the put is durable (the shell *places* the run: it tells the state where the put's
-record is, and the inline contents go). A slot of a run costs the 4 bytes of its body's
-length, and its id's 8 if ids are not consecutive.
+record is, and the inline contents go). A slot of a run costs the 2 bytes of its body's
+length (4 for a body of 64 KiB or more), and its id's 8 if ids are not consecutive.
 
 A slot leaves its run — is *materialized* into a ``QueuedMessage``, body read back through
 the state's reader — only when an event changes it (a take, an update, a delete); reads
@@ -29,7 +29,7 @@ import sys
 from array import array
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any, NamedTuple, Protocol
 
 import msgspec
@@ -159,9 +159,9 @@ class Run:
     ``waiting`` until the state's clock reaches ``act``). Their bodies, and their attributes
     if they have any (``with_attrs``), are read back from the put's record.
 
-    A *spread* run's slots each have a time of their own (``acts``, all after the put):
-    ``order`` lists its slots by time, ``woke`` how many of them have been reached, and
-    ``act`` is the time of the next one. Its slots wake one time at a time, each
+    A *spread* run's slots each have a time of their own (``base`` plus ``acts``, all after
+    the put): ``order`` lists its slots by time, ``woke`` how many of them have been
+    reached, and ``act`` is the time of the next one. Its slots wake one time at a time, each
     materialized as a ready message; the run itself never becomes ready."""
 
     __slots__ = (
@@ -169,6 +169,7 @@ class Run:
         "acts",
         "at_ms",
         "attrs",
+        "base",
         "bodies",
         "count",
         "id",
@@ -207,9 +208,10 @@ class Run:
         self.waiting = False  # set by the state while the run is delayed
         self.acts: array[int] | None = None
         self.order: array[int] | None = None
+        self.base = 0
         self.woke = 0
         if acts is not None:
-            self._spread(array("q", acts))
+            self._spread(acts)
         self.count = len(bodies)
         self.next = 0  # slots before it are materialized (or gone)
         self.out = Slots()  # slots at or after ``next`` materialized out of order
@@ -219,7 +221,7 @@ class Run:
         self.attrs = attrs if attrs is not None and any(a is not None for a in attrs) else None
         self.with_attrs = self.attrs is not None
         self.place: Any = None
-        self.lengths = array("I", [len(b) for b in bodies])
+        self.lengths = _lengths([len(b) for b in bodies])
         self.size = sum(self.lengths)  # bytes of all its bodies
         # materialized messages still to be expired by retention with the run (the state's
         # arrival order holds the run, not them); gone ones are dropped from the front, and
@@ -232,16 +234,30 @@ class Run:
             f"act={self.act})"
         )
 
-    def _spread(self, acts: array[int]) -> None:
-        """Give the slots the times ``acts``: ``order`` from them, ``act`` the first."""
-        self.acts = acts
-        self.order = array("I", sorted(range(len(acts)), key=acts.__getitem__))
+    def _spread(self, acts: Sequence[int]) -> None:
+        """Give the slots the times ``acts``: ``order`` from them, ``act`` the first.
+
+        Held narrow: each time as its distance from the first (``base``), 4 bytes while
+        the run spans less than 49 days (else 8), and ``order`` 2 bytes a slot while the
+        run has at most 65,536 (a put has at most 1000): 6 bytes a slot, not 16."""
+        base = min(acts)
+        offsets = [a - base for a in acts]
+        self.base = base
+        self.acts = array("I" if max(offsets) < 1 << 32 else "q", offsets)
+        order = sorted(range(len(offsets)), key=offsets.__getitem__)
+        self.order = array("H" if len(order) <= 1 << 16 else "I", order)
         self.woke = 0
         self.act = acts[self.order[0]]
 
+    def _times(self) -> array[int]:
+        """A spread run's slots' times, 8 bytes each (as a snapshot holds them)."""
+        base, acts = self.base, self.acts
+        assert acts is not None
+        return array("q", [base + a for a in acts])
+
     def act_of(self, i: int) -> int:
         """When slot ``i`` is ready."""
-        return self.act if self.acts is None else self.acts[i]
+        return self.act if self.acts is None else self.base + self.acts[i]
 
     def is_spilled(self, i: int) -> bool:
         """Whether slot ``i`` is still in the run."""
@@ -255,7 +271,8 @@ class Run:
         assert acts is not None
         assert order is not None
         k, n, due = self.woke, len(order), []
-        while k < n and acts[order[k]] <= now_ms:
+        limit = now_ms - self.base
+        while k < n and acts[order[k]] <= limit:
             if self.is_spilled(order[k]):
                 due.append(order[k])
             k += 1
@@ -263,7 +280,7 @@ class Run:
             k += 1  # materialized before its time (an update, a delete)
         self.woke = k
         if k < n:
-            self.act = acts[order[k]]
+            self.act = self.base + acts[order[k]]
         return due
 
     def spilled_by_time(self) -> Iterator[int]:
@@ -341,12 +358,12 @@ class Run:
             self.count,
             self.next,
             list(self.out),  # in order
-            _little(self.lengths).tobytes(),
+            _little(array("I", self.lengths)).tobytes(),
             self.place,
             None if self.place is not None else self.bodies,
             b"" if self.ids is None else _little(self.ids).tobytes(),
             self.act if self.act != self.at_ms and self.acts is None else 0,
-            b"" if self.acts is None else _little(self.acts).tobytes(),
+            b"" if self.acts is None else _little(self._times()).tobytes(),
             self.with_attrs,
             None if self.place is not None else self.attrs,
         )
@@ -357,7 +374,7 @@ class Run:
         run.seq, run.id, run.at_ms, run.count, run.next = r.seq, r.id, r.at_ms, r.count, r.next
         run.act = r.act or r.at_ms
         run.waiting = False  # the state restoring it knows (its clock against ``act``)
-        run.acts, run.order, run.woke = None, None, 0
+        run.acts, run.order, run.woke, run.base = None, None, 0, 0
         run.ids = None
         if r.ids:
             run.ids = array("q")
@@ -368,9 +385,9 @@ class Run:
         run.left = r.count - r.next - len(run.out)
         run.place, run.bodies = r.place, r.bodies
         run.with_attrs, run.attrs = r.with_attrs, r.attrs
-        run.lengths = array("I")
-        run.lengths.frombytes(r.lengths)
-        run.lengths = _little(run.lengths)
+        lengths = array("I")
+        lengths.frombytes(r.lengths)
+        run.lengths = _lengths(_little(lengths))
         run.size = sum(run.lengths)
         run.mat = deque()
         if r.acts:
@@ -382,6 +399,12 @@ class Run:
 
 
 _GONE = 3  # state.GONE (state.py imports this module)
+
+
+def _lengths(lengths: Sequence[int]) -> array[int]:
+    """Bodies' lengths as an array, 2 bytes each while they all fit (bodies under 64 KiB,
+    the common case), else 4."""
+    return array("H" if max(lengths, default=0) < 1 << 16 else "I", lengths)
 
 
 def _little(values: array[int]) -> array[int]:

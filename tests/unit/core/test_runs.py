@@ -465,7 +465,9 @@ def test_a_put_of_messages_each_due_at_its_own_time_is_one_spread_run() -> None:
     [run] = s.by_id
     assert (run.acts is not None, run.act, len(s.messages)) == (True, T0 + 1000, 0)
     assert (s.deferred, s.n_delayed, s.total) == (4, 4, 4)
-    assert run.acts.itemsize * len(run.acts) + run.order.itemsize * len(run.order) == 12 * 4  # type: ignore[union-attr]
+    # 4 bytes a time (from the first, T0 + 1000) and 2 a place in the time order
+    assert (run.acts.typecode, run.order.typecode, run.base) == ("I", "H", T0 + 1000)  # type: ignore[union-attr]
+    assert list(run.acts) == [2000, 0, 1000, 0]  # type: ignore[arg-type]
     assert sh.run(c.Peek(ids[0])).activate_at_ms == T0 + 3000  # type: ignore[attr-defined]
     assert s.next_due_ms() == T0 + 1000
     sh.now += 1000  # the two due at T0 + 1000 wake, as ready messages; the run waits on
@@ -506,6 +508,18 @@ def test_browse_lists_spread_runs_slot_by_slot_in_activation_order() -> None:
     assert [m.activate_at_ms for p in pages for m in p.messages][:2] == [T0 + 1000, T0 + 2000]  # type: ignore[attr-defined]
 
 
+def test_bodies_of_64_kib_or_more_keep_their_lengths_in_4_bytes() -> None:
+    sh = Shell(max_message_bytes=256 * 1024)
+    big = b"x" * (1 << 16)
+    sh.run(c.Put([c.NewMessage(body=b"small"), c.NewMessage(body=big)]))
+    [run] = sh.state.runs
+    assert (run.lengths.typecode, list(run.lengths), run.size) == ("I", [5, 1 << 16], 65541)
+    restored = restore(decode_snapshot(encode_snapshot(snapshot(sh.state))))
+    assert list(restored.runs[0].lengths) == [5, 1 << 16]
+    got = sh.run(c.Take(max=2))
+    assert [d.body for d in got] == [b"small", big]  # type: ignore[attr-defined]
+
+
 def test_a_snapshot_of_a_spread_run_half_woken_restores_what_still_waits() -> None:
     sh = Shell()
     ids = spread_put(sh, [1000, 4000, 2000, 3000])
@@ -529,12 +543,29 @@ def test_a_snapshot_of_a_spread_run_half_woken_restores_what_still_waits() -> No
     assert [d.id for d in sh.run(c.Take(max=10))] == [ids[3], ids[1]]
 
 
+def test_a_spread_run_over_more_than_49_days_keeps_its_times_in_8_bytes() -> None:
+    sh = Shell(retention_ms=100 * 86_400_000)
+    day = 86_400_000
+    ids = spread_put(sh, [60 * day, 1000, 50 * day])
+    [run] = sh.state.by_id
+    assert (run.acts.typecode, run.base) == ("q", T0 + 1000)  # type: ignore[union-attr]
+    assert sh.run(c.Peek(ids[0])).activate_at_ms == T0 + 60 * day  # type: ignore[attr-defined]
+    restored = restore(decode_snapshot(encode_snapshot(snapshot(sh.state))))
+    assert [restored.by_id[0].act_of(i) for i in range(3)] == [
+        T0 + 60 * day,
+        T0 + 1000,
+        T0 + 50 * day,
+    ]
+    sh.now += 50 * day
+    assert [d.id for d in sh.run(c.Take(max=10))] == [ids[1], ids[2]]
+
+
 @pytest.mark.parametrize("n", [1, 1000])
-def test_a_placed_run_costs_about_four_bytes_a_message(n: int) -> None:
+def test_a_placed_run_costs_about_two_bytes_a_message(n: int) -> None:
     sh = Shell()
     sh.put(n)
     run = sh.state.runs[0]
-    assert run.lengths.itemsize * len(run.lengths) == 4 * n
+    assert run.lengths.itemsize * len(run.lengths) == 2 * n
     assert not sh.state.messages
     assert sh.state.n_ready == n
 
