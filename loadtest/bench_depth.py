@@ -26,6 +26,12 @@ longest delay (``retention``), and the timed takes find nothing ready. ``--attrs
 each message two attributes, as SQS senders set them (a tenant among 1,000 and a random
 trace id), with any of the above.
 
+With ``--backoff-churn 60s`` (off by default), once the last depth is measured (and
+restarted), ``--churn-clients`` consumers take every message once (1000 a take) and release
+it due 60 s later, as consumers that fail and retry with a backoff do; the row
+(``backoff_churn``) has the RSS per queued message before and after (the depth is the same),
+and their ratio (the issue's claim: within 2x of the untouched queue).
+
 With ``--churn`` (off by default), once the last depth is measured (and restarted), it
 checks the issue's claim on disk: under a churn where half of all messages are acked, disk
 stays at most twice the live data.
@@ -59,8 +65,8 @@ depth reached and exits 3. (Exit 1: an error, e.g. the server refused puts for 6
 
     .venv/bin/python loadtest/bench_depth.py [--depths 1M 10M] [--queues 1] [--procs 1]
         [--producers 16] [--takes 300] [--no-restart] [--max-rss-gib G] [--dir /work]
-        [--churn [--churn-clients 4] [--churn-quiet 15] [--churn-wait 120]
-         [--churn-keep-first]]
+        [--backoff-churn 60s] [--churn [--churn-clients 4] [--churn-quiet 15]
+         [--churn-wait 120] [--churn-keep-first]]
         [--serve-arg=--shards --serve-arg=2]
 
 The issue's runs: the defaults (1 queue, 1M then 10M: ~1.5 min, ~6 GiB),
@@ -170,6 +176,7 @@ class Bench:
         self.base: dict[str, Any] = {}
         self.rows: list[dict[str, Any]] = []
         self.churned: dict[str, Any] | None = None
+        self.backed_off: dict[str, Any] | None = None
 
     @property
     def live(self) -> EvqServe:
@@ -183,6 +190,9 @@ class Bench:
             for target in self.args.depths:
                 self.rows.append(self.step(target))
                 emit({"depth": self.rows[-1]})
+            if self.args.backoff_churn is not None:
+                self.backed_off = self.backoff_churn(self.args.backoff_churn)
+                emit({"backoff_churn": self.backed_off})
             if self.args.churn:
                 self.churned = self.churn()
                 emit({"churn": self.churned})
@@ -193,6 +203,8 @@ class Bench:
             return 3
         finally:
             print(table(self.rows, self.base, self.args, self.churned), flush=True)
+            if self.backed_off is not None:
+                print("\n".join(backoff_table(self.backed_off)), flush=True)
         return 0
 
     def begin(self) -> None:
@@ -361,10 +373,35 @@ class Bench:
             **self.weigh(),
         }
 
-    def consume(self, acks: list[int]) -> float:
-        """Take and ack ``acks[i]`` messages of queue i, progress every --progress s: the
-        seconds it took. Raises: RuntimeError (a take or an ack failed)."""
-        acker = Acker(self.live.port, self.names, self.args.churn_clients)
+    def backoff_churn(self, backoff: float) -> dict[str, Any]:
+        """Take every message once and release it ``backoff`` seconds later, as consumers
+        that fail and retry do; then the RSS per queued message (the depth is unchanged)
+        against the untouched queue's (the last depth's row, before and after its restart)."""
+        row = self.rows[-1]
+        rss = settled_rss(self.live.pid, self.args.settle)
+        before = (rss["total"] - self.base["rss_bytes"]) / self.depth
+        counts = [share(self.depth, len(self.names), i) for i in range(len(self.names))]
+        seconds = self.consume(counts, backoff)
+        rss = settled_rss(self.live.pid, self.args.settle)
+        after = (rss["total"] - self.base["rss_bytes"]) / self.depth
+        return {
+            "depth": self.depth,
+            "backoff_s": backoff,
+            "released": sum(counts),
+            "seconds": round(seconds, 2),
+            "releases_per_s": round(sum(counts) / max(seconds, 1e-6)),
+            "rss_per_msg_untouched": round(before, 1),
+            "rss_per_msg_filled": row["rss_per_msg"],
+            "rss_per_msg": round(after, 1),
+            "over_untouched": round(after / before, 2) if before > 0 else None,
+            "rss_mib": _mib(rss),
+        }
+
+    def consume(self, acks: list[int], backoff: float | None = None) -> float:
+        """Take and ack ``acks[i]`` messages of queue i (with ``backoff``: release each that
+        many seconds later), progress every --progress s: the seconds it took. Raises:
+        RuntimeError (a take or an ack failed)."""
+        acker = Acker(self.live.port, self.names, self.args.churn_clients, backoff)
         started = last = time.monotonic()
         last_acked = 0
         try:
@@ -472,6 +509,18 @@ def table(
     return "\n".join(lines)
 
 
+def backoff_table(b: dict[str, Any]) -> list[str]:
+    """The backoff churn's Markdown table."""
+    return [
+        "",
+        "| depth | backoff s | released msg/s | RSS B/msg untouched | RSS B/msg after "
+        "| over untouched |",
+        "| ---: | ---: | ---: | ---: | ---: | ---: |",
+        f"| {b['depth']:,} | {b['backoff_s']:g} | {b['releases_per_s']:,} "
+        f"| {b['rss_per_msg_untouched']} | {b['rss_per_msg']} | {b['over_untouched']} |",
+    ]
+
+
 def churn_table(c: dict[str, Any]) -> list[str]:
     """The churn's row under its header: the disk against the live data (the claim: at most 2)."""
     cells = [f"{c['acked']:,}", f"{c['acks_per_s']:,}", f"{c['live_messages']:,}"]
@@ -554,6 +603,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         help="each message delayed by its own time, drawn evenly from LO..HI (1h..30d)",
     )
     add("--attrs", action="store_true", help="each message with two attributes (SQS-style)")
+    add(
+        "--backoff-churn",
+        type=duration,
+        default=None,
+        metavar="BACKOFF",
+        help="at the end: take every message once, release it BACKOFF later (60s, 5m)",
+    )
     add("--churn", action="store_true", help="at the end: ack half, weigh disk against live")
     add("--churn-clients", type=int, default=4, help="clients taking and acking at once")
     add("--churn-quiet", type=float, default=15.0, help="s the live log must not shrink")

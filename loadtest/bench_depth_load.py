@@ -330,11 +330,16 @@ def take_latencies(api: Api, names: list[str], takes: int, take_max: int) -> dic
     }
 
 
-def _settle(api: Api, name: str, verb: str, messages: list[dict[str, Any]]) -> None:
-    """Release or ack (``verb``) the messages a take answered, all of them or raise."""
+def _settle(
+    api: Api, name: str, verb: str, messages: list[dict[str, Any]], delay: float | None = None
+) -> None:
+    """Release or ack (``verb``) the messages a take answered, all of them or raise
+    (``delay``: a release's, in seconds)."""
     if not messages:
         return
     items = [{"id": m["id"], "lease": m["lease"]} for m in messages]
+    if delay is not None:
+        items = [{**item, "delay": delay} for item in items]
     status, doc, _ = api.call("POST", f"/v1/queues/{name}/{verb}", {"items": items})
     if status != 200 or any(r["status"] != "ok" for r in doc["results"]):
         raise RuntimeError(f"a {verb} answered {status}: {str(doc)[:300]}")
@@ -346,9 +351,10 @@ CHURN_LEASE_S = 600  # a taken batch is acked long before; no message comes back
 DRY_TAKES = 10  # takes in a row that found nothing (each waiting 1 s): the queue ran dry
 
 
-def take_and_ack(api: Api, name: str, n: int) -> int:
+def take_and_ack(api: Api, name: str, n: int, backoff: float | None = None) -> int:
     """Take ``n`` messages of queue ``name``, its oldest, and ack them, as a consumer done
-    with them does; the messages acked (``n``).
+    with them does; the messages acked (``n``). With ``backoff`` (seconds), release each
+    instead, due again that much later, as a consumer that failed and retries later does.
 
     Raises: RuntimeError (an answer not 200, an ack not ok, the queue dry)."""
     left, dry = n, 0
@@ -361,17 +367,23 @@ def take_and_ack(api: Api, name: str, n: int) -> int:
         dry = 0 if messages else dry + 1
         if dry >= DRY_TAKES:
             raise RuntimeError(f"{name} gave nothing for {DRY_TAKES} takes, {left} still to ack")
-        _settle(api, name, "ack", messages)
+        if backoff is None:
+            _settle(api, name, "ack", messages)
+        else:
+            _settle(api, name, "release", messages, delay=backoff)
         left -= len(messages)
     return n
 
 
 class Acker:
     """``clients`` threads taking and acking batches of the queues until none is left; a
-    failed batch stops the others (after the batch in flight). ``acked`` counts as they go."""
+    failed batch stops the others (after the batch in flight). ``acked`` counts as they go.
+    With ``backoff`` (seconds) they release each message that much later instead."""
 
-    def __init__(self, port: int, names: list[str], clients: int) -> None:
-        self.port, self.names, self.clients = port, names, clients
+    def __init__(
+        self, port: int, names: list[str], clients: int, backoff: float | None = None
+    ) -> None:
+        self.port, self.names, self.clients, self.backoff = port, names, clients, backoff
         self.acked = 0
         self.stop = threading.Event()
         self._lock = threading.Lock()
@@ -391,7 +403,7 @@ class Acker:
                     index, n = next(todo, (-1, 0))
                 if n == 0:
                     return done
-                done += take_and_ack(api, self.names[index], n)
+                done += take_and_ack(api, self.names[index], n, self.backoff)
                 with self._lock:
                     self.acked += n
         except BaseException:
