@@ -88,6 +88,10 @@ class RunRecord(msgspec.Struct, array_like=True, gc=False):
     acts: bytes = b""  # each slot's own activation time, 8 bytes little-endian (a spread run)
     with_attrs: bool = False  # its messages carry attributes (in the log with the bodies)
     attrs: list[Attributes | None] | None = None  # with ``bodies``: each message's attributes
+    # A spread run as it is held (written instead of ``acts``: restored without a sort):
+    base: int = 0  # its first time
+    times: bytes = b""  # each slot's time less ``base``, 4 bytes little-endian (8 if wider)
+    order: bytes = b""  # its slots in time order, 2 bytes little-endian (4 past 65,536)
 
 
 class Slots:
@@ -249,12 +253,6 @@ class Run:
         self.woke = 0
         self.act = acts[self.order[0]]
 
-    def _times(self) -> array[int]:
-        """A spread run's slots' times, 8 bytes each (as a snapshot holds them)."""
-        base, acts = self.base, self.acts
-        assert acts is not None
-        return array("q", [base + a for a in acts])
-
     def act_of(self, i: int) -> int:
         """When slot ``i`` is ready."""
         return self.act if self.acts is None else self.base + self.acts[i]
@@ -363,9 +361,12 @@ class Run:
             None if self.place is not None else self.bodies,
             b"" if self.ids is None else _little(self.ids).tobytes(),
             self.act if self.act != self.at_ms and self.acts is None else 0,
-            b"" if self.acts is None else _little(self._times()).tobytes(),
+            b"",  # acts: a spread run writes base, times and order
             self.with_attrs,
             None if self.place is not None else self.attrs,
+            self.base,
+            b"" if self.acts is None else _little(self.acts).tobytes(),
+            b"" if self.order is None else _little(self.order).tobytes(),
         )
 
     @classmethod
@@ -390,15 +391,27 @@ class Run:
         run.lengths = _lengths(_little(lengths))
         run.size = sum(run.lengths)
         run.mat = deque()
-        if r.acts:
+        if r.times:
+            run.base = r.base
+            run.acts = _little(_frombytes("I" if len(r.times) == 4 * r.count else "q", r.times))
+            run.order = _little(_frombytes("H" if len(r.order) == 2 * r.count else "I", r.order))
+            run.act = r.base + run.acts[run.order[0]]
+            run.due_slots(-1)  # past the slots already gone (woken or changed)
+        elif r.acts:  # as written before base, times and order
             acts = array("q")
             acts.frombytes(r.acts)
             run._spread(_little(acts))
-            run.due_slots(-1)  # past the slots already gone (woken or changed)
+            run.due_slots(-1)
         return run
 
 
 _GONE = 3  # state.GONE (state.py imports this module)
+
+
+def _frombytes(typecode: str, data: bytes) -> array[int]:
+    values = array(typecode)
+    values.frombytes(data)
+    return values
 
 
 def _lengths(lengths: Sequence[int]) -> array[int]:

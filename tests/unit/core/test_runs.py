@@ -5,6 +5,7 @@ the representation itself."""
 
 from __future__ import annotations
 
+import msgspec
 import pytest
 
 from actors.core import commands as c
@@ -541,6 +542,29 @@ def test_a_snapshot_of_a_spread_run_half_woken_restores_what_still_waits() -> No
     assert [d.id for d in sh.run(c.Take(max=10))] == [ids[2]]
     sh.now += 2000
     assert [d.id for d in sh.run(c.Take(max=10))] == [ids[3], ids[1]]
+
+
+def test_a_spread_run_is_restored_from_its_held_form_or_from_the_times_of_older_snapshots() -> None:
+    sh = Shell()
+    ids = spread_put(sh, [3000, 1000, 2000, 1000, 5000])
+    sh.now += 1000
+    sh.run(c.Take(max=1))  # ids[1] woke and is taken; ids[3] woke, ready
+    sh.run(c.Delete(ids[2]))  # changed before its time
+    [record] = snapshot(sh.state).runs
+    assert (record.acts, record.base) == (b"", T0 + 1000)
+    assert (len(record.times), len(record.order)) == (4 * 5, 2 * 5)  # as held: no sort
+    older = msgspec.structs.replace(
+        record,
+        base=0,
+        times=b"",
+        order=b"",
+        acts=b"".join((T0 + d).to_bytes(8, "little") for d in [3000, 1000, 2000, 1000, 5000]),
+    )  # what a snapshot held before base, times and order were appended
+    for r in (record, older):
+        run = Run.from_record(r)
+        assert [run.act_of(i) for i in range(5)] == [T0 + d for d in (3000, 1000, 2000, 1000, 5000)]
+        assert (run.act, list(run.spilled_by_time())) == (T0 + 3000, [0, 4])
+        assert run.due_slots(T0 + 4000) == [0]
 
 
 def test_a_spread_run_over_more_than_49_days_keeps_its_times_in_8_bytes() -> None:
