@@ -2,10 +2,12 @@
 ``evq serve``: puts whose messages share one activation time keep their bodies in the log;
 every command on such a message works, they survive a graceful restart (snapshots) and a
 SIGKILL (replay of the log), and each put becomes ready whole at its time, bodies read back
-from disk."""
+from disk; a SIGKILL while consumers drain such an activation loses and repeats nothing
+acknowledged."""
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -127,3 +129,62 @@ def test_a_put_of_messages_each_due_at_its_own_time_survives_a_restart_and_wakes
         stats = c.get_queue(q).stats
         assert stats is not None
         assert (stats.delayed, stats.reserved) == (PUT // 2, PUT // 2)
+
+
+def test_a_crash_while_consumers_drain_a_mass_activation_loses_nothing_and_repeats_no_ack(
+    make_server: ServerFactory, names: Names
+) -> None:
+    server = make_server("--shards", "1")
+    q = names("activation")
+    with Client(server.url, retries=0, timeout=20) as c:
+        c.create_queue(q)
+        due = time.time() + 10
+        ids: set[str] = set()
+        for k in range(20):  # 20 delayed runs of 1000, all due at one time
+            ids |= {r.id for r in c.put(q, [f"m{k}-{i}" for i in range(1000)], activate_at=due)}
+    assert len(ids) == 20_000
+
+    acked: set[str] = set()  # acks the server answered ok: must never come back
+    unanswered: set[str] = set()  # acks sent when the server died: done or not
+    stop = threading.Event()
+
+    def consume() -> None:
+        with Client(server.url, retries=0, timeout=10) as c:
+            while not stop.is_set():
+                try:
+                    got = c.take(q, 100, visibility_timeout=2)
+                except Exception:  # the server is gone: stop
+                    return
+                try:
+                    results = c.ack(q, *got) if got else []
+                except Exception:
+                    unanswered.update(m.id for m in got)
+                    return
+                acked.update(r.id for r in results if r.ok)
+
+    consumers = [threading.Thread(target=consume) for _ in range(4)]
+    for t in consumers:
+        t.start()
+    try:
+        eventually(lambda: len(acked) >= 3000, timeout=60, what="consumers draining")
+        server.kill()  # SIGKILL mid-drain: takes and acks in flight, the runs half taken
+    finally:
+        stop.set()
+        for t in consumers:
+            t.join(timeout=30)
+    assert 3000 <= len(acked) < 20_000, len(acked)
+
+    server.start()
+    left: dict[str, bytes] = {}
+    with Client(server.url, retries=0, timeout=20) as c:
+        stats = c.get_queue(q).stats
+        assert stats is not None
+        # every acked one gone; the others kept, but for acks the kill left unanswered
+        assert 20_000 - len(acked) - len(unanswered) <= stats.total <= 20_000 - len(acked)
+        deadline = time.time() + 60  # leases taken before the kill expire within 2 s
+        while len(left) < stats.total and time.time() < deadline:
+            got = c.take(q, 1000, visibility_timeout=600, wait=1)
+            left.update((m.id, m.body) for m in got)
+    assert not set(left) & acked  # no acknowledged message came back
+    assert ids - set(left) - acked <= unanswered  # none lost: gone only if its ack was sent
+    assert len(left) == stats.total
