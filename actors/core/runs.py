@@ -93,6 +93,23 @@ class RunRecord(msgspec.Struct, array_like=True, gc=False):
     times: bytes = b""  # each slot's time less ``base``, 4 bytes little-endian (8 if wider)
     order: bytes = b""  # its slots in time order, 2 bytes little-endian (4 past 65,536)
 
+    def malformed(self) -> str | None:
+        """What is wrong with the record's arrays, if anything (a damaged snapshot)."""
+        n = self.count
+        if n < 1 or len(self.lengths) != 4 * n or len(self.ids) not in (0, 8 * n):
+            return f"a run of {n} with {len(self.lengths)} bytes of lengths"
+        if len(self.acts) not in (0, 8 * n):
+            return f"a run of {n} with {len(self.acts)} bytes of times"
+        if self.times and (
+            len(self.times) not in (4 * n, 8 * n) or len(self.order) not in (2 * n, 4 * n)
+        ):
+            return f"a spread run of {n} with {len(self.times)} bytes of times"
+        if self.bodies is not None and len(self.bodies) != n:
+            return f"a run of {n} with {len(self.bodies)} bodies"
+        if self.attrs is not None and len(self.attrs) != n:
+            return f"a run of {n} with {len(self.attrs)} attributes"
+        return None
+
 
 class Slots:
     """A set of slot numbers below a run's count, as a bitmap (1 bit a slot, made at the
@@ -391,7 +408,7 @@ class Run:
         run.lengths = _lengths(_little(lengths))
         run.size = sum(run.lengths)
         run.mat = deque()
-        if r.times:
+        if r.times:  # widths checked by decode_snapshot (RunRecord.malformed)
             run.base = r.base
             run.acts = _little(_frombytes("I" if len(r.times) == 4 * r.count else "q", r.times))
             run.order = _little(_frombytes("H" if len(r.order) == 2 * r.count else "I", r.order))

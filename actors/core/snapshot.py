@@ -171,6 +171,10 @@ def decode_snapshot(data: bytes) -> Snapshot:
         raise DataError(f"undecodable snapshot: {exc}") from exc
     if snap.version != SNAPSHOT_VERSION:
         raise DataError(f"unknown snapshot version {snap.version}")
+    for run in snap.runs:
+        wrong = run.malformed()
+        if wrong is not None:
+            raise DataError(f"undecodable snapshot: {wrong}")
     return snap
 
 

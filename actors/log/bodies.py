@@ -32,6 +32,10 @@ from actors.log.wal import decode_block, decode_groups, decode_record
 
 __all__ = ["Bodies", "Place", "Readable", "bodies_in", "inline_runs", "place_of"]
 
+# What the cache counts for a message's attributes (a dict of a few short strings), beside
+# its body's bytes.
+ATTRS_BYTES = 256
+
 # segment, block offset, block length, seq, block LSN (and, for a BodiesMoved record, the
 # run's index in it and its first slot there)
 Place = tuple[int | str, ...]
@@ -104,6 +108,8 @@ class Bodies:
             self._add(_key(queue, place), contents, size)
 
     def _add(self, key: tuple[Any, ...], contents: Contents, size: int) -> None:
+        if contents.attrs is not None:  # a small dict and its strings, about
+            size += ATTRS_BYTES * len(contents.attrs)
         cache = self._cache
         cache[key] = (contents, size)
         self.cached += size
@@ -130,7 +136,11 @@ def bodies_in(data: bytes, queue: str, place: Any) -> Contents:
             event = decode_record(records[seq - first])
             if len(place) > 5:
                 index = place[5]
-                if type(event) is BodiesMoved and index < len(event.bodies):
+                if (
+                    type(event) is BodiesMoved
+                    and index < len(event.bodies)
+                    and _attributes_fit(event, index)
+                ):
                     return moved_contents(event, index)
             elif type(event) is MessagesPut:
                 attrs = [it.attributes for it in event.items]
@@ -140,6 +150,17 @@ def bodies_in(data: bytes, queue: str, place: Any) -> Contents:
                 )
             break
     raise DataError(f"{place[0]} at {place[1]} holds no bodies of record {seq} of queue {queue}")
+
+
+def _attributes_fit(moved: BodiesMoved, index: int) -> bool:
+    """Whether ``moved``'s attributes, if any, match its bodies for run ``index``."""
+    attrs = moved.attributes
+    if attrs is None:
+        return True
+    if len(attrs) != len(moved.bodies):
+        return False
+    mine = attrs[index]
+    return mine is None or len(mine) == len(moved.bodies[index])
 
 
 async def inline_runs(

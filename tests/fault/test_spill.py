@@ -45,6 +45,7 @@ from actors.log.store import LocalDirStore, ObjectStore
 from actors.reshard import reshard
 from actors.settings import LogSettings, QueueSettings
 from actors.shard import QueueShard
+from pipeline.logread import SyncStore, read_snapshot
 from tests.fault.actor_support import empty_store
 from tests.fault.actor_support import settle_shard as settle
 
@@ -642,3 +643,101 @@ async def test_a_restarted_shard_knows_each_segments_last_record_of_a_queue(
         assert len(set(after.values())) == len(after)  # each segment its own
     finally:
         await shard.close()
+
+
+# ---------------------------------------------------------------- attributes
+
+
+def attrs(i: int) -> dict[str, str] | None:
+    """Two attributes on two messages of three (None on the third)."""
+    return {"tenant": f"t{i % 5}", "trace": f"{i:08x}"} if i % 3 else None
+
+
+async def test_attributes_of_spilled_messages_are_read_from_the_log_moved_and_restored(
+    tmp_path: Path,
+) -> None:
+    """Attributes kept with the bodies in real records: read back by peek and take, written
+    again by compaction (BodiesMoved), read after restarts with and without snapshots, and
+    by the pipeline from a snapshot whose runs read the moved record."""
+    store = empty_store("local", tmp_path)
+    clock = ManualClock()
+    shard = await open_shard(store, clock)
+    await shard.create(STALE, SERVER_IDS, [])
+    put = cmd.Put([cmd.NewMessage(body=body(i), attributes=attrs(i)) for i in range(50)])
+    [results] = await on(shard, STALE, put)
+    stale = [r.id for r in results]
+    [run_] = shard.queues[STALE].state.runs
+    assert (run_.with_attrs, run_.attrs, run_.place is not None) == (True, None, True)
+    [view] = await on(shard, STALE, cmd.Peek(stale[4]))
+    assert view.attributes == attrs(4)  # read back from the put's record
+    await fill(shard, 40)  # the churned queue: every one taken and acked
+    while True:
+        [taken] = await run(shard, cmd.Take(max=500))
+        if not taken:
+            break
+        await run(shard, cmd.Ack([cmd.LeaseRef(d.id, d.lease) for d in taken]))
+    [first] = await on(shard, STALE, cmd.Take(max=2, visibility_timeout_ms=600_000))
+    assert [d.attributes for d in first] == [attrs(0), attrs(1)]
+    await snapshot_both(shard)
+    assert shard.compactions == 1
+    assert len(run_.place) == 7  # in a BodiesMoved record now, from slot 2 on
+    [view] = await on(shard, STALE, cmd.Peek(stale[5]))
+    assert view.attributes == attrs(5)
+    await shard.close(snapshot=False)  # the move is replayed from the log
+
+    shard = await open_shard(store, clock)
+    try:
+        [view] = await on(shard, STALE, cmd.Peek(stale[49]))
+        assert (view.body, view.attributes) == (body(49), attrs(49))
+        await on(shard, STALE, cmd.Checkpoint())
+        await shard.queues[STALE].snapshot()
+    finally:
+        await shard.close()
+
+    snaps = sorted(k for k in await store.list(keys.queue_prefix(STALE)) if k.endswith(".snap"))
+    await store.close()
+
+    def pipeline_read() -> Any:  # the pipeline's reader runs its own event loop
+        with SyncStore(str(tmp_path / "store")) as sync:
+            return read_snapshot(sync, snaps[-1])
+
+    read = await asyncio.to_thread(pipeline_read)
+    assert not isinstance(read, str), read
+    _, state = read  # its runs read back (unspilled) from the moved record
+    held = {m.id: m.attributes for m in state.messages.values()}
+    assert held == {int(stale[i]): attrs(i) for i in range(50)}
+
+
+async def test_an_object_store_shard_restores_attributes_with_the_bodies_it_reads_back(
+    tmp_path: Path,
+) -> None:
+    """With a segment cache, an object store's runs read their bodies and attributes from
+    the local copy; restarted without one, on snapshots that say where they are, recovery
+    reads them into memory (inline_runs)."""
+    store = empty_store("memory", tmp_path)
+    cached = msgspec.structs.replace(SETTINGS, segment_cache=str(tmp_path / "cache"))
+    clock = ManualClock()
+    shard = await open_shard(store, clock, cached)
+    await shard.create(Q, SERVER_IDS, [])
+    put = cmd.Put([cmd.NewMessage(body=body(i), attributes=attrs(i)) for i in range(60)])
+    [results] = await run(shard, put)
+    ids = [r.id for r in results]
+    await shard.close(snapshot=False)
+    try:
+        shard = await open_shard(store, clock, cached)  # replayed, read from the copy
+        [run_] = shard.queues[Q].state.runs
+        assert (run_.with_attrs, run_.place is not None) == (True, True)
+        [view] = await run(shard, cmd.Peek(ids[7]))
+        assert view.attributes == attrs(7)
+        await shard.close()  # snapshots that say where the bodies are
+
+        shard = await open_shard(store, clock)  # no cache: read into memory
+        [run_] = shard.queues[Q].state.runs
+        assert (run_.place, run_.attrs is not None) == (None, True)
+        [taken] = await run(shard, cmd.Take(max=100))
+        assert [(d.id, d.body, d.attributes) for d in taken] == [
+            (mid, body(i), attrs(i)) for i, mid in enumerate(ids)
+        ]
+    finally:
+        await shard.close()
+        await store.close()

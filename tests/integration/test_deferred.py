@@ -143,6 +143,12 @@ def test_a_crash_while_consumers_drain_a_mass_activation_loses_nothing_and_repea
         for k in range(20):  # 20 delayed runs of 1000, all due at one time
             ids |= {r.id for r in c.put(q, [f"m{k}-{i}" for i in range(1000)], activate_at=due)}
     assert len(ids) == 20_000
+    with Client(server.url, retries=0, timeout=20) as c:
+        asked_at = time.time()
+        stats = c.get_queue(q).stats
+        assert asked_at < due, "the puts took longer than the lead: nothing was delayed"
+        assert stats is not None
+        assert stats.delayed == 20_000  # 20 delayed runs, none due yet
 
     acked: set[str] = set()  # acks the server answered ok: must never come back
     unanswered: set[str] = set()  # acks sent when the server died: done or not
@@ -152,7 +158,7 @@ def test_a_crash_while_consumers_drain_a_mass_activation_loses_nothing_and_repea
         with Client(server.url, retries=0, timeout=10) as c:
             while not stop.is_set():
                 try:
-                    got = c.take(q, 100, visibility_timeout=2)
+                    got = c.take(q, 100, visibility_timeout=2, wait=1)
                 except Exception:  # the server is gone: stop
                     return
                 try:
