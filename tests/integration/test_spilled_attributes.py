@@ -151,3 +151,51 @@ def test_sqs_batches_with_message_attributes_spill_in_a_deep_queue_and_come_back
         assert m["MessageAttributes"] == sent_attrs
         assert m["MD5OfMessageAttributes"] == expected_md5(sent_attrs)
     sqs.close()
+
+
+def test_every_command_on_spilled_messages_with_attributes_keeps_or_ends_them(
+    make_server: ServerFactory, names: Names
+) -> None:
+    server = make_server("--shards", "1")
+    q = names("attrcmds")
+    with Client(server.url, retries=0, timeout=20) as c:
+        c.create_queue(q)
+        ids = [
+            r.id
+            for r in c.put(q, [NewMessage(body=f"m{i}", attributes=attrs(i)) for i in range(100)])
+        ]
+        later = [
+            r.id
+            for r in c.put(
+                q, [NewMessage(body=f"d{i}", attributes=attrs(i), delay=3600) for i in range(100)]
+            )
+        ]
+        assert spilled(server.url, q) == 200
+        c.delete_message(q, ids[10])  # a ready one, out of its run's order
+        c.delete_message(q, later[10])  # a delayed one
+        c.reschedule(q, later[20], delay=0)  # due now: ready, with its attributes
+        c.reschedule(q, ids[30], delay=3600)  # due later
+        taken = c.take(q, 3, visibility_timeout=600)
+        assert [(x.id, x.attributes) for x in taken] == [(ids[i], attrs(i)) for i in range(3)]
+        assert all(r.ok for r in c.touch(q, *taken, visibility_timeout=900))
+        assert all(r.ok for r in c.release(q, *taken[:2], delay=3600))
+        assert [r.ok for r in c.ack(q, taken[2])] == [True]
+        m = c.get_message(q, ids[1])
+        assert (m.state, m.attributes) == ("delayed", attrs(1))  # released later
+        assert c.get_message(q, ids[30]).attributes == attrs(30)
+        ready = c.take(q, 1000, visibility_timeout=600)
+        want = [i for i in range(3, 100) if i not in (10, 30)]
+        assert [x.id for x in ready] == [ids[i] for i in want] + [later[20]]  # by time
+        assert [x.attributes for x in ready] == [attrs(i) for i in want] + [attrs(20)]
+
+    server.kill()
+    server.start()
+    with Client(server.url, retries=0, timeout=20) as c:
+        stats = c.get_queue(q).stats
+        assert stats is not None
+        # 98 ready ones taken (reserved), 2 released and 1 rescheduled later, 98 still delayed
+        assert (stats.reserved, stats.delayed, stats.total) == (len(want) + 1, 101, 200 - 3)
+        assert c.get_message(q, later[99]).attributes == attrs(99)
+        assert c.purge(q) == 200 - 3
+        assert c.get_queue(q).stats.total == 0  # type: ignore[union-attr]
+        assert spilled(server.url, q) == 0
