@@ -6,6 +6,7 @@ get them back with the right MD5 from a queue deep enough that their small batch
 from __future__ import annotations
 
 import re
+import time
 import urllib.request
 from typing import Any
 
@@ -107,6 +108,7 @@ def test_sqs_batches_with_message_attributes_spill_in_a_deep_queue_and_come_back
     with Client(server.url, retries=0, timeout=20) as c:  # deep enough that small puts spill
         for _ in range(RUN_DEPTH // 1000):
             c.put(name, ["filler"] * 1000)
+            c.put(name, ["later filler"] * 1000, delay=3600)  # and small delayed ones
     sent_attrs = {
         "kind": {"DataType": "String", "StringValue": "invoice"},
         "amount": {"DataType": "Number", "StringValue": "12.5"},
@@ -120,7 +122,21 @@ def test_sqs_batches_with_message_attributes_spill_in_a_deep_queue_and_come_back
         ],
     )
     assert len(sent["Successful"]) == 10
-    assert spilled(server.url, name) == RUN_DEPTH + 10  # the batch is a run too
+    assert spilled(server.url, name) == 2 * RUN_DEPTH + 10  # the batch is a run too
+    delayed = sqs.send_message_batch(  # each with its own DelaySeconds: a spread run
+        QueueUrl=url,
+        Entries=[
+            {
+                "Id": f"d{i}",
+                "MessageBody": f"later {i}",
+                "MessageAttributes": sent_attrs,
+                "DelaySeconds": 3 + i % 4,
+            }
+            for i in range(10)
+        ],
+    )
+    assert len(delayed["Successful"]) == 10
+    assert spilled(server.url, name) == 2 * RUN_DEPTH + 20
     sqs.close()
 
     server.kill()
@@ -147,7 +163,19 @@ def test_sqs_batches_with_message_attributes_spill_in_a_deep_queue_and_come_back
         assert reply.get("Messages"), "the batch's messages did not come back"
         got += reply["Messages"]
     assert sorted(m["Body"] for m in got) == sorted(f"body {i}" for i in range(10))
-    for m in got:
+    later: list[dict[str, Any]] = []  # the delayed batch, as each message's time comes
+    deadline = time.monotonic() + 60
+    while len(later) < 10 and time.monotonic() < deadline:
+        reply = sqs.receive_message(
+            QueueUrl=url,
+            MaxNumberOfMessages=10,
+            MessageAttributeNames=["All"],
+            VisibilityTimeout=600,
+            WaitTimeSeconds=2,
+        )
+        later += reply.get("Messages", [])
+    assert sorted(m["Body"] for m in later) == sorted(f"later {i}" for i in range(10))
+    for m in got + later:
         assert m["MessageAttributes"] == sent_attrs
         assert m["MD5OfMessageAttributes"] == expected_md5(sent_attrs)
     sqs.close()
