@@ -30,6 +30,9 @@ Guarantees (the names are the report's keys):
 - ``watch``: a watcher's versions of a key only grow, and every watcher ends at the key's
   final version; an acknowledged write of a key is never lost (its final version is at least
   the last acknowledged one).
+- ``attributes``: a message is handed out with the attributes its put gave it (the workload
+  gives each its token, ``tok``), wherever its index and body were held (runs spill them to
+  the log) and whatever happened since (a patch of its body, a dead letter's provenance).
 """
 
 from __future__ import annotations
@@ -66,6 +69,7 @@ class Delivery(msgspec.Struct, frozen=True):
     lease: str
     exp: int  # lease expiry, ms
     group: str | None = None
+    attr: str | None = None  # its attribute ``tok``, as handed out (None: none)
 
 
 class Rec(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -181,6 +185,7 @@ def check(
     _check_fifo(v, set(fifo), ix)
     _check_dead_letter(v, dead_letter, ix)
     _check_watches(v, recs)
+    _check_attributes(v, ix)
     counts = dict.fromkeys(GUARANTEES, 0)
     for found in v.found:
         counts[found["guarantee"]] += 1
@@ -191,6 +196,13 @@ def check(
         counts=counts,
         violations=v.found,
     )
+
+
+def _check_attributes(v: _Violations, ix: _Index) -> None:
+    for take, _, d in ix.takes:
+        tok = token_of(d.body)
+        if d.attr != tok:
+            v.add("attributes", tok, f"handed out by {take.w} at {take.t1} with tok={d.attr!r}")
 
 
 def _check_lost(v: _Violations, ix: _Index) -> None:
@@ -256,6 +268,7 @@ GUARANTEES = (
     "early",
     "dead_letter",
     "watch",
+    "attributes",
 )
 
 

@@ -76,6 +76,7 @@ def _delivery(m: Any) -> Delivery:
         lease=m.lease or "",
         exp=int((m.lease_expires_at or 0) * 1000),
         group=m.group,
+        attr=(m.attributes or {}).get("tok"),
     )
 
 
@@ -110,6 +111,7 @@ class Ops:
                 idempotency_key=k,
                 delay=d / 1000 if d else None,
                 group=g,
+                attributes={"tok": t},  # checked on every delivery (chaos_check)
             )
             for t, k, d, g in zip(toks, keys, delays, groups, strict=True)
         ]

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "loadtest"))
 
-from chaos_check import GUARANTEES, Delivery, Rec, by_fault, check, unavailability
+from chaos_check import GUARANTEES, Delivery, Rec, by_fault, check, token_of, unavailability
 
 Q, FIFO, SRC, DLQ = "q", "f.fifo", "src", "dlq"
 
@@ -53,9 +53,18 @@ def take(t: int, *ds: Delivery, q: str = Q, dt: int = 1) -> Rec:
 
 
 def d(
-    mid: str, tok: str, lease: str, *, rc: int = 1, exp: int = 10**9, group: str | None = None
+    mid: str,
+    tok: str,
+    lease: str,
+    *,
+    rc: int = 1,
+    exp: int = 10**9,
+    group: str | None = None,
+    attr: str | None = "",
 ) -> Delivery:
-    return Delivery(id=mid, body=tok, rc=rc, lease=lease, exp=exp, group=group)
+    """A delivery, with the attribute its put gave it unless ``attr`` says otherwise."""
+    tag = token_of(tok) if attr == "" else attr
+    return Delivery(id=mid, body=tok, rc=rc, lease=lease, exp=exp, group=group, attr=tag)
 
 
 def end(
@@ -206,6 +215,19 @@ def test_dead_lettering_is_checked() -> None:
     assert only(check(twice, dead_letter=dl), "dead_letter")
     never = good[:5]
     assert only(check(never, dead_letter=dl), "dead_letter")
+
+
+def test_a_message_handed_out_without_its_attributes_or_with_anothers_is_found() -> None:
+    recs = [
+        put(0, "w1-1", "m1"),
+        put(1, "w1-2", "m2"),
+        put(2, "w1-3", "m3"),
+        take(10, d("m1", "w1-1", "L1"), d("m2", "w1-2+p", "L2"), d("m3", "w1-3", "L3", attr=None)),
+        take(20, d("m1", "w1-1", "L4", attr="w1-2")),
+    ]
+    report = check(recs)
+    assert report.counts["attributes"] == 2
+    assert {x["subject"] for x in report.violations} == {"w1-3", "w1-1"}
 
 
 def test_watches_are_checked() -> None:
