@@ -817,10 +817,6 @@ class QueueState:
             raise RuntimeError("a placed run, and no reader to read its bodies")
         return self.read(run.place)
 
-    def bodies_of(self, run: Run) -> list[bytes]:
-        """The bodies of ``run``'s put, in order (read back if it is placed)."""
-        return self.contents_of(run).bodies
-
     def front_run(self) -> Run | None:
         """The first run with spilled slots: the next ones ``take`` reaches among runs."""
         runs, i = self.runs, self.run_front

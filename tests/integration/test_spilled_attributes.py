@@ -10,20 +10,16 @@ import time
 import urllib.request
 from typing import Any
 
-import boto3
 import pytest
-from botocore.config import Config
 
 from actors.core.state import RUN_DEPTH
 from evq.client import Client, NewMessage
 from tests.integration.conftest import Names, ServerFactory
 from tests.integration.server import server_env
+from tests.integration.test_sqs_server import KEY, SECRET, client
 from tests.unit.gateway.sqs_support import expected_md5
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
-
-KEY, SECRET = "AKIDEVQSPILL", "evq/spill+secret"
-REGION = "eu-central-1"
 
 
 def spilled(url: str, queue: str) -> int:
@@ -41,6 +37,12 @@ def attrs(i: int) -> dict[str, str]:
     return {"tenant": f"t{i % 7}", "trace": f"trace-{i:04d}"}
 
 
+def put_with_attrs(c: Client, q: str, tag: str, n: int, delay: float | None = None) -> list[str]:
+    """One put of ``n`` messages ``{tag}{i}`` with :func:`attrs` (a run): their ids."""
+    messages = [NewMessage(body=f"{tag}{i}", attributes=attrs(i), delay=delay) for i in range(n)]
+    return [r.id for r in c.put(q, messages)]
+
+
 def test_native_messages_with_attributes_spill_and_keep_them_through_restarts(
     make_server: ServerFactory, names: Names
 ) -> None:
@@ -48,16 +50,8 @@ def test_native_messages_with_attributes_spill_and_keep_them_through_restarts(
     q = names("attrs")
     with Client(server.url, retries=0, timeout=20) as c:
         c.create_queue(q)
-        ready = [
-            r.id
-            for r in c.put(q, [NewMessage(body=f"r{i}", attributes=attrs(i)) for i in range(200)])
-        ]
-        later = [
-            r.id
-            for r in c.put(
-                q, [NewMessage(body=f"d{i}", attributes=attrs(i), delay=3600) for i in range(100)]
-            )
-        ]
+        ready = put_with_attrs(c, q, "r", 200)
+        later = put_with_attrs(c, q, "d", 100, delay=3600)
         assert spilled(server.url, q) == 300  # no message objects: all in runs
         m = c.get_message(q, ready[5])
         assert (m.body, m.attributes) == (b"r5", attrs(5))
@@ -95,14 +89,7 @@ def test_sqs_batches_with_message_attributes_spill_in_a_deep_queue_and_come_back
     make_server: ServerFactory, names: Names
 ) -> None:
     server = make_server("--shards", "1", env=server_env(EVQ_SQS_KEYS=f"{KEY}:{SECRET}"))
-    sqs: Any = boto3.session.Session().client(
-        "sqs",
-        endpoint_url=server.url,
-        region_name=REGION,
-        aws_access_key_id=KEY,
-        aws_secret_access_key=SECRET,
-        config=Config(retries={"max_attempts": 1, "mode": "standard"}, read_timeout=30),
-    )
+    sqs: Any = client(server, KEY, SECRET)
     name = names("sqsattrs")
     url = sqs.create_queue(QueueName=name)["QueueUrl"]
     with Client(server.url, retries=0, timeout=20) as c:  # deep enough that small puts spill
@@ -141,14 +128,7 @@ def test_sqs_batches_with_message_attributes_spill_in_a_deep_queue_and_come_back
 
     server.kill()
     server.start()
-    sqs = boto3.session.Session().client(
-        "sqs",
-        endpoint_url=server.url,
-        region_name=REGION,
-        aws_access_key_id=KEY,
-        aws_secret_access_key=SECRET,
-        config=Config(retries={"max_attempts": 1, "mode": "standard"}, read_timeout=30),
-    )
+    sqs = client(server, KEY, SECRET)
     with Client(server.url, retries=0, timeout=20) as c:
         for _ in range(RUN_DEPTH // 1000):  # the filler, out of the way
             assert len(c.take(name, 1000, visibility_timeout=600)) == 1000
@@ -188,16 +168,8 @@ def test_every_command_on_spilled_messages_with_attributes_keeps_or_ends_them(
     q = names("attrcmds")
     with Client(server.url, retries=0, timeout=20) as c:
         c.create_queue(q)
-        ids = [
-            r.id
-            for r in c.put(q, [NewMessage(body=f"m{i}", attributes=attrs(i)) for i in range(100)])
-        ]
-        later = [
-            r.id
-            for r in c.put(
-                q, [NewMessage(body=f"d{i}", attributes=attrs(i), delay=3600) for i in range(100)]
-            )
-        ]
+        ids = put_with_attrs(c, q, "m", 100)
+        later = put_with_attrs(c, q, "d", 100, delay=3600)
         assert spilled(server.url, q) == 200
         c.delete_message(q, ids[10])  # a ready one, out of its run's order
         c.delete_message(q, later[10])  # a delayed one
