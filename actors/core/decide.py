@@ -840,13 +840,14 @@ def _move_bodies(state: QueueState, c: cmd.MoveBodies, now: int, ids: IdSource) 
     attrs: list[list[dict[str, Any] | None] | None] = []
     for first_id in c.ids:
         run = state.run_at(first_id)
-        if run is None or not run.left or run.place is None:
+        if run is None or run.place is None:
             continue  # gone, or its bodies are not in the log yet
+        first = run.needed_from()  # return runs read from it too
         moved.append(run.id)
-        firsts.append(run.next)
+        firsts.append(first)
         contents = state.contents_of(run)
-        bodies.append(contents.bodies[run.next :])
-        attrs.append(None if contents.attrs is None else contents.attrs[run.next :])
+        bodies.append(contents.bodies[first:])
+        attrs.append(None if contents.attrs is None else contents.attrs[first:])
     if not moved:
         return [], 0
     with_attrs = attrs if any(a is not None for a in attrs) else None

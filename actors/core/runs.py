@@ -36,7 +36,7 @@ import msgspec
 
 from actors.core.events import BodiesMoved
 
-__all__ = ["BodyReader", "Contents", "Run", "RunRecord", "moved_contents"]
+__all__ = ["BodyReader", "Contents", "LoanRecord", "Run", "RunRecord", "moved_contents"]
 
 Attributes = dict[str, Any]
 
@@ -92,6 +92,9 @@ class RunRecord(msgspec.Struct, array_like=True, gc=False):
     base: int = 0  # its first time
     times: bytes = b""  # each slot's time less ``base``, 4 bytes little-endian (8 if wider)
     order: bytes = b""  # its slots in time order, 2 bytes little-endian (4 past 65,536)
+    # the first slot whose body its place holds (a compaction wrote the slots from there on
+    # again); -1: not written (an older snapshot): its ``next``, which is at or past it
+    floor: int = -1
 
     def malformed(self) -> str | None:
         """What is wrong with the record's arrays, if anything (a damaged snapshot)."""
@@ -108,6 +111,32 @@ class RunRecord(msgspec.Struct, array_like=True, gc=False):
             return f"a run of {n} with {len(self.bodies)} bodies"
         if self.attrs is not None and len(self.attrs) != n:
             return f"a run of {n} with {len(self.attrs)} attributes"
+        return None
+
+
+class LoanRecord(msgspec.Struct, array_like=True, gc=False):
+    """A return run (:meth:`Run.lend`) as a snapshot holds it: the run it lends from (its
+    index in the snapshot's ``runs``), its slots there (``off``, ``count``), and what it
+    adds to them."""
+
+    run: int
+    off: int
+    count: int
+    next: int
+    out: list[int]
+    act: int
+    receive_count: int
+    first_taken_ms: int
+
+    def malformed(self, runs: Sequence[RunRecord]) -> str | None:
+        """What is wrong with the record against the snapshot's ``runs``, if anything."""
+        n = self.count
+        if not 0 <= self.run < len(runs) or n < 1 or self.off < 0:
+            return f"a return run of {n} from run {self.run} of {len(runs)}"
+        if self.off + n > runs[self.run].count or not 0 <= self.next <= n:
+            return f"a return run of {n} at slot {self.off} of a run of {runs[self.run].count}"
+        if any(not self.next < i < n for i in self.out):
+            return f"a return run of {n} with slots {self.out} out"
         return None
 
 
@@ -193,18 +222,25 @@ class Run:
         "base",
         "bodies",
         "count",
+        "first",
+        "floor",
         "id",
         "ids",
         "last_id",
         "left",
         "lengths",
+        "lent",
+        "loans",
         "mat",
         "next",
+        "off",
         "order",
         "out",
         "place",
+        "rc",
         "seq",
         "size",
+        "src",
         "waiting",
         "with_attrs",
         "woke",
@@ -248,6 +284,80 @@ class Run:
         # arrival order holds the run, not them); gone ones are dropped from the front, and
         # swept by the state once they outnumber its live messages (QueueState._maybe_compact)
         self.mat: deque[_Materialized] = deque()
+        self._no_loans()
+
+    def _no_loans(self) -> None:
+        """A put's run: it lends nothing yet, and its place holds every body."""
+        self.src: Run | None = None  # a return run's: the put's run it lends from
+        self.off = 0  # a return run's first slot in ``src``
+        self.rc = 0  # a return run's messages' receive count
+        self.first = 0  # a return run's messages' first take (ms)
+        self.lent = 0  # a put's run's: its slots that return runs hold
+        self.loans: list[Run] | None = None  # a put's run's: the return runs lending from it
+        self.floor = 0  # the first slot whose body ``place`` holds (a compaction's copy)
+
+    @classmethod
+    def lend(cls, src: Run, off: int, count: int, act: int, rc: int, first: int) -> Run:
+        """A *return run*: slots ``off .. off + count - 1`` of put run ``src``, released
+        (their earlier messages gone) to be ready again at ``act``, having been received
+        ``rc`` times, first at ``first``. Their bodies and attributes are ``src``'s (read
+        through it: it stays placed while it lends), so a batch a consumer gives back costs
+        one object, as its put did, not one per message. It waits, and wakes whole, as a
+        delayed run does; its slots leave it as a run's do."""
+        run = cls.__new__(cls)
+        run.seq, run.at_ms, run.count = src.seq + off, src.at_ms, count
+        run.id, run.last_id = src.mid(off), src.mid(off + count - 1)
+        run.ids = None if src.ids is None else src.ids[off : off + count]
+        run.act, run.waiting = act, False
+        run.acts, run.order, run.base, run.woke = None, None, 0, 0
+        run.next, run.out, run.left = 0, Slots(), count
+        run.bodies, run.attrs, run.place, run.with_attrs = None, None, None, src.with_attrs
+        run.lengths, run.size, run.mat = _NO_LENGTHS, 0, _NO_MAT
+        run.src, run.off, run.rc, run.first = src, off, rc, first
+        run.lent, run.loans, run.floor = 0, None, 0
+        src.lent += count
+        if src.loans is None:
+            src.loans = []
+        src.loans.append(run)
+        return run
+
+    def live_loans(self) -> list[Run]:
+        """The return runs still holding slots of this put's run (dead ones dropped)."""
+        loans = self.loans
+        if not loans:
+            return []
+        live = [loan for loan in loans if loan.left]
+        if len(live) != len(loans):
+            self.loans = live or None
+        return live
+
+    def lends(self, i: int) -> tuple[Run, int] | None:
+        """The return run holding slot ``i`` of this put's run, and its slot there."""
+        for loan in self.loans or ():
+            j = i - loan.off
+            if 0 <= j < loan.count and loan.left and loan.is_spilled(j):
+                return loan, j
+        return None
+
+    def needed_from(self) -> int:
+        """The first slot whose body is still read: its own spilled ones', or a return
+        run's (what a compaction copies from)."""
+        first = self.next
+        for loan in self.live_loans():
+            first = min(first, loan.off + loan.next)
+        return first
+
+    def record_loan(self, index: int) -> LoanRecord:
+        """This return run as a snapshot holds it, its put's run ``index``-th there."""
+        return LoanRecord(
+            index, self.off, self.count, self.next, list(self.out), self.act, self.rc, self.first
+        )
+
+    def __lt__(self, other: object) -> bool:
+        """Heap entries ``(time, seq, run)`` may tie on their first two with a dead entry
+        (a return run whose slots all left it, and one made later from the same slots):
+        never ordered by the run."""
+        return False
 
     def __repr__(self) -> str:
         return (
@@ -328,9 +438,9 @@ class Run:
         return None
 
     def spilled_bytes(self) -> int:
-        """About the bytes of the bodies still spilled (exact while they are all the same
-        length): what compaction would write again."""
-        return self.size * self.left // self.count
+        """About the bytes of the bodies still spilled, or lent (exact while they are all
+        the same length): what compaction would write again."""
+        return self.size * (self.left + self.lent) // self.count
 
     def spilled(self) -> Iterator[int]:
         """The slots still spilled, in order."""
@@ -354,11 +464,13 @@ class Run:
             self.next = n
         else:
             self.out.add(i)
+        if self.src is not None:
+            self.src.lent -= 1
 
     def alive(self) -> bool:
-        """Whether any message of the run is still in the queue (spilled or materialized);
-        drops gone materialized ones from the front on the way."""
-        if self.left:
+        """Whether any message of the run is still in the queue (spilled, lent to a return
+        run, or materialized); drops gone materialized ones from the front on the way."""
+        if self.left or self.lent:
             return True
         mat = self.mat
         while mat and mat[0].state >= _GONE:
@@ -384,6 +496,7 @@ class Run:
             self.base,
             b"" if self.acts is None else _little(self.acts).tobytes(),
             b"" if self.order is None else _little(self.order).tobytes(),
+            self.floor,
         )
 
     @classmethod
@@ -408,6 +521,8 @@ class Run:
         run.lengths = _lengths(_little(lengths))
         run.size = sum(run.lengths)
         run.mat = deque()
+        run._no_loans()
+        run.floor = r.floor if r.floor >= 0 else r.next
         if r.times:  # widths checked by decode_snapshot (RunRecord.malformed)
             run.base = r.base
             run.acts = _little(_frombytes("I" if len(r.times) == 4 * r.count else "q", r.times))
@@ -423,6 +538,8 @@ class Run:
 
 
 _GONE = 3  # state.GONE (state.py imports this module)
+_NO_LENGTHS: array[int] = array("H")  # a return run's: its bodies are its put's
+_NO_MAT: Any = ()  # a return run's: what it materializes is held by its put's run
 
 
 def _frombytes(typecode: str, data: bytes) -> array[int]:

@@ -17,7 +17,7 @@ import msgspec
 
 from actors.core import events as ev
 from actors.core import replies as rp
-from actors.core.runs import Run, RunRecord
+from actors.core.runs import LoanRecord, Run, RunRecord, Slots
 from actors.core.state import DELAYED, READY, RESERVED, Group, QueuedMessage, QueueState
 from actors.errors import DataError
 from actors.settings import QueueSettings
@@ -54,6 +54,7 @@ class Snapshot(msgspec.Struct, array_like=True, gc=False):
     runs: list[RunRecord] = []  # runs with spilled messages (appended field)
     # takes' attempt ids: (attempt, taken at, ids, leases, deadline), oldest first (appended)
     attempts: list[tuple[str, int, list[ev.MessageId], list[int], int]] = []
+    loans: list[LoanRecord] = []  # return runs, lending from ``runs`` (appended field)
 
 
 _encoder = msgspec.msgpack.Encoder()
@@ -62,6 +63,7 @@ _decoder = msgspec.msgpack.Decoder(Snapshot)
 
 def snapshot(state: QueueState) -> Snapshot:
     """A snapshot of ``state``. It shares message objects: encode it before the state moves on."""
+    runs = list(state.live_runs())
     return Snapshot(
         SNAPSHOT_VERSION,
         state.name,
@@ -82,8 +84,9 @@ def snapshot(state: QueueState) -> Snapshot:
         [(key, mid, at) for key, (mid, at) in state.idem.items()],
         [(key, version, value) for key, (version, value) in state.keys.items()],
         list(state.move_tasks),
-        [run.record() for run in state.live_runs()],  # in put order
+        [run.record() for run in runs],  # in put order
         [(attempt, *taken) for attempt, taken in state.attempts.items()],
+        [loan.record_loan(i) for i, run in enumerate(runs) for loan in run.live_loans()],
     )
 
 
@@ -94,23 +97,31 @@ def logical(state: QueueState) -> Snapshot:
     if not snap.runs:
         return snap
     messages = list(snap.messages)
-    for r in snap.runs:
-        run = Run.from_record(r)
-        bodies, attrs = state.contents_of(run)
+    runs = [Run.from_record(r) for r in snap.runs]
+    held = [(run, run) for run in runs]
+    for r in snap.loans:
+        loan = Run.lend(runs[r.run], r.off, r.count, r.act, r.receive_count, r.first_taken_ms)
+        loan.next, loan.out = r.next, Slots(r.out)
+        held.append((loan, runs[r.run]))
+    for run, put in held:
+        bodies, attrs = state.contents_of(put)
+        off = run.off
         messages += (
             QueuedMessage(
-                r.seq + i,
+                run.seq + i,
                 run.mid(i),
-                bodies[i],
-                r.at_ms,
+                bodies[off + i],
+                run.at_ms,
                 run.act_of(i),
                 DELAYED if run.act_of(i) > snap.clock_ms else READY,
-                attributes=None if attrs is None else attrs[i],
+                run.rc,
+                attributes=None if attrs is None else attrs[off + i],
+                first_taken_ms=run.first,
             )
             for i in run.spilled()
         )
     messages.sort(key=_seq)
-    return msgspec.structs.replace(snap, messages=messages, runs=[])
+    return msgspec.structs.replace(snap, messages=messages, runs=[], loans=[])
 
 
 def encode_snapshot(snap: Snapshot) -> bytes:
@@ -175,6 +186,10 @@ def decode_snapshot(data: bytes) -> Snapshot:
         wrong = run.malformed()
         if wrong is not None:
             raise DataError(f"undecodable snapshot: {wrong}")
+    for loan in snap.loans:
+        wrong = loan.malformed(snap.runs)
+        if wrong is not None:
+            raise DataError(f"undecodable snapshot: {wrong}")
     return snap
 
 
@@ -194,7 +209,15 @@ def restore(snap: Snapshot) -> QueueState:
     s.arrivals = deque(s.messages.values())
     if snap.runs:
         s.by_id = [Run.from_record(r) for r in snap.runs]
-        for run in s.by_id:
+        held = list(s.by_id)
+        for r in snap.loans:
+            put = s.by_id[r.run]
+            loan = Run.lend(put, r.off, r.count, r.act, r.receive_count, r.first_taken_ms)
+            loan.next, loan.out = r.next, Slots(r.out)
+            loan.left = r.count - r.next - len(loan.out)
+            put.lent -= r.count - loan.left
+            held.append(loan)
+        for run in held:
             if run.acts is not None or run.act > s.clock_ms:  # a delayed run still waiting
                 run.waiting = True
                 s.later.append((run.act, run.seq, run))

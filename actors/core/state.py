@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import enum
 import heapq
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol, cast
@@ -66,6 +66,7 @@ _COMPACT_SLACK = 4096
 # memory (and the bodies') while they wait.
 RUN_MIN_PUT = 16
 RUN_DEPTH = 10_000
+RETURN_MIN = 16  # released messages of one run that follow each other: a return run from here
 MAX_MOVE_TASKS = 10  # move tasks a queue remembers (SQS lists the 10 most recent)
 # How long a take's attempt id finds its messages again (SQS: ReceiveRequestAttemptId, 5
 # minutes), and how many attempts a queue remembers at most (the oldest go first).
@@ -104,6 +105,12 @@ class QueuedMessage(msgspec.Struct, array_like=True, gc=False):
     group: str | None = None
     attributes: dict[str, Any] | None = None
     first_taken_ms: int = 0
+
+    def __lt__(self, other: object) -> bool:
+        """Heap entries ``(time, seq, message)`` may tie on their first two: a stale entry of
+        a message given back into a return run, and one of the message made from that slot
+        again. Never ordered by the message itself."""
+        return False
 
 
 class Group:
@@ -176,6 +183,7 @@ class QueueState:
         "read",
         "ready",
         "reserved",
+        "return_min",
         "run_front",
         "run_min_put",
         "runs",
@@ -221,6 +229,9 @@ class QueueState:
         # Puts of fewer messages are runs only in a deep queue (RUN_MIN_PUT; tests of the
         # representation lower it); not part of snapshots.
         self.run_min_put = RUN_MIN_PUT
+        # Released messages of one run, due at one later time, become a return run when at
+        # least this many follow each other (Run.lend); not part of snapshots either.
+        self.return_min = RETURN_MIN
         self.read: BodyReader | None = None  # reads a placed run's bodies back
         self.runs: list[Run] = []  # ready runs, in take order (and dead ones before run_front)
         self.run_front = 0
@@ -351,14 +362,102 @@ class QueueState:
 
     def _apply_released(self, e: ev.MessagesReleased) -> None:
         at = e.at_ms
+        returned: list[QueuedMessage] = []
+        lends = self.spill and self.observer is None and not self.settings.fifo
         for mid, when in zip(e.ids, e.activate_at_ms, strict=True):
             m = self.messages.get(mid)
             if m is not None and m.state == RESERVED:
                 self._end_lease(m)
                 if self._exhausted(m):
                     self._dead_letter(m)
+                elif lends and when > at and type(mid) is int and self.by_id:
+                    m.activate_at_ms = when  # in no state count until _give_back places it
+                    returned.append(m)
                 else:
                     self._schedule(m, when, at)
+        if returned:
+            self._give_back(returned, at)
+
+    def _give_back(self, returned: list[QueuedMessage], at: int) -> None:
+        """Released messages due later, in no state count: those that are untouched slots
+        of one put's run, due at one time, received as often, first at one time, and that
+        follow each other, ``return_min`` or more, go back into a return run lending from
+        it (runs.py, ``Run.lend``); the others are scheduled as messages."""
+        lots: dict[tuple[int, int, int, int], list[tuple[int, QueuedMessage]]] = {}
+        for m in returned:
+            slot = self._slot_of(m)
+            if slot is None:
+                self._schedule(m, m.activate_at_ms, at)
+                continue
+            run, i = slot
+            key = (run.seq, m.activate_at_ms, m.receive_count, m.first_taken_ms)
+            lots.setdefault(key, []).append((i, m))
+        for (seq, act, rc, first), lot in lots.items():
+            run = self.by_id[bisect_right(self.by_id, seq, key=_seq) - 1]
+            bodies, attrs = self.contents_of(run)
+            lot.sort(key=_slot)
+            span: list[tuple[int, QueuedMessage]] = []
+            for i, m in lot:
+                if m.body != bodies[i] or m.attributes != (None if attrs is None else attrs[i]):
+                    self._schedule(m, act, at)  # changed since its put (an update)
+                    continue
+                if span and i != span[-1][0] + 1:
+                    self._lend_or_schedule(run, span, act, rc, first, at)
+                    span = []
+                span.append((i, m))
+            if span:
+                self._lend_or_schedule(run, span, act, rc, first, at)
+
+    def _lend_or_schedule(
+        self,
+        run: Run,
+        span: list[tuple[int, QueuedMessage]],
+        act: int,
+        rc: int,
+        first: int,
+        at: int,
+    ) -> None:
+        if len(span) >= self.return_min:
+            self._lend(run, span, act, rc, first)
+        else:
+            for _, m in span:
+                self._schedule(m, act, at)
+
+    def _slot_of(self, m: QueuedMessage) -> tuple[Run, int] | None:
+        """The put's run and slot ``m`` was materialized from, while that run can lend it
+        out again (its place holds the slot's body)."""
+        by_id = self.by_id
+        j = bisect_right(by_id, m.seq, key=_seq) - 1
+        if j < 0:
+            return None
+        run = by_id[j]
+        i = m.seq - run.seq
+        if (
+            i >= run.count
+            or i < run.floor
+            or run.mid(i) != m.id
+            or run.at_ms != m.enqueued_at_ms
+            or m.group is not None
+            or (run.place is None and run.bodies is None)
+            or (run.place is not None and self.read is None)
+        ):
+            return None
+        return run, i
+
+    def _lend(
+        self, run: Run, span: list[tuple[int, QueuedMessage]], act: int, rc: int, first: int
+    ) -> None:
+        """``span``'s messages (slots of ``run``, in order, each after the last) leave the
+        state as messages and wait in one return run until ``act``."""
+        for _, m in span:
+            m.state = GONE
+            del self.messages[m.id]
+        loan = Run.lend(run, span[0][0], len(span), act, rc, first)
+        loan.waiting = True
+        heapq.heappush(self.later, (act, loan.seq, loan))
+        n = len(span)
+        self.deferred += n
+        self.n_delayed += n
 
     def _apply_touched(self, e: ev.LeasesExtended) -> None:
         for mid, deadline in zip(e.ids, e.deadlines_ms, strict=True):
@@ -414,9 +513,10 @@ class QueueState:
 
     def _apply_moved(self, e: ev.BodiesMoved) -> None:
         # the same bodies, further on in the log: for the shell to place the runs again
-        for mid in e.ids:
+        for mid, first in zip(e.ids, e.firsts, strict=True):
             run = self.run_at(mid)
-            if run is not None and run.left:
+            if run is not None:
+                run.floor = first  # the copy holds the slots from there on
                 self.unplaced.append(run)
 
     def _apply_move_started(self, e: ev.MoveTaskStarted) -> None:
@@ -439,8 +539,10 @@ class QueueState:
 
     def _apply_dropped(self, e: ev.QueueDeleted) -> None:
         kept = self.observer, self.ack_waits, self.spill, self.run_min_put, self.read
+        return_min = self.return_min
         QueueState.__init__(self)  # a deleted queue is as if it never was
         self.observer, self.ack_waits, self.spill, self.run_min_put, self.read = kept
+        self.return_min = return_min
 
     # ---------------------------------------------------------------- time
 
@@ -649,6 +751,18 @@ class QueueState:
             self.spilled -= n
             self.n_ready -= n
         self.expired_total += n
+        for loan in run.live_loans():
+            k = loan.left
+            loan.left, loan.next = 0, loan.count
+            loan.out.clear()
+            if loan.waiting:
+                self.deferred -= k
+                self.n_delayed -= k
+            else:
+                self.spilled -= k
+                self.n_ready -= k
+            self.expired_total += k
+        run.lent, run.loans = 0, None
         for m in run.mat:
             if m.state < GONE:
                 self._remove(cast(QueuedMessage, m))
@@ -678,7 +792,8 @@ class QueueState:
             self.run_front = 0
         live = len(self.runs) - self.run_front + len(self.later)
         if len(self.by_id) > 2 * live + _COMPACT_SLACK:
-            self.by_id = [r for r in self.by_id if r.left]
+            # kept while a message of it may still be given back (runs.py, Run.lend)
+            self.by_id = [r for r in self.by_id if r.alive()]
 
     def oldest_ready_ms(self) -> int | None:
         """Activation time of the next message ``take`` would hand out."""
@@ -698,9 +813,9 @@ class QueueState:
         return len(self.messages) + self.spilled + self.deferred
 
     def live_runs(self) -> Iterator[Run]:
-        """Every run with slots still spilled (ready or delayed), in put order (the order
-        of their records in the log)."""
-        return (run for run in self.by_id if run.left)
+        """Every put's run with slots still spilled (ready or delayed), or lent to return
+        runs, in put order (the order of their records in the log)."""
+        return (run for run in self.by_id if run.left or run.lent)
 
     def _runnable(self, e: ev.MessagesPut) -> bool:
         """Whether a put can be held as a run: all its messages ready at once, either at
@@ -795,22 +910,43 @@ class QueueState:
             return
         run.waiting = False
         n = run.left
-        if n:
+        if not n:
+            return
+        runs = self.runs
+        if runs and (run.act, run.seq) <= _last_key(runs[-1]):
+            # Its slots would come before the last ready run's in take order, which only a
+            # return run can, woken at the same time as another of the same put whose span
+            # covers its own (slots taken from it, then given back): messages instead.
+            contents = self.contents_of(run)
+            for i in list(run.spilled()):
+                m = self._materialize(run, i, contents)
+                m.state = READY
+                run.take_slot(i)
+                heapq.heappush(self.ready, (m.activate_at_ms, m.seq, m))
             self.deferred -= n
             self.n_delayed -= n
-            self.spilled += n
             self.n_ready += n
-            self.runs.append(run)
+            return
+        self.deferred -= n
+        self.n_delayed -= n
+        self.spilled += n
+        self.n_ready += n
+        runs.append(run)
 
     def place(self, run: Run, place: object) -> None:
         """The shell wrote ``run``'s put: its bodies are read back from ``place`` from now
         on (not an event: it changes where bodies are read from, not the queue)."""
-        if run.left or run.mat:
+        if run.left or run.lent or run.mat:
             run.place, run.bodies, run.attrs = place, None, None
 
     def contents_of(self, run: Run) -> Contents:
         """The bodies (and attributes) of ``run``'s put, in order (read back if it is
         placed)."""
+        src = run.src
+        if src is not None:  # a return run: its put's, from its first slot there
+            bodies, attrs = self.contents_of(src)
+            end = run.off + run.count
+            return Contents(bodies[run.off : end], None if attrs is None else attrs[run.off : end])
         if run.bodies is not None:
             return Contents(run.bodies, run.attrs)
         if self.read is None:
@@ -829,25 +965,38 @@ class QueueState:
         """The run whose first message is ``first_id``, if it still holds spilled slots."""
         by_id = self.by_id
         i = bisect_right(by_id, first_id, key=_first_id) - 1
-        if i >= 0 and by_id[i].id == first_id and by_id[i].left:
+        if i >= 0 and by_id[i].id == first_id and (by_id[i].left or by_id[i].lent):
             return by_id[i]
         return None
 
     def _run_of(self, mid: object) -> tuple[Run, int] | None:
-        """The run and slot holding id ``mid`` while it is spilled."""
+        """The run (a put's, or a return run) and slot holding id ``mid`` while it is
+        spilled."""
         if type(mid) is not int or not (self.spilled or self.deferred):
             return None
         runs, i = self.runs, self.run_front
         if i < len(runs) and runs[i].id <= mid <= runs[i].last_id:
             run = runs[i]  # the front run, where takes are
-        else:
-            by_id = self.by_id
-            j = bisect_right(by_id, mid, key=_first_id) - 1
-            if j < 0:
-                return None
-            run = by_id[j]
+            slot = run.slot(mid)
+            if slot is not None:
+                return run, slot
+        by_id = self.by_id
+        j = bisect_right(by_id, mid, key=_first_id) - 1
+        if j < 0:
+            return None
+        run = by_id[j]
         slot = run.slot(mid)
-        return None if slot is None else (run, slot)
+        if slot is not None:
+            return run, slot
+        if not run.lent or not run.id <= mid <= run.last_id:
+            return None
+        if run.ids is None:
+            i = mid - run.id
+        else:
+            i = bisect_left(run.ids, mid)
+            if run.ids[i] != mid:
+                return None
+        return run.lends(i)
 
     def spilled_message(self, mid: object) -> QueuedMessage | None:
         """A transient view of spilled message ``mid`` (None: not spilled here). Reading it
@@ -881,14 +1030,14 @@ class QueueState:
     def deferred_after(self, after: tuple[int, int] | None) -> Iterator[QueuedMessage]:
         """Transient views of the delayed runs' spilled messages whose key ``(activate_at,
         seq)`` is past ``after``, in that order (the order they become ready)."""
-        waiting = {entry[1]: entry[2] for entry in self.later if _waits(entry)}
+        # by run: a return run may start at the slot of its put's run that waits too
+        waiting = {id(entry[2]): entry[2] for entry in self.later if _waits(entry)}
         keyed = heapq.merge(*(_keys_after(run, after) for run in waiting.values()))
         read: dict[int, Contents] = {}
-        for _, seq, i in keyed:
-            run = waiting[seq - i]
-            if seq - i not in read:
-                read[seq - i] = self.contents_of(run)
-            yield _transient(run, i, read[seq - i])
+        for _, _, i, run in keyed:
+            if id(run) not in read:
+                read[id(run)] = self.contents_of(run)
+            yield _transient(run, i, read[id(run)])
 
     def holds(self, mid: ev.MessageId) -> bool:
         """Whether a message with id ``mid`` is in the queue."""
@@ -904,16 +1053,18 @@ class QueueState:
     def unspill_all(self) -> None:
         """Materialize every spilled message (bodies read back): the state no longer needs
         the log's bodies (a state that stops spilling, or leaves its log)."""
-        for run in self.by_id:
-            if not run.left:
-                continue
-            contents = self.contents_of(run)
-            heap = self.delayed if run.waiting else self.ready
-            for i in list(run.spilled()):
-                m = self._materialize(run, i, contents)
-                heap.append((m.activate_at_ms, m.seq, m))
-            run.left, run.next, run.place, run.bodies, run.attrs = 0, run.count, None, None, None
-            run.out.clear()
+        for put in self.by_id:
+            for run in [*put.live_loans(), put]:  # the loans read through their put's run
+                if not run.left:
+                    continue
+                contents = self.contents_of(run)
+                heap = self.delayed if run.waiting else self.ready
+                for i in list(run.spilled()):
+                    m = self._materialize(run, i, contents)
+                    heap.append((m.activate_at_ms, m.seq, m))
+                run.left, run.next = 0, run.count
+                run.out.clear()
+            put.place, put.bodies, put.attrs, put.lent, put.loans = None, None, None, 0, None
         heapq.heapify(self.ready)
         heapq.heapify(self.delayed)
         self.runs, self.run_front, self.spilled = [], 0, 0
@@ -942,7 +1093,7 @@ class QueueState:
         """Slot ``i`` of ``run`` as a message of the state (ready, or delayed while the run
         waits; the caller indexes it and counts the slot out of the run)."""
         m = _transient(run, i, contents)
-        run.mat.append(m)
+        (run.mat if run.src is None else run.src.mat).append(m)
         self.in_mats += 1
         self.messages[m.id] = m
         return m
@@ -962,7 +1113,9 @@ def _transient(run: Run, i: int, contents: Contents) -> QueuedMessage:
         run.at_ms,
         run.act_of(i),
         state,
+        run.rc,
         attributes=None if attrs is None else attrs[i],
+        first_taken_ms=run.first,
     )
 
 
@@ -973,18 +1126,26 @@ def _waits(entry: tuple[int, int, Run]) -> bool:
     return run.waiting and run.left > 0 and run.act == entry[0]
 
 
-def _keys_after(run: Run, after: tuple[int, int] | None) -> Iterator[tuple[int, int, int]]:
-    """``(activate_at, seq, slot)`` of a waiting run's spilled slots past ``after``, in
-    key order."""
+def _keys_after(run: Run, after: tuple[int, int] | None) -> Iterator[tuple[int, int, int, Run]]:
+    """``(activate_at, seq, slot, run)`` of a waiting run's spilled slots past ``after``, in
+    key order (no two slots share a key: the run is never compared)."""
     seq = run.seq
     for i in run.spilled_by_time():
         key = (run.act_of(i), seq + i)
         if after is None or key > after:
-            yield (*key, i)
+            yield (*key, i, run)
 
 
 def _first_id(run: Run) -> int:
     return run.id
+
+
+def _seq(run: Run) -> int:
+    return run.seq
+
+
+def _slot(entry: tuple[int, QueuedMessage]) -> int:
+    return entry[0]
 
 
 def _last_key(run: Run) -> tuple[int, int]:

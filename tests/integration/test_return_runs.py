@@ -1,0 +1,80 @@
+"""Messages given back with a backoff (issue 33; runs.py, ``Run.lend``) through a real
+``evq serve``: a batch a consumer releases with a delay goes back into its put's run as one
+return run, not one object per message; every command still sees each message, with its
+receive count; it survives a graceful restart, a SIGKILL (replayed from the log) and a
+compaction, and comes back in order with its body."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from evq.client import Client, NewMessage
+from tests.integration.conftest import Names, ServerFactory
+from tests.integration.test_spilled_attributes import attrs, spilled
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+
+def test_a_released_batch_is_held_as_a_return_run_through_restarts_and_kills(
+    make_server: ServerFactory, names: Names
+) -> None:
+    server = make_server("--shards", "1")
+    q = names("backoff")
+    n = 300
+    with Client(server.url, retries=0, timeout=20) as c:
+        c.create_queue(q)
+        ids = [
+            r.id
+            for r in c.put(q, [NewMessage(body=f"b{i}", attributes=attrs(i)) for i in range(n)])
+        ]
+        taken = c.take(q, n, visibility_timeout=600)
+        assert [t.id for t in taken] == ids
+        assert spilled(server.url, q) == 0  # taken: messages, each with its lease
+        results = c.release(q, *taken, delay=3600)
+        assert {r.status for r in results} == {"ok"}
+        assert spilled(server.url, q) == n  # given back: one return run, no message objects
+        m = c.get_message(q, ids[17])
+        assert (m.state, m.body, m.receive_count, m.attributes) == ("delayed", b"b17", 1, attrs(17))
+        listed = c.browse_all(q, "delayed", limit=64)
+        assert [x.id for x in listed] == ids
+        assert c.get_queue(q).stats.delayed == n
+        # one of them is run now: it leaves the return run, ready, its count kept
+        c.update_message(q, ids[3], delay=0)
+        [again] = c.take(q, 1, visibility_timeout=600)
+        assert (again.id, again.body, again.receive_count) == (ids[3], b"b3", 2)
+        c.ack(q, again)
+
+    assert server.stop() == 0  # graceful: the snapshot holds the return run
+    server.start()
+    batch = ids[20:40]
+    with Client(server.url, retries=0, timeout=20) as c:
+        assert spilled(server.url, q) == n - 1
+        m = c.get_message(q, ids[250])
+        assert (m.state, m.receive_count, m.attributes) == ("delayed", 1, attrs(250))
+        for mid in batch:  # run now, taken again and given back: a return run (received twice)
+            c.update_message(q, mid, delay=0)
+        taken = c.take(q, 20, visibility_timeout=600)
+        assert [(t.id, t.receive_count) for t in taken] == [(mid, 2) for mid in batch]
+        assert spilled(server.url, q) == n - 1 - 20
+        c.release(q, *taken, delay=15)
+        assert spilled(server.url, q) == n - 1
+
+    server.kill()  # SIGKILL: the release since the snapshot is replayed from the log
+    server.start()
+    with Client(server.url, retries=0, timeout=20) as c:
+        assert spilled(server.url, q) == n - 1
+        m = c.get_message(q, batch[5])
+        assert (m.state, m.body, m.receive_count) == ("delayed", b"b25", 2)
+        deadline = time.monotonic() + 30
+        while c.get_message(q, batch[0]).state != "ready" and time.monotonic() < deadline:
+            time.sleep(0.5)
+        got = c.take(q, 30, visibility_timeout=600)
+        assert [(t.id, t.body, t.receive_count) for t in got] == [
+            (mid, f"b{20 + k}".encode(), 3) for k, mid in enumerate(batch)
+        ]
+        assert [t.attributes for t in got] == [attrs(20 + k) for k in range(20)]
+        c.ack(q, *got)
+        stats = c.get_queue(q).stats
+        assert (stats.delayed, stats.ready, stats.reserved) == (n - 21, 0, 0)
