@@ -172,12 +172,15 @@ def _check_backoff(lines: list[Any], stdout: str) -> None:
         1.0,
     )
     assert backoff["releases_per_s"] > 0
-    assert backoff["rss_per_msg"] > 0  # released messages are objects for now (issue 33)
+    assert backoff["rss_per_msg"] > 0
+    assert backoff["restart_s"] > 0  # restarted on the churned queue, weighed again
+    assert backoff["rss_per_msg_after_restart"] is not None
     # at 50k messages the untouched figure may be lost in Ray's noise, so only its sign
     # says whether there is a ratio
     over = backoff["over_untouched"]
     assert over is None or over > 0
     assert "| depth | backoff s | released msg/s |" in stdout
+    assert "| restart s | RSS B/msg after restart |" in stdout
 
 
 def _check_churn(lines: list[Any], queues: int, stdout: str) -> None:
