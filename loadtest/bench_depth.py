@@ -24,7 +24,8 @@ server: actors/core/runs.py); ``--delay-spread 1h..30d`` delays each message by 
 time, drawn evenly from the range. Either way the queues keep messages a day past the
 longest delay (``retention``), and the timed takes find nothing ready. ``--attrs`` gives
 each message two attributes, as SQS senders set them (a tenant among 1,000 and a random
-trace id), with any of the above.
+trace id), with any of the above; ``--fifo`` makes the queues FIFO, each message in one of
+1,000 groups; ``--client-ids`` makes them take ids from the client (16 random hex digits).
 
 With ``--backoff-churn 60s`` (off by default), once the last depth is measured (and
 restarted), ``--churn-clients`` consumers take every message once (1000 a take) and release
@@ -218,7 +219,11 @@ class Bench:
         api = Api(self.live.port)
         delays = timing(self.args)
         # the messages must outlive their delays (the default retention is 4 days)
-        settings = {} if delays is None else {"retention": int(delays[1]) + 86_400}
+        settings: dict[str, Any] = {} if delays is None else {"retention": int(delays[1]) + 86_400}
+        if self.args.fifo:
+            settings["fifo"] = True
+        if self.args.client_ids:
+            settings["id_mode"] = "client"
         for name in self.names:
             status, doc, _ = api.call("PUT", f"/v1/queues/{name}", settings)
             if status not in (200, 201):
@@ -230,7 +235,12 @@ class Bench:
         self.base["disk_bytes"] = disk_bytes(self.data)  # the log's preallocated files
         emit({"base": self.base})
         self.filler = Filler(
-            self.args.procs, self.args.producers, self.args.size, timing(self.args), self.args.attrs
+            self.args.procs,
+            self.args.producers,
+            self.args.size,
+            timing(self.args),
+            self.args.attrs,
+            kinds(self.args),
         )
 
     def step(self, target: int) -> dict[str, Any]:
@@ -567,6 +577,11 @@ def spread(text: str) -> tuple[float, float]:
     return bounds
 
 
+def kinds(args: argparse.Namespace) -> frozenset[str]:
+    """The message kinds the producers put (bench_depth_load.put_body)."""
+    return frozenset(k for k in ("fifo", "client_ids") if getattr(args, k))
+
+
 def timing(args: argparse.Namespace) -> tuple[float, float] | None:
     """The producers' delays: (lo, hi) seconds, lo == hi for one time a put."""
     if args.delay is not None:
@@ -609,6 +624,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         help="each message delayed by its own time, drawn evenly from LO..HI (1h..30d)",
     )
     add("--attrs", action="store_true", help="each message with two attributes (SQS-style)")
+    add("--fifo", action="store_true", help="a FIFO queue, each message in one of 1,000 groups")
+    add("--client-ids", action="store_true", help="each message with an id of the client's")
     add(
         "--backoff-churn",
         type=duration,

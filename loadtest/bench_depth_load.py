@@ -112,16 +112,29 @@ def random_bodies(n: int, size: int) -> list[bytes]:
 
 
 def put_body(
-    n: int, size: int, timing: tuple[float, float] | None = None, attrs: bool = False
+    n: int,
+    size: int,
+    timing: tuple[float, float] | None = None,
+    attrs: bool = False,
+    kinds: frozenset[str] = frozenset(),
 ) -> bytes:
     """A put's JSON body: ``n`` messages of :func:`random_bodies`. ``timing`` (lo, hi)
     delays them, in seconds: all by ``lo`` when ``lo == hi`` (the put's messages ready at
     one time), else each by its own, drawn evenly from lo to hi. ``attrs``: each message
-    carries two attributes, as an SQS sender's would (:func:`attributes`)."""
+    carries two attributes, as an SQS sender's would (:func:`attributes`). ``kinds``:
+    ``fifo`` gives each message a group among :data:`GROUPS`, ``client_ids`` an id of the
+    client's (random: 16 hex digits, 64 bits)."""
     bodies = random_bodies(n, size)
-    if timing is None and not attrs:
+    if timing is None and not attrs and not kinds:
         return b'{"messages":[{"body":"' + b'"},{"body":"'.join(bodies) + b'"}]}'
     items = [b'{"body":"%s"' % b for b in bodies]
+    if "fifo" in kinds:
+        items = [b'%s,"group":"g%03d"' % (item, random.randrange(GROUPS)) for item in items]
+    if "client_ids" in kinds:
+        ids = os.urandom(8 * n).hex().encode()
+        items = [
+            b'%s,"id":"%s"' % (item, ids[16 * i : 16 * i + 16]) for i, item in enumerate(items)
+        ]
     if timing is not None:
         lo, hi = timing
         delays = [lo] * n if lo == hi else [random.uniform(lo, hi) for _ in range(n)]
@@ -129,6 +142,9 @@ def put_body(
     if attrs:
         items = [b'%s,"attributes":%s' % (item, attributes()) for item in items]
     return b'{"messages":[' + b"},".join(items) + b"}]}"
+
+
+GROUPS = 1000  # a FIFO queue's message groups (--fifo)
 
 
 def attributes() -> bytes:
@@ -141,7 +157,13 @@ def attributes() -> bytes:
 
 
 def _put_request(queue: str, n: int, size: int) -> bytes:
-    body = put_body(n, size, _shared.get("timing"), _shared.get("attrs", False))
+    body = put_body(
+        n,
+        size,
+        _shared.get("timing"),
+        _shared.get("attrs", False),
+        _shared.get("kinds", frozenset()),
+    )
     head = (
         f"POST /v1/queues/{queue}/messages HTTP/1.1\r\nHost: evq\r\n"
         f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
@@ -155,9 +177,13 @@ _shared: dict[str, Any] = {}  # in a producer process: the count and the stop ev
 
 
 def _init(
-    counter: Any, stop: Any, timing: tuple[float, float] | None = None, attrs: bool = False
+    counter: Any,
+    stop: Any,
+    timing: tuple[float, float] | None = None,
+    attrs: bool = False,
+    kinds: frozenset[str] = frozenset(),
 ) -> None:
-    _shared.update(counter=counter, stop=stop, timing=timing, attrs=attrs)
+    _shared.update(counter=counter, stop=stop, timing=timing, attrs=attrs, kinds=kinds)
 
 
 def fill_part(
@@ -231,6 +257,7 @@ class Filler:
         size: int,
         timing: tuple[float, float] | None = None,
         attrs: bool = False,
+        kinds: frozenset[str] = frozenset(),
     ) -> None:
         ctx = multiprocessing.get_context("spawn")  # the tool's threads stay out of them
         self.counter = ctx.Value("q", 0)
@@ -240,7 +267,7 @@ class Filler:
             procs,
             mp_context=ctx,
             initializer=_init,
-            initargs=(self.counter, self.stop, timing, attrs),
+            initargs=(self.counter, self.stop, timing, attrs, kinds),
         )
         for future in [self.pool.submit(os.getpid) for _ in range(procs)]:
             future.result()  # started and imported before the first fill is timed

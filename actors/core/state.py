@@ -379,10 +379,11 @@ class QueueState:
             self._give_back(returned, at)
 
     def _give_back(self, returned: list[QueuedMessage], at: int) -> None:
-        """Released messages due later, in no state count: those that are untouched slots
-        of one put's run, due at one time, received as often, first at one time, and that
-        follow each other, ``return_min`` or more, go back into a return run lending from
-        it (runs.py, ``Run.lend``); the others are scheduled as messages."""
+        """Messages given back at ``at`` (released due later, or their leases ran out), in
+        no state count: those that are untouched slots of one put's run, due at one time,
+        received as often, first at one time, and that follow each other, ``return_min`` or
+        more, go back into a return run lending from it (runs.py, ``Run.lend``); the others
+        are scheduled as messages."""
         lots: dict[tuple[int, int, int, int], list[tuple[int, QueuedMessage]]] = {}
         for m in returned:
             slot = self._slot_of(m)
@@ -417,9 +418,7 @@ class QueueState:
         first: int,
         at: int,
     ) -> None:
-        if len(span) >= self.return_min:
-            self._lend(run, span, act, rc, first)
-        else:
+        if len(span) < self.return_min or not self._lend(run, span, act, rc, first, at):
             for _, m in span:
                 self._schedule(m, act, at)
 
@@ -445,19 +444,37 @@ class QueueState:
         return run, i
 
     def _lend(
-        self, run: Run, span: list[tuple[int, QueuedMessage]], act: int, rc: int, first: int
-    ) -> None:
+        self,
+        run: Run,
+        span: list[tuple[int, QueuedMessage]],
+        act: int,
+        rc: int,
+        first: int,
+        at: int,
+    ) -> bool:
         """``span``'s messages (slots of ``run``, in order, each after the last) leave the
-        state as messages and wait in one return run until ``act``."""
+        state as messages for one return run, which waits until ``act``, or is ready at
+        once if that is ``at`` or before (leases that ran out). False: they cannot (ready
+        at once, they would come before the last ready run in take order)."""
+        ready = act <= at
+        runs = self.runs
+        if ready and runs and (act, run.seq + span[0][0]) <= _last_key(runs[-1]):
+            return False
         for _, m in span:
             m.state = GONE
             del self.messages[m.id]
         loan = Run.lend(run, span[0][0], len(span), act, rc, first)
-        loan.waiting = True
-        heapq.heappush(self.later, (act, loan.seq, loan))
         n = len(span)
-        self.deferred += n
-        self.n_delayed += n
+        if ready:
+            runs.append(loan)
+            self.spilled += n
+            self.n_ready += n
+        else:
+            loan.waiting = True
+            heapq.heappush(self.later, (act, loan.seq, loan))
+            self.deferred += n
+            self.n_delayed += n
+        return True
 
     def _apply_touched(self, e: ev.LeasesExtended) -> None:
         for mid, deadline in zip(e.ids, e.deadlines_ms, strict=True):
@@ -569,9 +586,7 @@ class QueueState:
             if t == t_ret:
                 self._expire_retention()
             elif t == t_res:
-                _, _, m = heapq.heappop(self.reserved)
-                if m.state == RESERVED and m.deadline_ms == t:
-                    self._expire_lease(m)
+                self._expire_leases(t)
             elif t == t_del:
                 _, _, m = heapq.heappop(self.delayed)
                 if m.state == DELAYED and m.activate_at_ms == t:
@@ -623,6 +638,31 @@ class QueueState:
             self.observer.retention_expired(m, m.enqueued_at_ms + self.settings.retention_ms)
         self._remove(m)
         self.expired_total += 1
+
+    def _expire_leases(self, t: int) -> None:
+        """Every lease that runs out at ``t`` (a take's batch shares one deadline): its
+        message is ready again, or dead-lettered. In a spilling state, the untouched
+        messages of a run that follow each other go back into it as a return run, ready at
+        once (runs.py, ``Run.lend``)."""
+        reserved = self.reserved
+        lends = self.spill and self.observer is None and not self.settings.fifo and self.by_id
+        back: list[QueuedMessage] = []
+        while reserved and reserved[0][0] == t:
+            m = heapq.heappop(reserved)[2]
+            if m.state != RESERVED or m.deadline_ms != t:
+                continue  # a stale entry
+            if not lends or type(m.id) is not int:
+                self._expire_lease(m)
+                continue
+            self._end_lease(m)
+            if self._exhausted(m):
+                self._dead_letter(m, t)
+            else:
+                m.activate_at_ms = t  # in no state count until _give_back places it
+                back.append(m)
+        if back:
+            self.transitions += len(back) - 1  # one a message, as one at a time counts
+            self._give_back(back, t)
 
     def _expire_lease(self, m: QueuedMessage) -> None:
         deadline = m.deadline_ms

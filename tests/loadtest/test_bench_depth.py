@@ -75,6 +75,19 @@ def test_a_put_body_gives_each_message_two_attributes_with_any_timing() -> None:
     assert "attributes" not in json.loads(put_body(5, 10))["messages"][0]
 
 
+def test_a_put_body_gives_groups_or_client_ids_as_the_kinds_ask() -> None:
+    fifo = json.loads(put_body(2000, 10, kinds=frozenset({"fifo"})))["messages"]
+    groups = {m["group"] for m in fifo}
+    assert len(groups) > 800
+    assert groups <= {f"g{g:03d}" for g in range(1000)}
+    assert all("id" not in m for m in fifo)
+    own = json.loads(put_body(1000, 10, (60.0, 60.0), kinds=frozenset({"client_ids"})))["messages"]
+    assert len({m["id"] for m in own}) == 1000  # 64 random bits each
+    assert all(len(m["id"]) == 16 and m["delay"] == 60.0 for m in own)
+    both = json.loads(put_body(3, 10, attrs=True, kinds=frozenset({"fifo", "client_ids"})))
+    assert all({"group", "id", "attributes"} <= set(m) for m in both["messages"])
+
+
 def test_delays_take_units_and_a_spread_must_grow() -> None:
     assert [duration(x) for x in ("90s", "30m", "1h", "2d", "45")] == [90, 1800, 3600, 172_800, 45]
     assert spread("1h..30d") == (3600, 30 * 86_400)
