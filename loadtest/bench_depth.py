@@ -171,7 +171,8 @@ class Bench:
 
     def __init__(self, args: argparse.Namespace, tmp: Path) -> None:
         self.args, self.tmp, self.data = args, tmp, tmp / "data"
-        self.names = [f"depth-{i}" for i in range(args.queues)]
+        suffix = ".fifo" if args.fifo else ""  # a FIFO queue's name says so
+        self.names = [f"depth-{i}{suffix}" for i in range(args.queues)]
         self.limit = int(args.max_rss_gib * GIB)
         self.server: EvqServe | None = None
         self.filler: Filler | None = None

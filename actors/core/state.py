@@ -66,7 +66,9 @@ _COMPACT_SLACK = 4096
 # memory (and the bodies') while they wait.
 RUN_MIN_PUT = 16
 RUN_DEPTH = 10_000
-RETURN_MIN = 16  # released messages of one run that follow each other: a return run from here
+# Released messages of one run that follow each other: a return run from this many (one
+# object of ~300 B, against one each as messages; SQS consumers receive 10 at a time).
+RETURN_MIN = 4
 MAX_MOVE_TASKS = 10  # move tasks a queue remembers (SQS lists the 10 most recent)
 # How long a take's attempt id finds its messages again (SQS: ReceiveRequestAttemptId, 5
 # minutes), and how many attempts a queue remembers at most (the oldest go first).

@@ -7,12 +7,16 @@ compaction, and comes back in order with its body."""
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import pytest
 
 from evq.client import Client, NewMessage
 from tests.integration.conftest import Names, ServerFactory
+from tests.integration.server import server_env
 from tests.integration.test_spilled_attributes import attrs, spilled
+from tests.integration.test_sqs_server import KEY, SECRET, client
+from tests.unit.gateway.sqs_support import expected_md5
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
@@ -78,3 +82,49 @@ def test_a_released_batch_is_held_as_a_return_run_through_restarts_and_kills(
         c.ack(q, *got)
         stats = c.get_queue(q).stats
         assert (stats.delayed, stats.ready, stats.reserved) == (n - 21, 0, 0)
+
+
+def test_sqs_receives_whose_visibility_runs_out_go_back_into_their_run(
+    make_server: ServerFactory, names: Names
+) -> None:
+    """An SQS consumer that receives batches of 10 and never deletes them (it died): when
+    their visibility timeouts run out, each batch goes back into its put's run as a return
+    run, and is received again with its attributes and a receive count of 2."""
+    server = make_server("--shards", "1", env=server_env(EVQ_SQS_KEYS=f"{KEY}:{SECRET}"))
+    sqs: Any = client(server, KEY, SECRET)
+    name = names("sqsback")
+    url = sqs.create_queue(QueueName=name)["QueueUrl"]
+    sent = {"kind": {"DataType": "String", "StringValue": "invoice"}}
+    with Client(server.url, retries=0, timeout=20) as c:  # one put: one run
+        c.put(
+            name, [NewMessage(body=f"job {i}", attributes={"kind": "invoice"}) for i in range(50)]
+        )
+    assert spilled(server.url, name) == 50
+    first: list[dict[str, Any]] = []
+    for _ in range(5):
+        reply = sqs.receive_message(
+            QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=2, AttributeNames=["All"]
+        )
+        first += reply["Messages"]
+    assert [m["Body"] for m in first] == [f"job {i}" for i in range(50)]
+    assert spilled(server.url, name) == 0  # in flight: messages, each with its lease
+    deadline = time.monotonic() + 30
+    while spilled(server.url, name) < 50 and time.monotonic() < deadline:
+        time.sleep(0.3)
+    assert spilled(server.url, name) == 50  # the five batches back in their run
+    again: list[dict[str, Any]] = []
+    while len(again) < 50:
+        reply = sqs.receive_message(
+            QueueUrl=url,
+            MaxNumberOfMessages=10,
+            VisibilityTimeout=600,
+            AttributeNames=["All"],
+            MessageAttributeNames=["All"],
+        )
+        assert reply.get("Messages"), "the batches did not come back"
+        again += reply["Messages"]
+    assert [m["Body"] for m in again] == [f"job {i}" for i in range(50)]
+    assert {m["Attributes"]["ApproximateReceiveCount"] for m in again} == {"2"}
+    assert all(m["MessageAttributes"] == sent for m in again)
+    assert all(m["MD5OfMessageAttributes"] == expected_md5(sent) for m in again)
+    sqs.close()
