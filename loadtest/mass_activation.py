@@ -11,6 +11,7 @@ all were (seconds after their time). Then ``--consumers`` clients take and ack u
 queue is empty: the take's p50/p99/max (each take alone, ms) and the drain's rate.
 
     .venv/bin/python loadtest/mass_activation.py --count 1000000 [--lead 10] [--dir /work]
+        [--consumers 8] [--procs 1]
 
 One JSON line a phase, then a Markdown row.
 """
@@ -21,10 +22,12 @@ import argparse
 import asyncio
 import json
 import math
+import multiprocessing
 import statistics
 import sys
 import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -79,11 +82,44 @@ async def watch(stats_url: str, count: int, at: float) -> dict[str, float | None
             await asyncio.sleep(0.02)
 
 
-async def drain(base: str, consumers: int, take_max: int) -> dict[str, Any]:
-    """Take and ack until the queue answers nothing: each take's latency, the rate."""
+async def drain(base: str, consumers: int, take_max: int, procs: int = 1) -> dict[str, Any]:
+    """Take and ack until the queue answers nothing: each take's latency, the rate. The
+    consumers run in ``procs`` processes (a fleet's are processes of their own: in one, a
+    take's time counts the loop's work for the others, parsing their replies)."""
+    started = time.monotonic()
+    if procs <= 1:
+        latencies, done = await _consume(base, consumers, take_max)
+    else:
+        shares = [consumers // procs + (i < consumers % procs) for i in range(procs)]
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(procs, mp_context=ctx) as pool:
+            parts = list(pool.map(_consume_in_process, [(base, n, take_max) for n in shares]))
+        latencies = [x for part, _ in parts for x in part]
+        done = sum(n for _, n in parts)
+    seconds = time.monotonic() - started
+    ms = sorted(x * 1000 for x in latencies)
+    return {
+        "consumers": consumers,
+        "procs": procs,
+        "drained": done,
+        "drain_s": round(seconds, 2),
+        "drain_msgs_per_s": round(done / seconds),
+        "takes": len(ms),
+        "take_p50_ms": round(statistics.median(ms), 3),
+        "take_p99_ms": round(ms[min(len(ms) - 1, math.ceil(0.99 * len(ms)) - 1)], 3),
+        "take_max_ms": round(ms[-1], 3),
+    }
+
+
+def _consume_in_process(job: tuple[str, int, int]) -> tuple[list[float], int]:
+    return asyncio.run(_consume(*job))
+
+
+async def _consume(base: str, consumers: int, take_max: int) -> tuple[list[float], int]:
+    """``consumers`` clients on one loop, taking and acking until a take answers nothing:
+    each take's seconds, and how many messages they acked."""
     latencies: list[float] = []
     done = 0
-    started = time.monotonic()
 
     async def consumer(s: aiohttp.ClientSession) -> None:
         nonlocal done
@@ -101,17 +137,7 @@ async def drain(base: str, consumers: int, take_max: int) -> dict[str, Any]:
 
     async with aiohttp.ClientSession() as s:
         await asyncio.gather(*(consumer(s) for _ in range(consumers)))
-    seconds = time.monotonic() - started
-    ms = sorted(x * 1000 for x in latencies)
-    return {
-        "drained": done,
-        "drain_s": round(seconds, 2),
-        "drain_msgs_per_s": round(done / seconds),
-        "takes": len(ms),
-        "take_p50_ms": round(statistics.median(ms), 3),
-        "take_p99_ms": round(ms[min(len(ms) - 1, math.ceil(0.99 * len(ms)) - 1)], 3),
-        "take_max_ms": round(ms[-1], 3),
-    }
+    return latencies, done
 
 
 _JSON = {"Content-Type": "application/json"}
@@ -138,7 +164,7 @@ async def run(args: argparse.Namespace, server: EvqServe) -> dict[str, Any]:
         raise RuntimeError("the fill ended less than a second before the messages' time")
     woke = await watch(f"{base}", args.count, at)
     emit({"activation": woke})
-    drained = await drain(base, args.consumers, args.take_max)
+    drained = await drain(base, args.consumers, args.take_max, args.procs)
     emit({"drain": drained})
     return {"count": args.count, **woke, **drained}
 
@@ -150,6 +176,7 @@ def main() -> int:
     ap.add_argument("--count", type=int, default=1_000_000)
     ap.add_argument("--producers", type=int, default=16)
     ap.add_argument("--consumers", type=int, default=8)
+    ap.add_argument("--procs", type=int, default=1, help="processes the consumers are spread over")
     ap.add_argument("--take-max", type=int, default=100)
     ap.add_argument("--size", type=int, default=100)
     ap.add_argument(

@@ -15,11 +15,13 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 
+@pytest.mark.parametrize("procs", [1, 2])
 def test_the_messages_due_at_one_time_are_ready_within_a_second_and_drained(
-    tmp_path: Path,
+    tmp_path: Path, procs: int
 ) -> None:
     tool = ROOT / "loadtest" / "mass_activation.py"
-    args = ["--count", "5000", "--lead", "3", "--consumers", "2", "--dir", str(tmp_path)]
+    args = ["--count", "5000", "--lead", "3", "--consumers", "3", "--dir", str(tmp_path)]
+    args += ["--procs", str(procs)]  # 2: the consumers in processes of their own
     done = subprocess.run(
         [sys.executable, str(tool), *args], capture_output=True, text=True, timeout=220
     )
@@ -30,6 +32,8 @@ def test_the_messages_due_at_one_time_are_ready_within_a_second_and_drained(
     assert -0.05 <= woke["first_ready_after_s"] <= woke["all_ready_after_s"] < 1.0
     drain = next(x["drain"] for x in lines if "drain" in x)
     assert drain["drained"] == 5000
+    assert (drain["consumers"], drain["procs"]) == (3, procs)
+    assert drain["takes"] >= 50 + 3  # 100 a take, and one empty take per consumer at the end
     assert 0 < drain["take_p50_ms"] <= drain["take_p99_ms"] <= drain["take_max_ms"]
     assert "| 5,000 |" in done.stdout
     assert list(tmp_path.iterdir()) == []  # its data directory went with it
