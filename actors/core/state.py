@@ -983,12 +983,9 @@ class QueueState:
 
     def contents_of(self, run: Run) -> Contents:
         """The bodies (and attributes) of ``run``'s put, in order (read back if it is
-        placed)."""
-        src = run.src
-        if src is not None:  # a return run: its put's, from its first slot there
-            bodies, attrs = self.contents_of(src)
-            end = run.off + run.count
-            return Contents(bodies[run.off : end], None if attrs is None else attrs[run.off : end])
+        placed); a return run's are its put's, its slot ``i`` there ``run.off + i``."""
+        if run.src is not None:
+            run = run.src
         if run.bodies is not None:
             return Contents(run.bodies, run.attrs)
         if self.read is None:
@@ -1145,18 +1142,20 @@ _ACTIVATE, _DEADLINE = 0, 1
 
 
 def _transient(run: Run, i: int, contents: Contents) -> QueuedMessage:
-    """Slot ``i`` of ``run`` as a message, its body (and attributes) from ``contents``."""
+    """Slot ``i`` of ``run`` as a message, its body (and attributes) from ``contents`` (its
+    put's: a return run's slot ``i`` is its put's ``run.off + i``)."""
     state = DELAYED if run.waiting else READY
     attrs = contents.attrs
+    at = run.off + i
     return QueuedMessage(
         run.seq + i,
         run.mid(i),
-        contents.bodies[i],
+        contents.bodies[at],
         run.at_ms,
         run.act_of(i),
         state,
         run.rc,
-        attributes=None if attrs is None else attrs[i],
+        attributes=None if attrs is None else attrs[at],
         first_taken_ms=run.first,
     )
 
