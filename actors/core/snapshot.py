@@ -9,6 +9,7 @@ are kept as runs: where their bodies are in the log, not the bodies.
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_right
 from collections import deque
 from collections.abc import Iterator
 from typing import Any
@@ -226,6 +227,7 @@ def restore(snap: Snapshot) -> QueueState:
                 s.runs.append(run)
                 s.spilled += run.left
         s.runs.sort(key=_take_key)  # woken delayed runs after the ready runs put before them
+        _relink(s)
         heapq.heapify(s.later)
         s.n_ready += s.spilled
         s.n_delayed += s.deferred
@@ -240,6 +242,22 @@ def restore(snap: Snapshot) -> QueueState:
     s.move_tasks = list(snap.move_tasks)
     s.attempts = {a: (at, ids, leases, deadline) for a, at, ids, leases, deadline in snap.attempts}
     return s
+
+
+def _relink(s: QueueState) -> None:
+    """Messages materialized out of a restored run are its again (``Run.mat``), as they were
+    live: the run stays alive while they are in the queue (retention ends them with it, and
+    they may be given back into it as a return run)."""
+    by_id = s.by_id
+    for m in s.messages.values():  # in seq order
+        j = bisect_right(by_id, m.seq, key=_seq) - 1
+        if j < 0:
+            continue
+        run = by_id[j]
+        i = m.seq - run.seq
+        if i < run.count and run.mid(i) == m.id and run.at_ms == m.enqueued_at_ms:
+            run.mat.append(m)
+            s.in_mats += 1
 
 
 def _index(s: QueueState, m: QueuedMessage) -> None:

@@ -58,6 +58,7 @@ __all__ = [
 
 # QueuedMessage.state values; small ints keep a message cheap. DEAD = in the outbox.
 DELAYED, READY, RESERVED, GONE, DEAD = 0, 1, 2, 3, 4
+_GIVEN = -1  # within one apply only: given back, not yet a message again or lent (live)
 
 _COMPACT_SLACK = 4096
 
@@ -373,7 +374,9 @@ class QueueState:
                 if self._exhausted(m):
                     self._dead_letter(m)
                 elif lends and when > at and type(mid) is int and self.by_id:
-                    m.activate_at_ms = when  # in no state count until _give_back places it
+                    # in no state count until _give_back places it (and no longer reserved,
+                    # should the event name it twice)
+                    m.state, m.activate_at_ms = _GIVEN, when
                     returned.append(m)
                 else:
                     self._schedule(m, when, at)
@@ -397,32 +400,56 @@ class QueueState:
             lots.setdefault(key, []).append((i, m))
         for (seq, act, rc, first), lot in lots.items():
             run = self.by_id[bisect_right(self.by_id, seq, key=_seq) - 1]
-            bodies, attrs = self.contents_of(run)
             lot.sort(key=_slot)
-            span: list[tuple[int, QueuedMessage]] = []
-            for i, m in lot:
-                if m.body != bodies[i] or m.attributes != (None if attrs is None else attrs[i]):
-                    self._schedule(m, act, at)  # changed since its put (an update)
+            contents: Contents | None = None
+            start = 0
+            for k in range(1, len(lot) + 1):
+                if k < len(lot) and lot[k][0] == lot[k - 1][0] + 1:
                     continue
-                if span and i != span[-1][0] + 1:
-                    self._lend_or_schedule(run, span, act, rc, first, at)
-                    span = []
-                span.append((i, m))
-            if span:
-                self._lend_or_schedule(run, span, act, rc, first, at)
+                span, start = lot[start:k], k
+                if len(span) >= self.return_min and contents is None:
+                    contents = self._readable(run)
+                if len(span) < self.return_min or contents is None:
+                    for _, m in span:
+                        self._schedule(m, act, at)
+                    continue
+                self._lend_untouched(run, span, contents, act, rc, first, at)
 
-    def _lend_or_schedule(
+    def _readable(self, run: Run) -> Contents | None:
+        """``run``'s contents, to compare what is given back with (None: they cannot be read:
+        the messages keep their own bodies, as messages)."""
+        try:
+            return self.contents_of(run)
+        except Exception:  # the reader's I/O or a damaged block: no reason to fail a release
+            return None
+
+    def _lend_untouched(
         self,
         run: Run,
         span: list[tuple[int, QueuedMessage]],
+        contents: Contents,
         act: int,
         rc: int,
         first: int,
         at: int,
     ) -> None:
-        if len(span) < self.return_min or not self._lend(run, span, act, rc, first, at):
-            for _, m in span:
-                self._schedule(m, act, at)
+        """``span`` (slots of ``run`` that follow each other) into return runs, split where a
+        message was changed since its put (an update: it stays a message)."""
+        bodies, attrs = contents
+        part: list[tuple[int, QueuedMessage]] = []
+        for i, m in [*span, (-1, None)]:
+            untouched = m is not None and (
+                m.body == bodies[i] and m.attributes == (None if attrs is None else attrs[i])
+            )
+            if untouched:
+                part.append((i, cast(QueuedMessage, m)))
+                continue
+            if len(part) < self.return_min or not self._lend(run, part, act, rc, first, at):
+                for _, kept in part:
+                    self._schedule(kept, act, at)
+            part = []
+            if m is not None:
+                self._schedule(m, act, at)  # changed since its put
 
     def _slot_of(self, m: QueuedMessage) -> tuple[Run, int] | None:
         """The put's run and slot ``m`` was materialized from, while that run can lend it
@@ -435,6 +462,7 @@ class QueueState:
         i = m.seq - run.seq
         if (
             i >= run.count
+            or not run.alive()  # else retention may have let it go: it must end the loans
             or i < run.floor
             or run.mid(i) != m.id
             or run.at_ms != m.enqueued_at_ms
@@ -459,7 +487,7 @@ class QueueState:
         once if that is ``at`` or before (leases that ran out). False: they cannot (ready
         at once, they would come before the last ready run in take order)."""
         ready = act <= at
-        runs = self.runs
+        runs = self._trimmed_runs()
         if ready and runs and (act, run.seq + span[0][0]) <= _last_key(runs[-1]):
             return False
         for _, m in span:
@@ -535,8 +563,29 @@ class QueueState:
         for mid, first in zip(e.ids, e.firsts, strict=True):
             run = self.run_at(mid)
             if run is not None:
+                self._unlend_below(run, first)
                 run.floor = first  # the copy holds the slots from there on
                 self.unplaced.append(run)
+
+    def _unlend_below(self, run: Run, first: int) -> None:
+        """Slots before ``first`` that a return run of ``run`` still holds become messages,
+        their bodies read from the place they still have: the copy will not hold them. (The
+        move was decided from the slots still read, so only a state that lends where the
+        one that decided did not can hold any: a safeguard.)"""
+        for loan in run.live_loans():
+            low = [i for i in loan.spilled() if loan.off + i < first]
+            if not low:
+                continue
+            contents = self.contents_of(loan)
+            heap = self.delayed if loan.waiting else self.ready
+            for i in low:
+                m = self._materialize(loan, i, contents)
+                loan.take_slot(i)
+                heapq.heappush(heap, (m.activate_at_ms, m.seq, m))
+            if loan.waiting:
+                self.deferred -= len(low)
+            else:
+                self.spilled -= len(low)
 
     def _apply_move_started(self, e: ev.MoveTaskStarted) -> None:
         task = rp.MoveTask(e.task, e.destination, e.rate, e.to_move, 0, rp.RUNNING, e.at_ms)
@@ -660,7 +709,9 @@ class QueueState:
             if self._exhausted(m):
                 self._dead_letter(m, t)
             else:
-                m.activate_at_ms = t  # in no state count until _give_back places it
+                # in no state count until _give_back places it (and no longer reserved:
+                # the heap may hold a second entry for it at this deadline, from a touch)
+                m.state, m.activate_at_ms = _GIVEN, t
                 back.append(m)
         if back:
             self.transitions += len(back) - 1  # one a message, as one at a time counts
@@ -855,9 +906,10 @@ class QueueState:
         return len(self.messages) + self.spilled + self.deferred
 
     def live_runs(self) -> Iterator[Run]:
-        """Every put's run with slots still spilled (ready or delayed), or lent to return
-        runs, in put order (the order of their records in the log)."""
-        return (run for run in self.by_id if run.left or run.lent)
+        """Every put's run with slots still spilled (ready or delayed), lent to return runs,
+        or materialized into messages still in the queue (they may be given back into it:
+        its place stays readable), in put order (the order of their records in the log)."""
+        return (run for run in self.by_id if run.alive())
 
     def _runnable(self, e: ev.MessagesPut) -> bool:
         """Whether a put can be held as a run: all its messages ready at once, either at
@@ -954,7 +1006,7 @@ class QueueState:
         n = run.left
         if not n:
             return
-        runs = self.runs
+        runs = self._trimmed_runs()
         if runs and (run.act, run.seq) <= _last_key(runs[-1]):
             # Its slots would come before the last ready run's in take order, which only a
             # return run can, woken at the same time as another of the same put whose span
@@ -974,6 +1026,15 @@ class QueueState:
         self.spilled += n
         self.n_ready += n
         runs.append(run)
+
+    def _trimmed_runs(self) -> list[Run]:
+        """``runs`` without the dead ones at its end: what a run joining it must come after
+        (a state restored from a snapshot has no dead runs, and must decide the same)."""
+        runs = self.runs
+        while runs and not runs[-1].left:
+            runs.pop()
+        self.run_front = min(self.run_front, len(runs))
+        return runs
 
     def place(self, run: Run, place: object) -> None:
         """The shell wrote ``run``'s put: its bodies are read back from ``place`` from now

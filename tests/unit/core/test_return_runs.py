@@ -292,9 +292,119 @@ def test_leases_that_run_out_behind_a_younger_ready_run_are_given_back_as_messag
     put at the same millisecond holds later sequences, so the batch stays messages."""
     sh = lending()
     first = sh.put(10)
-    sh.run(c.Take(max=10, visibility_timeout_ms=0))  # runs out now, at the next reading
     second = sh.put(10)  # a run ready at the same millisecond, after the first
+    sh.run(c.Take(max=10, visibility_timeout_ms=0))  # the first's; runs out at the next reading
     assert sh.run(c.Stats()).ready == 20
     assert len(sh.state.messages) == 10  # not a return run
     got = sh.run(c.Take(max=20))
     assert [d.id for d in got] == first + second
+
+
+# ------------------------------------------------ found by review (2026-11-29)
+
+
+def test_a_run_restored_with_messages_taken_before_ends_them_by_retention() -> None:
+    """After a restore, the messages taken from a run before the snapshot are the run's
+    again: it stays alive (in the arrival order) while they are queued, and what it lends
+    afterwards ends with it."""
+    sh = lending(retention_ms=60_000)
+    sh.put(10)
+    first = sh.run(c.Take(max=5, visibility_timeout_ms=600_000))  # slots 0-4
+    sh.state = restored(sh)  # a restart
+    assert len(sh.state.by_id[0].mat) == 5
+    rest = sh.run(c.Take(max=5, visibility_timeout_ms=600_000))  # the run holds none now
+    sh.run(c.Ack([c.LeaseRef(d.id, d.lease) for d in [first[0], *rest]]))
+    sh.now += 1_000
+    sh.run(c.Stats())
+    give_back(sh, first[1:], 5_000)  # slots 1-4: a return run
+    assert [(loan.off, loan.count) for loan in sh.state.by_id[0].live_loans()] == [(1, 4)]
+    sh.now += 120_000  # past retention
+    stats = sh.run(c.Stats())
+    assert (stats.total, stats.expired) == (0, 4)
+    assert sh.run(c.Take(max=10)) == []
+
+
+def test_a_recovered_state_gives_back_as_the_live_one_did_and_reads_the_same_bodies() -> None:
+    """Leases that run out at the time of a run that is ready after a dead one: the live
+    state and one restored from a snapshot (which holds no dead runs) decide alike, and a
+    compaction decided live leaves the recovered state every body it reads."""
+    sh = lending()
+    put_ids = sh.put(20)
+    a = sh.run(c.Take(max=10, visibility_timeout_ms=600_000))
+    b = sh.run(c.Take(max=10, visibility_timeout_ms=600_000))
+    give_back(sh, b, 3_600_000)  # slots 10-19: a waiting return run
+    sh.now += 1_000
+    give_back(sh, a, 0)  # slots 0-9: ready messages
+    later = sh.put(5)
+    got = sh.run(c.Take(max=15, visibility_timeout_ms=0))  # runs out at once
+    assert [d.id for d in got] == put_ids[:10] + later
+    snap = encode_snapshot(snapshot(sh.state))
+    n = len(sh.events)
+    sh.run(c.Stats())  # the leases run out
+    put = sh.state.by_id[0]
+    sh.run(c.MoveBodies([put.id]))
+    recovered = sh.spilling(restore(decode_snapshot(snap)))
+    for e in sh.events[n:]:
+        recovered.apply(e)
+    for run in recovered.unplaced:
+        recovered.place(run, put.place)
+    recovered.advance(sh.now)
+    assert logical(recovered) == logical(sh.state)
+    live = [(d.id, d.body) for d in sh.run(c.Take(max=10))]
+    again = [(d.id, d.body) for d in execute(recovered, c.Take(max=10), sh.now, sh.ids)[1]]
+    assert live == again
+    assert [body for _, body in live] == [b"m%d" % i for i in range(10)]
+
+
+def test_a_release_naming_a_message_twice_releases_it_once() -> None:
+    sh = lending()
+    sh.put(8)
+    taken = sh.run(c.Take(max=8))
+    s = sh.state
+    s.apply(ev.MessagesReleased(sh.now, [int(taken[0].id)] * 2, [sh.now + 1_000] * 2))
+    assert (s.n_reserved, s.n_delayed) == (7, 1)
+
+
+def test_leases_touched_to_the_same_deadline_run_out_once() -> None:
+    """A touch at the same millisecond with the same timeout leaves two heap entries at one
+    deadline: each message runs out once."""
+    sh = lending()
+    sh.put(10)
+    taken = sh.run(c.Take(max=10, visibility_timeout_ms=5_000))
+    sh.run(
+        c.Touch([c.TouchItem(id=d.id, lease=d.lease, visibility_timeout_ms=5_000) for d in taken])
+    )
+    assert len(sh.state.reserved) == 20
+    sh.now += 5_000
+    stats = sh.run(c.Stats())
+    assert (stats.ready, stats.reserved, stats.total) == (10, 0, 10)
+    assert sh.state.spilled == 10  # one return run
+    assert [d.receive_count for d in sh.run(c.Take(max=10))] == [2] * 10
+
+
+def test_a_message_given_back_alone_reads_nothing_back() -> None:
+    sh = lending()
+    sh.put(8)
+    taken = sh.run(c.Take(max=8))
+    reads = sh.reads
+    give_back(sh, taken[:1], 60_000)  # one message: fewer than a return run takes
+    assert sh.reads == reads
+
+
+def test_a_move_past_slots_a_return_run_holds_makes_them_messages_first() -> None:
+    """The safeguard: a BodiesMoved whose copy starts past slots a return run of this state
+    holds (decided by a state that did not lend them) turns them into messages, bodies
+    read while the old place is still there."""
+    sh = lending()
+    ids = sh.put(10)
+    give_back(sh, sh.run(c.Take(max=10)), 60_000)
+    put = sh.state.by_id[0]
+    contents = sh.state.contents_of(put)
+    moved = ev.BodiesMoved(sh.now, [put.id], [6], [contents.bodies[6:]], None)
+    sh.replay(moved)
+    assert (put.floor, put.lent) == (6, 4)
+    assert sorted(sh.state.messages) == [int(i) for i in ids[:6]]
+    assert sh.run(c.Stats()).delayed == 10
+    sh.now += 60_000
+    got = sh.run(c.Take(max=10))
+    assert [(d.id, d.body) for d in got] == [(i, b"m%d" % n) for n, i in enumerate(ids)]
