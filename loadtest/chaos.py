@@ -16,7 +16,8 @@ The server runs on a fresh data directory under ``--dir`` with ``--shards`` shar
   whose answer was an error is sent again with the same keys, half of the time), half
   without; a fifth of the batches delayed 0.2 to 2 s;
 - consumers take 1, 5, 50 or 1000 at a time and, per message: ack; release with a delay;
-  reschedule; patch the body, then ack; or drop it so that its lease expires;
+  reschedule; patch the body, then ack; or drop it so that its lease expires; or, one take
+  in ten, release all of it at once with one delay (a consumer backing off);
 - a FIFO queue: one producer puts each of four groups' messages in sequence (keyed), two
   consumers ack them in order, sometimes dropping the rest of a group's batch;
 - a queue with ``max_receives`` 3 and a dead-letter queue: its consumer only releases or

@@ -158,6 +158,27 @@ class Ops:
         self.history.add(rec)
         return rec.res
 
+    def _release_all(self, c: Client, w: str, q: str, msgs: list[Any], delay: int) -> None:
+        """Release a whole take at once, due ``delay`` ms later (a consumer backing off: in
+        the server, a return run). One record a message, as :meth:`_end` writes them."""
+        recs = [
+            Rec(op="release", w=w, q=q, id=m.id, lease=m.lease or "", delay=delay, t0=now_ms())
+            for m in msgs
+        ]
+        try:
+            results = c.release(q, *msgs, delay=delay / 1000 if delay else None)
+            for rec, result in zip(recs, results, strict=True):
+                rec.res = result.status
+        except QueueError as exc:
+            for rec in recs:
+                rec.err = _code(exc)
+                if rec.err == "StaleLease":
+                    rec.err, rec.res = None, "stale_lease"
+        t1 = now_ms()
+        for rec in recs:
+            rec.t1 = t1
+            self.history.add(rec)
+
     def _patch(self, c: Client, w: str, q: str, m: Any) -> bool:
         rec = Rec(op="patch", w=w, q=q, id=m.id, lease=m.lease or "", t0=now_ms())
         try:

@@ -88,7 +88,11 @@ class Workers(Ops):
     def consumer(self, w: str, rng: random.Random) -> None:
         with self.client() as c:
             while not self.stop.is_set():
-                for m in self._take(c, w, STD, rng.choice((1, 5, 50, 1000))):
+                got = self._take(c, w, STD, rng.choice((1, 5, 50, 1000)))
+                if len(got) > 1 and rng.random() < 0.1:  # backs off: all of it, one call
+                    self._release_all(c, w, STD, got, rng.randint(1, 1000))
+                    continue
+                for m in got:
                     r = rng.random()
                     if r < 0.6:
                         self._end(c, w, STD, "ack", m)
