@@ -487,16 +487,20 @@ class QueueState:
         once if that is ``at`` or before (leases that ran out). False: they cannot (ready
         at once, they would come before the last ready run in take order)."""
         ready = act <= at
-        runs = self._trimmed_runs()
-        if ready and runs and (act, run.seq + span[0][0]) <= _last_key(runs[-1]):
-            return False
+        at_k = 0
+        if ready:
+            keys = (act, run.seq + span[0][0]), (act, run.seq + span[-1][0])
+            found = self._ready_place(*keys)
+            if found is None:
+                return False
+            at_k = found
         for _, m in span:
             m.state = GONE
             del self.messages[m.id]
         loan = Run.lend(run, span[0][0], len(span), act, rc, first)
         n = len(span)
         if ready:
-            runs.append(loan)
+            self.runs.insert(at_k, loan)
             self.spilled += n
             self.n_ready += n
         else:
@@ -1006,11 +1010,11 @@ class QueueState:
         n = run.left
         if not n:
             return
-        runs = self._trimmed_runs()
-        if runs and (run.act, run.seq) <= _last_key(runs[-1]):
-            # Its slots would come before the last ready run's in take order, which only a
-            # return run can, woken at the same time as another of the same put whose span
-            # covers its own (slots taken from it, then given back): messages instead.
+        k = self._ready_place((run.act, run.seq), _last_key(run))
+        if k is None:
+            # Its slots would fall among a ready run's in take order, which only a return
+            # run can, woken at the same time as another of the same put whose span covers
+            # its own (slots taken from it, then given back): messages instead.
             contents = self.contents_of(run)
             for i in list(run.spilled()):
                 m = self._materialize(run, i, contents)
@@ -1025,7 +1029,19 @@ class QueueState:
         self.n_delayed -= n
         self.spilled += n
         self.n_ready += n
-        runs.append(run)
+        self.runs.insert(k, run)
+
+    def _ready_place(self, first: tuple[int, int], last: tuple[int, int]) -> int | None:
+        """Where in ``runs`` a run whose slots' keys go from ``first`` to ``last`` joins it,
+        keeping it in take order: at its end, or before the ready runs whose slots come
+        after all of its own (a run woken, or leases run out, at the time of ready runs of
+        later puts); None if its slots would fall among a run's."""
+        runs = self._trimmed_runs()
+        if not runs or first > _last_key(runs[-1]):
+            return len(runs)
+        k = bisect_right(runs, first, lo=self.run_front, key=_last_key)
+        after = runs[k]  # k < len(runs): the last run's last key is past ``first``
+        return k if (after.act, after.seq) > last else None
 
     def _trimmed_runs(self) -> list[Run]:
         """``runs`` without the dead ones at its end: what a run joining it must come after

@@ -408,3 +408,22 @@ def test_a_move_past_slots_a_return_run_holds_makes_them_messages_first() -> Non
     sh.now += 60_000
     got = sh.run(c.Take(max=10))
     assert [(d.id, d.body) for d in got] == [(i, b"m%d" % n) for n, i in enumerate(ids)]
+
+
+def test_a_delayed_run_woken_behind_a_return_run_of_a_later_put_joins_before_it() -> None:
+    """Leases run out before activations at one millisecond: the return run of a later put
+    is ready first, and an earlier put's delayed run, woken then, goes before it in take
+    order, still a run (no message objects)."""
+    sh = lending()
+    delayed = [
+        r.id
+        for r in sh.run(c.Put([c.NewMessage(body=b"d%d" % i, delay_ms=5_000) for i in range(10)]))
+    ]
+    ready = sh.put(10)
+    sh.run(c.Take(max=10, visibility_timeout_ms=5_000))  # the ready put's, for 5 s
+    sh.now += 5_000
+    assert sh.run(c.Stats()).ready == 20
+    assert (len(sh.state.messages), sh.state.spilled) == (0, 20)
+    got = sh.run(c.Take(max=20))
+    assert [d.id for d in got] == delayed + ready
+    assert [d.receive_count for d in got] == [1] * 10 + [2] * 10
