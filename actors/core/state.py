@@ -390,6 +390,7 @@ class QueueState:
         more, go back into a return run lending from it (runs.py, ``Run.lend``); the others
         are scheduled as messages."""
         lots: dict[tuple[int, int, int, int], list[tuple[int, QueuedMessage]]] = {}
+        found: dict[int, Run] = {}  # the runs of the lots, by seq
         for m in returned:
             slot = self._slot_of(m)
             if slot is None:
@@ -398,8 +399,9 @@ class QueueState:
             run, i = slot
             key = (run.seq, m.activate_at_ms, m.receive_count, m.first_taken_ms)
             lots.setdefault(key, []).append((i, m))
+            found[run.seq] = run
         for (seq, act, rc, first), lot in lots.items():
-            run = self.by_id[bisect_right(self.by_id, seq, key=_seq) - 1]
+            run = found[seq]
             lot.sort(key=_slot)
             contents: Contents | None = None
             start = 0
@@ -838,27 +840,17 @@ class QueueState:
 
     def _expire_run(self, run: Run) -> None:
         """Retention ends every message of ``run`` (all were put at once)."""
-        n = run.left
-        run.left, run.next = 0, run.count
-        run.out.clear()
-        if run.waiting:
-            self.deferred -= n
-            self.n_delayed -= n
-        else:
-            self.spilled -= n
-            self.n_ready -= n
-        self.expired_total += n
-        for loan in run.live_loans():
-            k = loan.left
-            loan.left, loan.next = 0, loan.count
-            loan.out.clear()
-            if loan.waiting:
-                self.deferred -= k
-                self.n_delayed -= k
+        for held in [run, *run.live_loans()]:  # its return runs share its put time
+            n = held.left
+            held.left, held.next = 0, held.count
+            held.out.clear()
+            if held.waiting:
+                self.deferred -= n
+                self.n_delayed -= n
             else:
-                self.spilled -= k
-                self.n_ready -= k
-            self.expired_total += k
+                self.spilled -= n
+                self.n_ready -= n
+            self.expired_total += n
         run.lent, run.loans = 0, None
         for m in run.mat:
             if m.state < GONE:

@@ -658,6 +658,32 @@ def attrs(i: int) -> dict[str, str] | None:
     return {"tenant": f"t{i % 5}", "trace": f"{i:08x}"} if i % 3 else None
 
 
+async def churned(shard: QueueShard) -> None:
+    """40 puts of 100 on Q, every one taken and acked: the oldest segments only hold
+    STALE's bodies alive."""
+    await fill(shard, 40)
+    while True:
+        [taken] = await run(shard, cmd.Take(max=500))
+        if not taken:
+            return
+        await run(shard, cmd.Ack([cmd.LeaseRef(d.id, d.lease) for d in taken]))
+
+
+async def pipeline_read_last(store: ObjectStore, tmp_path: Path) -> Any:
+    """STALE's newest snapshot as the pipeline reads it (its runs read back from the log);
+    closes ``store``."""
+    snaps = sorted(k for k in await store.list(keys.queue_prefix(STALE)) if k.endswith(".snap"))
+    await store.close()
+
+    def pipeline_read() -> Any:  # the pipeline's reader runs its own event loop
+        with SyncStore(str(tmp_path / "store")) as sync:
+            return read_snapshot(sync, snaps[-1])
+
+    read = await asyncio.to_thread(pipeline_read)
+    assert not isinstance(read, str), read
+    return read
+
+
 async def test_attributes_of_spilled_messages_are_read_from_the_log_moved_and_restored(
     tmp_path: Path,
 ) -> None:
@@ -675,12 +701,7 @@ async def test_attributes_of_spilled_messages_are_read_from_the_log_moved_and_re
     assert (run_.with_attrs, run_.attrs, run_.place is not None) == (True, None, True)
     [view] = await on(shard, STALE, cmd.Peek(stale[4]))
     assert view.attributes == attrs(4)  # read back from the put's record
-    await fill(shard, 40)  # the churned queue: every one taken and acked
-    while True:
-        [taken] = await run(shard, cmd.Take(max=500))
-        if not taken:
-            break
-        await run(shard, cmd.Ack([cmd.LeaseRef(d.id, d.lease) for d in taken]))
+    await churned(shard)
     [first] = await on(shard, STALE, cmd.Take(max=2, visibility_timeout_ms=600_000))
     assert [d.attributes for d in first] == [attrs(0), attrs(1)]
     await snapshot_both(shard)
@@ -699,15 +720,7 @@ async def test_attributes_of_spilled_messages_are_read_from_the_log_moved_and_re
     finally:
         await shard.close()
 
-    snaps = sorted(k for k in await store.list(keys.queue_prefix(STALE)) if k.endswith(".snap"))
-    await store.close()
-
-    def pipeline_read() -> Any:  # the pipeline's reader runs its own event loop
-        with SyncStore(str(tmp_path / "store")) as sync:
-            return read_snapshot(sync, snaps[-1])
-
-    read = await asyncio.to_thread(pipeline_read)
-    assert not isinstance(read, str), read
+    read = await pipeline_read_last(store, tmp_path)
     _, state = read  # its runs read back (unspilled) from the moved record
     held = {m.id: m.attributes for m in state.messages.values()}
     assert held == {int(stale[i]): attrs(i) for i in range(50)}
@@ -768,12 +781,7 @@ async def test_a_batch_given_back_reads_its_put_through_a_compaction_and_a_repla
     state = shard.queues[STALE].state
     [(_, _, loan)] = state.later
     assert (loan.off, loan.count, not state.messages) == (0, 20, True)
-    await fill(shard, 40)  # the churned queue: every one taken and acked
-    while True:
-        [got] = await run(shard, cmd.Take(max=500))
-        if not got:
-            break
-        await run(shard, cmd.Ack([cmd.LeaseRef(d.id, d.lease) for d in got]))
+    await churned(shard)
     await snapshot_both(shard)
     assert shard.compactions == 1
     [put_run] = state.by_id
@@ -802,15 +810,7 @@ async def test_a_batch_given_back_reads_its_put_through_a_compaction_and_a_repla
     finally:
         await shard.close(snapshot=False)
 
-    snaps = sorted(k for k in await store.list(keys.queue_prefix(STALE)) if k.endswith(".snap"))
-    await store.close()
-
-    def pipeline_read() -> Any:  # the pipeline's reader runs its own event loop
-        with SyncStore(str(tmp_path / "store")) as sync:
-            return read_snapshot(sync, snaps[-1])
-
-    read = await asyncio.to_thread(pipeline_read)
-    assert not isinstance(read, str), read
+    read = await pipeline_read_last(store, tmp_path)
     _, held = read  # the return run read back (unspilled) from the moved record
     counts = {m.id: (m.body, m.receive_count) for m in held.messages.values()}
     assert counts == {int(stale[i]): (body(i), int(i < 20)) for i in range(50)}
