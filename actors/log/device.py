@@ -63,6 +63,10 @@ _READERS = 16  # segment files kept open for reading bodies back
 # While the disk is full, look for space again at most this often (statvfs, then a new
 # spare segment): a rate limit on a cheap check, not state time.
 SPACE_CHECK_S = 0.25
+# The last part of a segment (this fraction of it) is the reserve of takes, acks and
+# releases while the next spare is still being made: puts that reach it wait for the
+# spare, and are refused if it cannot be made (FORMAT.md, "Faults of the disk").
+TAIL_RESERVE = 8
 
 
 class OwnWriteLanded(Unavailable):
@@ -469,10 +473,12 @@ class LocalLogDevice:
 
     - *Full* (ENOSPC, EDQUOT): the spare segment is the reserve. When the next spare cannot
       be made, :meth:`full` says so and the shard refuses puts, while takes, acks and
-      releases still go to the segment being written. While full, the device looks for
-      space again at most every :data:`SPACE_CHECK_S` (statvfs, then a new spare); once a
-      spare is made, puts are taken again. Running out of the reserve too fails the write
-      without writing (:class:`DiskFull`): the shard reads its log again until space returns.
+      releases still go to the segment being written, whose last eighth
+      (:data:`TAIL_RESERVE`) puts reach only once the next spare is made. While full, the
+      device looks for space again at most every :data:`SPACE_CHECK_S` (statvfs, then a new
+      spare); once a spare is made, puts are taken again. Running out of the reserve too
+      fails the write without writing (:class:`DiskFull`): the shard reads its log again
+      until space returns.
     - *Failed* (any error of an fsync, or of a write other than ENOSPC): after a failed
       fdatasync the page cache may hold data that never reached the disk, so neither a
       second fsync nor reading the file back proves anything (PostgreSQL's "fsyncgate").
@@ -755,7 +761,13 @@ class LocalLogDevice:
     def full(self) -> str | None:
         spare = self._spare
         if self._full is None and (spare is None or spare.error is None):
-            return None  # the common case: two attribute reads
+            if spare is None or spare.done() or self._room() >= self._size // TAIL_RESERVE:
+                return None  # the common case: a few attribute reads
+            # Puts reached the segment's tail before its successor was made (a slow disk,
+            # or one that just filled up): learn whether it can be, before the tail goes.
+            spare.wait()
+            if spare.error is None:
+                return None
         if spare is not None and spare.done():
             if spare.error is None:
                 log.warning("shard %d: space returned; puts are taken again", self.shard)
@@ -766,6 +778,10 @@ class LocalLogDevice:
                     self._set_full(spare.error)
                 self._look_for_space()
         return self._full
+
+    def _room(self) -> int:
+        """Bytes left in the segment being written."""
+        return self._size - self._pos
 
     def _look_for_space(self) -> None:
         """At most every SPACE_CHECK_S: when statvfs shows room for a segment, make a new

@@ -30,7 +30,7 @@ from actors.core.ids import SequentialIds
 from actors.core.snapshot import logical
 from actors.errors import QueueError, Unavailable
 from actors.log.device import SPACE_CHECK_S, LocalLogDevice
-from actors.log.faults import FaultyDisk
+from actors.log.faults import SPARE_SUFFIX, FaultyDisk
 from actors.log.store import LocalDirStore
 from actors.settings import LogSettings
 from actors.shard import QueueShard
@@ -200,6 +200,40 @@ async def test_a_full_disk_refuses_puts_takes_and_acks_go_on_and_puts_resume_by_
     assert shard.status().disk_full is None
     await shard.close()
     assert await ids_after_restart(store) == set(acked) - gone
+
+
+async def test_puts_that_reach_a_segments_tail_before_its_spare_is_made_leave_the_tail(
+    store: LocalDirStore,
+) -> None:
+    """The disk fills while the next spare is being made (slowly): puts go on into the new
+    segment until its tail, then wait for the spare, learn it failed and are refused; the
+    tail is left to takes, acks and releases, which go on without space returning (a
+    fresh-clone run on a loaded machine met this order on a real tmpfs: puts used the whole
+    segment, the roll found no spare, and the shard served nothing until space returned)."""
+    disk = FaultyDisk()
+    shard = await open_shard(store, disk)
+    acked = [m for m in ("a", "b") if await put_one(shard, m) == [m]]
+    disk.delay("pwrite", 1.0, only=SPARE_SUFFIX)
+    disk.no_space()
+    acked += await fill_until_refused(shard, "x")
+    assert len(acked) > SEGMENT // 200, "refused before the spare in hand was used"
+    assert shard.status().disk_full is not None
+    assert not [i for i in disk.injected if not i.path.endswith(SPARE_SUFFIX)]
+
+    [taken] = await asyncio.wait_for(run(shard, cmd.Take(3)), 10)
+    assert isinstance(taken, list), taken
+    assert [d.id for d in taken] == acked[:3]
+    [done] = await asyncio.wait_for(
+        run(shard, cmd.Ack([cmd.LeaseRef(d.id, d.lease) for d in taken[:2]])), 10
+    )
+    assert not isinstance(done, QueueError), done
+    [released] = await asyncio.wait_for(
+        run(shard, cmd.Release([cmd.ReleaseItem(id=taken[2].id, lease=taken[2].lease)])), 10
+    )
+    assert not isinstance(released, QueueError), released
+    assert shard.status().log_failed is None
+    await shard.close()
+    assert await ids_after_restart(store) == set(acked) - {d.id for d in taken[:2]}
 
 
 async def test_when_the_reserve_runs_out_too_commands_wait_and_finish_once_space_returns(
