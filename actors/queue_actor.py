@@ -494,7 +494,7 @@ class QueueActor:
             snapshot_age_s=(now - self.snapshot_at_ms) / 1000 if self.snapshot_at_ms else None,
             recovery_s=self._recovery_s(),
             in_queue=c.in_queue,
-            spilled=s.spilled + s.deferred,
+            spilled=s.spilled + s.deferred + s.grouped,
         )
 
     def _recovery_s(self) -> float:

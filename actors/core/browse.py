@@ -124,7 +124,9 @@ def _ordered(state: QueueState, code: int, after: Key | None, want: int) -> list
     if found is None:
         found = _scan(state, code, after, want)
     # messages held in runs (runs.py), ready or delayed, in the same key order: merged in
-    if code == READY and state.spilled:
+    if code == READY and state.grouped:
+        runs = state.grouped_after(after)  # a FIFO queue's runs (never ready ones as well)
+    elif code == READY and state.spilled:
         runs = state.spilled_after(after)
     elif code == DELAYED and state.deferred:
         runs = state.deferred_after(after)

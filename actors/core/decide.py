@@ -576,13 +576,9 @@ def _run_of_group(
     receive). The run ends at the first message that is not ready (a delayed one holds back
     those behind it), or whose body would pass :data:`MAX_TAKE_BYTES`: then the size
     returned is past it, and the take ends too. Returns the bodies' size."""
-    after_head = False
-    for m in state.groups[head.group].msgs:
+    for m in state.group_after(head):
         if len(picked) >= limit:
             return size
-        if not after_head:
-            after_head = m is head
-            continue
         if m.state >= GONE:
             continue  # left the group; dropped from its front later
         if m.state != READY:

@@ -95,6 +95,10 @@ class RunRecord(msgspec.Struct, array_like=True, gc=False):
     # the first slot whose body its place holds (a compaction wrote the slots from there on
     # again); -1: not written (an older snapshot): its ``next``, which is at or past it
     floor: int = -1
+    # A FIFO queue's run: each slot's group, an index into ``groups`` (2 bytes
+    # little-endian); empty: not a FIFO run
+    groups: list[str] | None = None
+    group_of: bytes = b""
 
     def malformed(self) -> str | None:
         """What is wrong with the record's arrays, if anything (a damaged snapshot)."""
@@ -111,6 +115,12 @@ class RunRecord(msgspec.Struct, array_like=True, gc=False):
             return f"a run of {n} with {len(self.bodies)} bodies"
         if self.attrs is not None and len(self.attrs) != n:
             return f"a run of {n} with {len(self.attrs)} attributes"
+        if self.group_of and (
+            len(self.group_of) != 2 * n
+            or not self.groups
+            or max(_little(_frombytes("H", self.group_of))) >= len(self.groups)
+        ):
+            return f"a FIFO run of {n} with {len(self.group_of)} bytes of groups"
         return None
 
 
@@ -224,6 +234,8 @@ class Run:
         "count",
         "first",
         "floor",
+        "gidx",
+        "gnames",
         "id",
         "ids",
         "last_id",
@@ -255,6 +267,7 @@ class Run:
         act: int | None = None,
         acts: list[int] | None = None,
         attrs: list[Attributes | None] | None = None,
+        groups: list[str] | None = None,
     ) -> None:
         self.seq = seq
         self.id, self.last_id = ids[0], ids[-1]
@@ -285,6 +298,12 @@ class Run:
         # swept by the state once they outnumber its live messages (QueueState._maybe_compact)
         self.mat: deque[_Materialized] = deque()
         self._no_loans()
+        self.gnames: list[str] | None = None  # a FIFO run's groups, and each slot's
+        self.gidx: array[int] | None = None
+        if groups is not None:
+            names: dict[str, int] = {}
+            self.gidx = array("H", [names.setdefault(g, len(names)) for g in groups])
+            self.gnames = list(names)
 
     def _no_loans(self) -> None:
         """A put's run: it lends nothing yet, and its place holds every body."""
@@ -315,6 +334,7 @@ class Run:
         run.lengths, run.size, run.mat = _NO_LENGTHS, 0, _NO_MAT
         run.src, run.off, run.rc, run.first = src, off, rc, first
         run.lent, run.loans, run.floor = 0, None, 0
+        run.gnames, run.gidx = None, None  # a FIFO run lends nothing (no return runs)
         src.lent += count
         if src.loans is None:
             src.loans = []
@@ -379,6 +399,13 @@ class Run:
         self.order = array("H" if len(order) <= 1 << 16 else "I", order)
         self.woke = 0
         self.act = acts[self.order[0]]
+
+    def group_of(self, i: int) -> str | None:
+        """The FIFO group of slot ``i`` (None: not a FIFO queue's run)."""
+        if self.gnames is None:
+            return None
+        assert self.gidx is not None
+        return self.gnames[self.gidx[i]]
 
     def act_of(self, i: int) -> int:
         """When slot ``i`` is ready."""
@@ -497,6 +524,8 @@ class Run:
             b"" if self.acts is None else _little(self.acts).tobytes(),
             b"" if self.order is None else _little(self.order).tobytes(),
             self.floor,
+            self.gnames,
+            b"" if self.gidx is None else _little(self.gidx).tobytes(),
         )
 
     @classmethod
@@ -523,6 +552,9 @@ class Run:
         run.mat = deque()
         run._no_loans()
         run.floor = r.floor if r.floor >= 0 else r.next
+        run.gnames, run.gidx = None, None
+        if r.group_of:  # checked against ``groups`` by decode_snapshot (RunRecord.malformed)
+            run.gnames, run.gidx = list(r.groups or ()), _little(_frombytes("H", r.group_of))
         if r.times:  # widths checked by decode_snapshot (RunRecord.malformed)
             run.base = r.base
             run.acts = _little(_frombytes("I" if len(r.times) == 4 * r.count else "q", r.times))

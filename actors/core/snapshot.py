@@ -116,6 +116,7 @@ def logical(state: QueueState) -> Snapshot:
                 run.act_of(i),
                 DELAYED if run.act_of(i) > snap.clock_ms else READY,
                 run.rc,
+                group=run.group_of(i),
                 attributes=None if attrs is None else attrs[off + i],
                 first_taken_ms=run.first,
             )
@@ -205,8 +206,6 @@ def restore(snap: Snapshot) -> QueueState:
     for m in sorted(snap.messages, key=_seq):
         s.messages[m.id] = m
         _index(s, m)
-    if s.settings.fifo:
-        _index_groups(s)
     s.arrivals = deque(s.messages.values())
     if snap.runs:
         s.by_id = [Run.from_record(r) for r in snap.runs]
@@ -219,7 +218,9 @@ def restore(snap: Snapshot) -> QueueState:
             put.lent -= r.count - loan.left
             held.append(loan)
         for run in held:
-            if run.acts is not None or run.act > s.clock_ms:  # a delayed run still waiting
+            if run.gnames is not None:  # a FIFO queue's: in its groups (_index_groups)
+                s.grouped += run.left
+            elif run.acts is not None or run.act > s.clock_ms:  # a delayed run still waiting
                 run.waiting = True
                 s.later.append((run.act, run.seq, run))
                 s.deferred += run.left
@@ -229,9 +230,11 @@ def restore(snap: Snapshot) -> QueueState:
         s.runs.sort(key=_take_key)  # woken delayed runs after the ready runs put before them
         _relink(s)
         heapq.heapify(s.later)
-        s.n_ready += s.spilled
+        s.n_ready += s.spilled + s.grouped
         s.n_delayed += s.deferred
         s.arrivals = deque(heapq.merge(s.arrivals, s.by_id, key=_seq))
+    if s.settings.fifo:
+        _index_groups(s)
     for heap in (s.ready, s.delayed, s.reserved):
         heapq.heapify(heap)
     s.outbox = {m.seq: m for m in snap.outbox}
@@ -275,16 +278,33 @@ def _index(s: QueueState, m: QueuedMessage) -> None:
 
 
 def _index_groups(s: QueueState) -> None:
-    for m in s.messages.values():
-        group = s.groups.get(m.group)
+    """Each FIFO group's members in order: its messages, and the slots of runs (by
+    sequence number); its head offered to take. A head still in a run (a state that
+    held every head as a message never writes one) is materialized by the first
+    ``advance``, once the state can read bodies."""
+    groups = s.groups
+    for m in s.messages.values():  # in seq order
+        group = groups.get(m.group)
         if group is None:
-            group = s.groups[m.group] = Group()
+            group = groups[m.group] = Group()
         group.msgs.append(m)
         group.busy += m.state == RESERVED
-    for group in s.groups.values():
-        head = group.msgs[0]
-        if head.state == READY and not group.busy:
-            s.ready.append((head.activate_at_ms, head.seq, head))
+    for run in s.by_id:
+        if run.gnames is not None:
+            for i in run.spilled():
+                name = run.group_of(i)
+                group = groups.get(name)
+                if group is None:
+                    group = groups[name] = Group()
+                group.rest.append(run.seq + i)
+    for group in groups.values():
+        msgs = group.msgs
+        if msgs and (not group.rest or msgs[0].seq < group.rest[0]):
+            head = msgs[0]
+            if head.state == READY and not group.busy:
+                s.ready.append((head.activate_at_ms, head.seq, head))
+        else:
+            s.unheaded = True
 
 
 def _seq(m: QueuedMessage | Run) -> int:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import enum
 import heapq
+from array import array
 from bisect import bisect_left, bisect_right
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -119,13 +120,22 @@ class QueuedMessage(msgspec.Struct, array_like=True, gc=False):
 class Group:
     """A FIFO message group: its messages in order, and how many of them are reserved
     (``busy``). A take hands out a run of a group's ready messages at once; the group is
-    blocked until none of them is in flight."""
+    blocked until none of them is in flight.
 
-    __slots__ = ("busy", "msgs")
+    In a state that spills, a group's members still held in runs are only their sequence
+    numbers, ``rest[start:]`` (8 bytes each, in order); ``msgs`` holds its materialized
+    members, in order too: the head always (:meth:`QueueState._head` materializes it when
+    it becomes the head), those in flight, and any changed out of turn. A member is in one
+    of the two; a sequence number whose slot has left its run otherwise (retention) is
+    passed over."""
+
+    __slots__ = ("busy", "msgs", "rest", "start")
 
     def __init__(self) -> None:
         self.msgs: deque[QueuedMessage] = deque()
         self.busy = 0
+        self.rest: array[int] = array("q")
+        self.start = 0
 
 
 class Observer(Protocol):
@@ -166,10 +176,12 @@ class QueueState:
         "delayed",
         "enqueued_total",
         "expired_total",
+        "grouped",
         "groups",
         "idem",
         "idem_order",
         "in_mats",
+        "kept_runs",
         "keys",
         "last_id",
         "later",
@@ -194,6 +206,7 @@ class QueueState:
         "spill",
         "spilled",
         "transitions",
+        "unheaded",
         "unplaced",
     )
 
@@ -244,6 +257,9 @@ class QueueState:
         self.by_id: list[Run] = []  # every run, in put (= id) order; dead ones swept
         self.unplaced: list[Run] = []  # new runs, for the shell to place once written
         self.in_mats = 0  # entries in the runs' lists of materialized messages, gone ones too
+        self.grouped = 0  # slots of a FIFO queue's runs (all ready: never in ``runs``)
+        self.kept_runs = 0  # runs ``by_id`` kept at its last sweep (a FIFO queue's)
+        self.unheaded = False  # a restored FIFO group's head is still in a run
 
     @property
     def active_move(self) -> rp.MoveTask | None:
@@ -321,7 +337,7 @@ class QueueState:
         n = 0
         for mid, lease in zip(e.ids, e.leases, strict=True):
             m = messages.get(mid)
-            if m is None and self.spilled:
+            if m is None and (self.spilled or self.grouped):
                 m = self._unspill(mid, offer=False)
             if m is None or m.state != READY:
                 continue
@@ -545,9 +561,9 @@ class QueueState:
     def _apply_purged(self, e: ev.QueuePurged) -> None:
         for m in self.messages.values():
             m.state = GONE
-        self.purged_total += len(self.messages) + self.spilled + self.deferred
+        self.purged_total += self.total
         self.messages = {}
-        self.runs, self.run_front, self.spilled = [], 0, 0
+        self.runs, self.run_front, self.spilled, self.grouped = [], 0, 0, 0
         self.later, self.deferred, self.by_id = [], 0, []
         self.ready, self.delayed, self.reserved = [], [], []
         self.arrivals = deque()
@@ -628,6 +644,8 @@ class QueueState:
         """
         if now_ms < self.clock_ms:
             now_ms = self.clock_ms  # time never goes backwards
+        if self.unheaded:
+            self._head_groups()
         never = now_ms + 1
         while True:
             t_ret = self._next_retention()
@@ -762,7 +780,7 @@ class QueueState:
             self.observer.made_available(m)
         if self.settings.fifo:
             group = self.groups[m.group]
-            if group.busy or _head(group) is not m:
+            if group.busy or self._head(group) is not m:
                 return
         heapq.heappush(self.ready, (m.activate_at_ms, m.seq, m))
 
@@ -778,7 +796,7 @@ class QueueState:
                 # The group is free again. A head that came back while others of its run
                 # were still in flight is offered now; ``m`` itself is offered (or removed)
                 # by the caller.
-                head = _head(group)
+                head = self._head(group)
                 if head is not None and head is not m and head.state == READY:
                     heapq.heappush(self.ready, (head.activate_at_ms, head.seq, head))
 
@@ -820,11 +838,128 @@ class QueueState:
             was_head |= msgs.popleft() is gone
         if not was_head:
             return  # a message behind the head left: nothing changes for take
-        if not msgs:
+        head = self._head(group)
+        if head is None:
             del self.groups[gone.group]
-        elif msgs[0].state == READY and not group.busy:
-            head = msgs[0]
+        elif head.state == READY and not group.busy:
             heapq.heappush(self.ready, (head.activate_at_ms, head.seq, head))
+
+    def _head(self, group: Group) -> QueuedMessage | None:
+        """The first member of ``group`` still in the queue, materialized out of its run if
+        it is still held in one (None: the group is empty)."""
+        msgs = group.msgs
+        while msgs and msgs[0].state >= GONE:
+            msgs.popleft()
+        rest = group.rest
+        while group.start < len(rest) and (not msgs or rest[group.start] < msgs[0].seq):
+            found = self._grouped_slot(rest[group.start])
+            if found is not None:
+                self._promote(*found)  # into ``msgs``, at its front
+                break
+            group.start += 1  # its slot left the run otherwise (retention)
+        return msgs[0] if msgs else None
+
+    def _head_groups(self) -> None:
+        """Materialize every group's head still held in a run (a restored state)."""
+        self.unheaded = False
+        for group in self.groups.values():
+            head = self._head(group)
+            if head is not None and head.state == READY and not group.busy:
+                heapq.heappush(self.ready, (head.activate_at_ms, head.seq, head))
+
+    def _grouped_slot(self, seq: int) -> tuple[Run, int] | None:
+        """The FIFO run and slot holding sequence number ``seq``, while it does."""
+        by_id = self.by_id
+        j = bisect_right(by_id, seq, key=_seq) - 1
+        if j < 0:
+            return None
+        run = by_id[j]
+        i = seq - run.seq
+        if i < run.count and run.gnames is not None and run.is_spilled(i):
+            return run, i
+        return None
+
+    def _promote(self, run: Run, i: int) -> QueuedMessage:
+        """Slot ``i`` of FIFO run ``run`` as a ready message, in its group's ``msgs``."""
+        m = self._materialize(run, i, self.contents_of(run))
+        run.take_slot(i)
+        self.grouped -= 1
+        group = self.groups[m.group]
+        rest, seq = group.rest, m.seq
+        k = bisect_left(rest, seq, group.start)
+        if k < len(rest) and rest[k] == seq:
+            if k == group.start:
+                group.start += 1
+            else:
+                del rest[k]  # changed out of turn (an update, a delete)
+        if group.start > _COMPACT_SLACK and 2 * group.start > len(rest):
+            del rest[: group.start]
+            group.start = 0
+        msgs = group.msgs
+        k = len(msgs)
+        while k and msgs[k - 1].seq > seq:
+            k -= 1
+        msgs.insert(k, m)
+        return m
+
+    def group_after(self, head: QueuedMessage) -> Iterator[QueuedMessage]:
+        """The members of ``head``'s group after it, in order: its materialized ones, and
+        transient views of those still in runs (what a take reads; the take's event
+        materializes them). Gone ones are passed over by the caller."""
+        group = self.groups[head.group]
+        msgs = iter(group.msgs)
+        for m in msgs:
+            if m is head:
+                break
+        if group.start >= len(group.rest):
+            yield from msgs
+            return
+        yield from heapq.merge(msgs, self._rest_views(group), key=_seq)
+
+    def _rest_views(self, group: Group) -> Iterator[QueuedMessage]:
+        rest = group.rest
+        last: Run | None = None
+        contents: Contents | None = None
+        for k in range(group.start, len(rest)):
+            found = self._grouped_slot(rest[k])
+            if found is None:
+                continue
+            run, i = found
+            if run is not last:
+                last, contents = run, self.contents_of(run)
+            assert contents is not None
+            yield _transient(run, i, contents)
+
+    def grouped_after(self, after: tuple[int, int] | None) -> Iterator[QueuedMessage]:
+        """Transient views of the messages held in a FIFO queue's runs whose key
+        ``(activate_at, seq)`` is past ``after``, in that order (for browse): runs in put
+        order, merged where a put's time is earlier than the one before (the clock went
+        back)."""
+        stretches: list[list[Run]] = []
+        for run in self.by_id:
+            if not run.left or run.gnames is None:
+                continue
+            if after is not None and (run.act, run.seq + run.count - 1) <= after:
+                continue
+            if not stretches or run.act < stretches[-1][-1].act:
+                stretches.append([])
+            stretches[-1].append(run)
+        keyed = heapq.merge(*(self._keys_of(stretch, after) for stretch in stretches))
+        read: dict[int, Contents] = {}
+        for _, _, i, run in keyed:
+            if id(run) not in read:
+                read.clear()
+                read[id(run)] = self.contents_of(run)
+            yield _transient(run, i, read[id(run)])
+
+    @staticmethod
+    def _keys_of(
+        runs: list[Run], after: tuple[int, int] | None
+    ) -> Iterator[tuple[int, int, int, Run]]:
+        for run in runs:
+            for i in run.spilled():
+                if after is None or (run.act, run.seq + i) > after:
+                    yield run.act, run.seq + i, i, run
 
     def _drop_stale_tops(self) -> None:
         for heap, state, key in (
@@ -847,6 +982,9 @@ class QueueState:
             if held.waiting:
                 self.deferred -= n
                 self.n_delayed -= n
+            elif held.gnames is not None:
+                self.grouped -= n  # their group's ``rest`` passes over them
+                self.n_ready -= n
             else:
                 self.spilled -= n
                 self.n_ready -= n
@@ -880,9 +1018,12 @@ class QueueState:
             self.runs = [r for r in self.runs[self.run_front :] if r.left]
             self.run_front = 0
         live = len(self.runs) - self.run_front + len(self.later)
+        if self.grouped:
+            live = max(live, self.kept_runs)  # a FIFO queue's runs are in neither
         if len(self.by_id) > 2 * live + _COMPACT_SLACK:
             # kept while a message of it may still be given back (runs.py, Run.lend)
             self.by_id = [r for r in self.by_id if r.alive()]
+            self.kept_runs = len(self.by_id)
 
     def oldest_ready_ms(self) -> int | None:
         """Activation time of the next message ``take`` would hand out."""
@@ -899,7 +1040,7 @@ class QueueState:
     @property
     def total(self) -> int:
         """Messages in the queue (not counting the outbox)."""
-        return len(self.messages) + self.spilled + self.deferred
+        return len(self.messages) + self.spilled + self.deferred + self.grouped
 
     def live_runs(self) -> Iterator[Run]:
         """Every put's run with slots still spilled (ready or delayed), lent to return runs,
@@ -910,12 +1051,16 @@ class QueueState:
     def _runnable(self, e: ev.MessagesPut) -> bool:
         """Whether a put can be held as a run: all its messages ready at once, either at
         the put or at one later time, or each at its own later time; server ids increasing
-        past every run's; no group or observer (which wants each message)."""
-        if self.settings.fifo or self.observer is not None or not e.items:
+        past every run's; no observer (which wants each message). A FIFO queue's put is a
+        run only when all its messages are ready at the put (each with a group)."""
+        if self.observer is not None or not e.items:
             return False
+        fifo = self.settings.fifo
         at = e.at_ms
         act = e.items[0].activate_at_ms
         later = act > at
+        if later and fifo:
+            return False
         if later:
             depth = self.n_delayed
         elif act == at:
@@ -937,7 +1082,7 @@ class QueueState:
                 # each due later (not already, as when the clock went back: delayed runs
                 # wake in time order), or all at the put
                 or (it.activate_at_ms <= clock if later else it.activate_at_ms != act)
-                or it.group is not None
+                or (it.group is None) == fifo
             ):
                 return False
             last = mid
@@ -950,8 +1095,9 @@ class QueueState:
         bodies = [it.body for it in items]
         acts = [it.activate_at_ms for it in items]
         attrs = [it.attributes for it in items]
+        groups = [cast(str, it.group) for it in items] if self.settings.fifo else None
         if acts.count(act) == len(acts):
-            run = Run(self.next_seq, ids, e.at_ms, bodies, act, attrs=attrs)  # type: ignore[arg-type]
+            run = Run(self.next_seq, ids, e.at_ms, bodies, act, attrs=attrs, groups=groups)  # type: ignore[arg-type]
         else:  # a spread run: each slot at its own time
             run = Run(self.next_seq, ids, e.at_ms, bodies, acts=acts, attrs=attrs)  # type: ignore[arg-type]
         n = run.count
@@ -965,7 +1111,9 @@ class QueueState:
         self.next_seq += n
         self.last_id = max(self.last_id, run.last_id)
         self.enqueued_total += n
-        if run.act > e.at_ms:
+        if groups is not None:
+            self._put_grouped(run, groups)
+        elif run.act > e.at_ms:
             run.waiting = True
             heapq.heappush(self.later, (run.act, run.seq, run))
             self.deferred += n
@@ -974,6 +1122,28 @@ class QueueState:
             self.runs.append(run)
             self.spilled += n
             self.n_ready += n
+
+    def _put_grouped(self, run: Run, groups: list[str]) -> None:
+        """A FIFO queue's run: each slot joins its group's ``rest``; a group that had no
+        member has a head now, materialized and offered to take."""
+        n = run.count
+        self.grouped += n
+        self.n_ready += n
+        table = self.groups
+        fresh: list[Group] = []
+        for name in dict.fromkeys(groups):  # each group of the put once
+            group = table.get(name)
+            if group is None:
+                group = table[name] = Group()
+            if self._head(group) is None:
+                fresh.append(group)
+        seq = run.seq
+        for i, name in enumerate(groups):
+            table[name].rest.append(seq + i)
+        for group in fresh:
+            head = self._head(group)
+            if head is not None and not group.busy:
+                heapq.heappush(self.ready, (head.activate_at_ms, head.seq, head))
 
     def _wake(self, t: int, run: Run) -> None:
         """Delayed ``run``'s time ``t`` came: its spilled slots are ready, after every ready
@@ -1080,7 +1250,7 @@ class QueueState:
     def _run_of(self, mid: object) -> tuple[Run, int] | None:
         """The run (a put's, or a return run) and slot holding id ``mid`` while it is
         spilled."""
-        if type(mid) is not int or not (self.spilled or self.deferred):
+        if type(mid) is not int or not (self.spilled or self.deferred or self.grouped):
             return None
         runs, i = self.runs, self.run_front
         if i < len(runs) and runs[i].id <= mid <= runs[i].last_id:
@@ -1162,6 +1332,9 @@ class QueueState:
         """Materialize every spilled message (bodies read back): the state no longer needs
         the log's bodies (a state that stops spilling, or leaves its log)."""
         for put in self.by_id:
+            if put.gnames is not None:  # a FIFO run: into the groups, behind their heads
+                for i in list(put.spilled()):
+                    self._promote(put, i)
             for run in [*put.live_loans(), put]:  # the loans read through their put's run
                 if not run.left:
                     continue
@@ -1186,6 +1359,12 @@ class QueueState:
         if found is None:
             return None
         run, i = found
+        if run.gnames is not None:
+            m = self._promote(run, i)
+            group = self.groups[m.group]
+            if offer and not group.busy and self._head(group) is m:
+                heapq.heappush(self.ready, (m.activate_at_ms, m.seq, m))
+            return m
         m = self._materialize(run, i, self.contents_of(run))
         run.take_slot(i)
         if run.waiting:
@@ -1224,6 +1403,7 @@ def _transient(run: Run, i: int, contents: Contents) -> QueuedMessage:
         run.act_of(i),
         state,
         run.rc,
+        group=run.group_of(i),
         attributes=None if attrs is None else attrs[at],
         first_taken_ms=run.first,
     )
@@ -1250,8 +1430,8 @@ def _first_id(run: Run) -> int:
     return run.id
 
 
-def _seq(run: Run) -> int:
-    return run.seq
+def _seq(item: Run | QueuedMessage) -> int:
+    return item.seq
 
 
 def _slot(entry: tuple[int, QueuedMessage]) -> int:
@@ -1280,13 +1460,6 @@ def _sweep(
     live = list({e[1]: e for e in heap if _valid(e, state, key)}.values())
     heapq.heapify(live)
     return live
-
-
-def _head(group: Group) -> QueuedMessage | None:
-    msgs = group.msgs
-    while msgs and msgs[0].state >= GONE:
-        msgs.popleft()
-    return msgs[0] if msgs else None
 
 
 _APPLY: dict[type, Callable[[QueueState, Any], None]] = {

@@ -106,6 +106,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.log: dict[int, Contents] = {}  # where placed runs' bodies (and attributes) are
         self.most_spilled = 0
         self.most_deferred = 0
+        self.most_grouped = 0  # slots of a FIFO queue's runs
         self.spread_runs = 0  # spread runs seen waiting, summed over the checks
         self.attr_runs = 0  # runs with attributes seen holding slots, summed over the checks
         self.loans = 0  # return runs seen holding slots, summed over the checks
@@ -365,7 +366,8 @@ class QueueMachine(RuleBasedStateMachine):
         self.place_runs()
         self.state.advance(self.now)
         state = self.state
-        runs = [r for r in state.runs[state.run_front :] if r.left and r.place is not None]
+        held = state.by_id if state.settings.fifo else state.runs[state.run_front :]
+        runs = [r for r in held if r.left and r.place is not None]
         chosen = [r for r, yes in zip(runs, pick * len(runs), strict=False) if yes]
         before = logical(self.state)
         firsts = [r.needed_from() for r in chosen]  # return runs read from their put's too
@@ -491,6 +493,7 @@ class QueueMachine(RuleBasedStateMachine):
         assert not waiting or (due is not None and due <= min(waiting))  # nor comes late
         self.most_spilled = max(self.most_spilled, self.state.spilled)
         self.most_deferred = max(self.most_deferred, self.state.deferred)
+        self.most_grouped = max(self.most_grouped, self.state.grouped)
         self.spread_runs += sum(r.acts is not None and r.left > 0 for r in self.state.by_id)
         self.attr_runs += sum(r.with_attrs and r.left > 0 for r in self.state.by_id)
         self.loans += sum(len(r.live_loans()) for r in self.state.by_id)
@@ -508,8 +511,8 @@ class GappedIds(SequentialIds):
 
 
 class SpillingQueueMachine(QueueMachine):
-    """The same, with the state spilling: standard queues with server ids, where runs
-    happen."""
+    """The same, with the state spilling: queues with server ids, standard or FIFO, where
+    runs happen."""
 
     spill = True
 
@@ -523,11 +526,12 @@ class SpillingQueueMachine(QueueMachine):
         vt=st.integers(1_000, 20_000),
         window=st.integers(1_000, 60_000),
         run_min_put=st.integers(1, 3),
+        fifo=st.booleans(),
     )
-    def create_spilling(self, max_receives, retention, vt, window, run_min_put) -> None:
+    def create_spilling(self, max_receives, retention, vt, window, run_min_put, fifo=False) -> None:
         # 1: every put is a run; 2 or 3: small puts stay messages, between runs
         self.run_min_put = self.state.run_min_put = run_min_put
-        QueueMachine.create(self, True, False, max_receives, retention, vt, window, False)
+        QueueMachine.create(self, True, fifo, max_receives, retention, vt, window, False)
 
     def create(self, *args, **kwargs) -> None:  # not a rule here: create_spilling is
         QueueMachine.create(self, *args, **kwargs)
@@ -634,19 +638,20 @@ WALK_SEED = _walk_seed()
 
 
 @pytest.mark.parametrize("seed", [WALK_SEED], ids=lambda s: f"seed={s}")
-@pytest.mark.parametrize("variant", range(5))
+@pytest.mark.parametrize("variant", range(6))
 def test_long_seeded_walk_matches_the_reference(
     seed: int, variant: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """3000 steps per queue variant (the fifth: a standard queue that spills); rerun a
+    """3000 steps per queue variant (the fifth: a standard queue that spills, the sixth: a
+    FIFO queue that spills); rerun a
     failure with EVQ_SEED=<seed from the test id>. Takes hand out at most 12 bytes of bodies
     here (two or three of the 4-5 byte bodies), so the bound on a take's bytes is walked too."""
     monkeypatch.setattr(decide, "MAX_TAKE_BYTES", 12)
     rng = random.Random(seed * 8 + variant)
-    m = SpillingQueueMachine() if variant == 4 else QueueMachine()
+    m = SpillingQueueMachine() if variant >= 4 else QueueMachine()
     m.create(
-        server=variant % 2 == 0,
-        fifo=variant in (2, 3),
+        server=variant % 2 == 0 or variant == 5,
+        fifo=variant in (2, 3, 5),
         max_receives=rng.choice([None, 1, 2, 3]),
         retention=rng.randint(30_000, 200_000),
         vt=rng.randint(1_000, 20_000),
@@ -665,6 +670,7 @@ def test_long_seeded_walk_matches_the_reference(
     assert variant != 4 or m.attr_runs > 0  # and ones whose messages carry attributes
     # and return runs, released messages given back (none when each is dead-lettered)
     assert variant != 4 or m.loans > 0 or m.ref.settings.max_receives == 1
+    assert variant != 5 or m.most_grouped > 0  # the spilling FIFO queue held runs
 
 
 def test_a_compacted_run_half_taken_replays_to_the_same_state() -> None:

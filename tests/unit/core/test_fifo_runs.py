@@ -1,0 +1,148 @@
+"""FIFO runs: a FIFO queue's ready put is one run too; each group holds its members still
+in runs as sequence numbers (``Group.rest``) and only its head, and what is in flight, as
+messages. The model test (test_model.py, the sixth walk and the spilling machine's FIFO
+queues) checks that nothing a client sees changes; these check the representation."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from actors.core import commands as c
+from actors.core.decide import execute
+from actors.core.runs import RunRecord
+from actors.core.snapshot import decode_snapshot, encode_snapshot, logical, restore, snapshot
+from actors.core.state import QueueState
+from actors.errors import DataError
+from tests.unit.core.test_runs import Shell
+
+GROUPS = 10
+
+
+def fifo() -> Shell:
+    return Shell("q.fifo", fifo=True)
+
+
+def put(sh: Shell, n: int, groups: int = GROUPS) -> list[str]:
+    """``n`` messages, message ``i`` in group ``g<i % groups>``; their ids."""
+    news = [c.NewMessage(body=b"m%d" % i, group=f"g{i % groups}") for i in range(n)]
+    return [r.id for r in sh.run(c.Put(news))]  # type: ignore[attr-defined]
+
+
+def restored(sh: Shell) -> QueueState:
+    return sh.spilling(restore(decode_snapshot(encode_snapshot(snapshot(sh.state)))))
+
+
+def test_a_fifo_put_is_one_run_and_only_each_groups_head_is_a_message() -> None:
+    sh = fifo()
+    ids = put(sh, 1000)
+    s = sh.state
+    assert (len(s.by_id), s.grouped, len(s.messages), s.n_ready) == (1, 990, 10, 1000)
+    assert sorted(str(m.id) for m in s.messages.values()) == sorted(ids[:GROUPS])  # the heads
+    assert not s.runs  # take reaches a FIFO run through its groups' heads, not in put order
+    assert {len(g.rest) - g.start for g in s.groups.values()} == {99}
+    stats = sh.run(c.Stats())
+    assert (stats.ready, stats.total) == (1000, 1000)
+    view = sh.run(c.Peek(ids[555]))
+    assert (view.body, view.state) == (b"m555", "ready")
+    assert len(s.messages) == 10  # reading materializes nothing
+
+
+def test_a_take_hands_out_a_stretch_of_one_group_in_order_and_acks_bring_the_next_head() -> None:
+    sh = fifo()
+    ids = put(sh, 1000)
+    taken = sh.run(c.Take(max=5))
+    # the oldest head's group, in order: g0's members are ids 0, 10, 20, ...
+    assert [d.id for d in taken] == ids[0:50:10]
+    assert [d.body for d in taken] == [b"m%d" % i for i in range(0, 50, 10)]
+    s = sh.state
+    assert s.grouped == 990 - 4  # the four behind the head left the run as they were taken
+    assert sh.run(c.Ack([c.LeaseRef(d.id, d.lease) for d in taken])) is not None
+    again = sh.run(c.Take(max=1000))
+    # every group once more, each from where it stands: g0 from its sixth member
+    g0 = [d.id for d in again if d.id in ids[0::10]]
+    assert g0 == ids[50::10]
+    assert len(again) == 995
+    assert s.grouped == 0
+
+
+def test_a_member_changed_out_of_turn_keeps_its_place_in_the_group() -> None:
+    sh = fifo()
+    ids = put(sh, 100)
+    deep = ids[50]  # g0's sixth member
+    assert sh.run(c.Update(id=deep, body=b"changed")) is not None
+    sh.run(c.Delete(ids[30]))  # g0's fourth
+    s = sh.state
+    assert s.total == 99
+    assert int(deep) in s.messages  # materialized, behind the head
+    taken = sh.run(c.Take(max=9))
+    assert [d.id for d in taken] == [ids[i] for i in (0, 10, 20, 40, 50, 60, 70, 80, 90)]
+    assert taken[4].body == b"changed"
+
+
+def test_a_snapshot_holds_the_groups_in_their_runs_and_a_restore_takes_the_same() -> None:
+    sh = fifo()
+    put(sh, 300)
+    sh.run(c.Take(max=7))
+    state = restored(sh)
+    assert logical(state) == logical(sh.state)
+    assert (state.grouped, len(state.messages)) == (sh.state.grouped, len(sh.state.messages))
+    take = c.Take(max=50)
+    _, mine = execute(sh.state, take, sh.now, sh.ids)
+    _, theirs = execute(state, take, sh.now, sh.ids)
+    assert [d.id for d in theirs] == [d.id for d in mine]  # type: ignore[attr-defined]
+
+
+def test_a_restored_group_whose_head_is_still_in_a_run_gets_it_at_the_first_advance() -> None:
+    sh = fifo()
+    ids = put(sh, 40, groups=2)
+    snap = snapshot(sh.state)
+    # a snapshot holding every member in the run (as none writes: heads are messages)
+    [record] = snap.runs
+    record = msgspec.structs.replace(record, next=0, out=[])
+    snap = msgspec.structs.replace(snap, messages=[], runs=[record])
+    state = sh.spilling(restore(decode_snapshot(encode_snapshot(snap))))
+    assert state.unheaded
+    state.advance(sh.now)
+    assert not state.unheaded
+    assert sorted(str(m.id) for m in state.messages.values()) == sorted(ids[:2])
+    sh.state = state
+    assert [d.id for d in sh.run(c.Take(max=3))] == ids[0:6:2]
+
+
+def test_retention_ends_a_fifo_run_and_its_groups_with_it() -> None:
+    sh = Shell("q.fifo", fifo=True, retention_ms=60_000)
+    put(sh, 100)
+    sh.run(c.Take(max=3))
+    sh.now += 61_000
+    stats = sh.run(c.Stats())
+    s = sh.state
+    assert (stats.total, s.grouped, len(s.messages), len(s.groups)) == (0, 0, 0, 0)
+    ids = put(sh, 20)  # the groups start again
+    assert [d.id for d in sh.run(c.Take(max=2))] == [ids[0], ids[10]]
+
+
+def test_unspilling_a_fifo_queue_keeps_every_group_in_order() -> None:
+    sh = fifo()
+    ids = put(sh, 200)
+    before = logical(sh.state)
+    sh.state.unspill_all()
+    s = sh.state
+    assert (s.grouped, len(s.messages), s.by_id) == (0, 200, [])
+    assert logical(s) == before
+    assert [d.id for d in sh.run(c.Take(max=3))] == ids[0:30:10]
+
+
+def test_a_damaged_group_table_is_refused() -> None:
+    sh = fifo()
+    put(sh, 20)
+    [record] = snapshot(sh.state).runs
+    for bad in (
+        msgspec.structs.replace(record, group_of=record.group_of[:-2]),
+        msgspec.structs.replace(record, groups=record.groups[:3]),  # type: ignore[index]
+    ):
+        assert isinstance(bad, RunRecord)
+        assert bad.malformed() is not None
+        snap = msgspec.structs.replace(snapshot(sh.state), runs=[bad])
+        with pytest.raises(DataError):
+            decode_snapshot(encode_snapshot(snap))
