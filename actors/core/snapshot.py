@@ -286,17 +286,25 @@ def _index_groups(s: QueueState) -> None:
     for m in s.messages.values():  # in seq order
         group = groups.get(m.group)
         if group is None:
-            group = groups[m.group] = Group()
+            group = groups[m.group] = Group(m.group)
         group.msgs.append(m)
         group.busy += m.state == RESERVED
     for run in s.by_id:
-        if run.gnames is not None:
-            for i in run.spilled():
-                name = run.group_of(i)
-                group = groups.get(name)
-                if group is None:
-                    group = groups[name] = Group()
-                group.rest.append(run.seq + i)
+        names = run.gnames
+        if names is None:
+            continue
+        held = []
+        for k, name in enumerate(names):
+            group = groups.get(name)
+            if group is None:
+                group = groups[name] = Group(name)
+            elif group.name is not None:
+                names[k] = group.name  # one copy of the name, not one a run
+            held.append(group)
+        gidx = run.gidx
+        assert gidx is not None  # set with ``gnames``
+        for i in run.spilled():
+            held[gidx[i]].rest.append(run.seq + i)
     for group in groups.values():
         msgs = group.msgs
         if msgs and (not group.rest or msgs[0].seq < group.rest[0]):

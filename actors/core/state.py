@@ -129,9 +129,10 @@ class Group:
     of the two; a sequence number whose slot has left its run otherwise (retention) is
     passed over."""
 
-    __slots__ = ("busy", "msgs", "rest", "start")
+    __slots__ = ("busy", "msgs", "name", "rest", "start")
 
-    def __init__(self) -> None:
+    def __init__(self, name: str | None = None) -> None:
+        self.name = name  # the one copy runs' tables of groups share
         self.msgs: deque[QueuedMessage] = deque()
         self.busy = 0
         self.rest: array[int] = array("q")
@@ -319,7 +320,7 @@ class QueueState:
             if fifo:
                 group = self.groups.get(it.group)
                 if group is None:
-                    group = self.groups[it.group] = Group()
+                    group = self.groups[it.group] = Group(it.group)
                 group.msgs.append(m)
             self._schedule(m, it.activate_at_ms, at)
         self.next_seq = seq
@@ -1112,7 +1113,7 @@ class QueueState:
         self.last_id = max(self.last_id, run.last_id)
         self.enqueued_total += n
         if groups is not None:
-            self._put_grouped(run, groups)
+            self._put_grouped(run)
         elif run.act > e.at_ms:
             run.waiting = True
             heapq.heappush(self.later, (run.act, run.seq, run))
@@ -1123,23 +1124,28 @@ class QueueState:
             self.spilled += n
             self.n_ready += n
 
-    def _put_grouped(self, run: Run, groups: list[str]) -> None:
+    def _put_grouped(self, run: Run) -> None:
         """A FIFO queue's run: each slot joins its group's ``rest``; a group that had no
         member has a head now, materialized and offered to take."""
         n = run.count
         self.grouped += n
         self.n_ready += n
         table = self.groups
+        names = cast(list[str], run.gnames)  # each group of the put once
+        held: list[Group] = []
         fresh: list[Group] = []
-        for name in dict.fromkeys(groups):  # each group of the put once
+        for k, name in enumerate(names):
             group = table.get(name)
             if group is None:
-                group = table[name] = Group()
+                group = table[name] = Group(name)
+            elif group.name is not None:
+                names[k] = group.name  # one copy of the name, not one a run
+            held.append(group)
             if self._head(group) is None:
                 fresh.append(group)
         seq = run.seq
-        for i, name in enumerate(groups):
-            table[name].rest.append(seq + i)
+        for i, k in enumerate(cast("array[int]", run.gidx)):
+            held[k].rest.append(seq + i)
         for group in fresh:
             head = self._head(group)
             if head is not None and not group.busy:
