@@ -95,9 +95,10 @@ class RunRecord(msgspec.Struct, array_like=True, gc=False):
     # the first slot whose body its place holds (a compaction wrote the slots from there on
     # again); -1: not written (an older snapshot): its ``next``, which is at or past it
     floor: int = -1
-    # A FIFO queue's run: each slot's group, an index into ``groups`` (2 bytes
-    # little-endian); empty: not a FIFO run
-    groups: list[str] | None = None
+    # A FIFO queue's run: its groups' names, each as its UTF-8 length (2 bytes little-endian)
+    # and its UTF-8 (one object, not one a name: a restore makes each name once), and each
+    # slot's group, an index into them (2 bytes little-endian); empty: not a FIFO run
+    groups: bytes = b""
     group_of: bytes = b""
 
     def malformed(self) -> str | None:
@@ -115,12 +116,14 @@ class RunRecord(msgspec.Struct, array_like=True, gc=False):
             return f"a run of {n} with {len(self.bodies)} bodies"
         if self.attrs is not None and len(self.attrs) != n:
             return f"a run of {n} with {len(self.attrs)} attributes"
-        if self.group_of and (
-            len(self.group_of) != 2 * n
-            or not self.groups
-            or max(_little(_frombytes("H", self.group_of))) >= len(self.groups)
-        ):
-            return f"a FIFO run of {n} with {len(self.group_of)} bytes of groups"
+        if self.group_of:
+            names = group_names(self.groups)
+            if (
+                names is None
+                or len(self.group_of) != 2 * n
+                or max(_little(_frombytes("H", self.group_of))) >= len(names)
+            ):
+                return f"a FIFO run of {n} with {len(self.group_of)} bytes of groups"
         return None
 
 
@@ -524,7 +527,7 @@ class Run:
             b"" if self.acts is None else _little(self.acts).tobytes(),
             b"" if self.order is None else _little(self.order).tobytes(),
             self.floor,
-            self.gnames,
+            b"" if self.gnames is None else pack_names(self.gnames),
             b"" if self.gidx is None else _little(self.gidx).tobytes(),
         )
 
@@ -554,7 +557,8 @@ class Run:
         run.floor = r.floor if r.floor >= 0 else r.next
         run.gnames, run.gidx = None, None
         if r.group_of:  # checked against ``groups`` by decode_snapshot (RunRecord.malformed)
-            run.gnames, run.gidx = list(r.groups or ()), _little(_frombytes("H", r.group_of))
+            run.gnames = group_names(r.groups)
+            run.gidx = _little(_frombytes("H", r.group_of))
         if r.times:  # widths checked by decode_snapshot (RunRecord.malformed)
             run.base = r.base
             run.acts = _little(_frombytes("I" if len(r.times) == 4 * r.count else "q", r.times))
@@ -572,6 +576,30 @@ class Run:
 _GONE = 3  # state.GONE (state.py imports this module)
 _NO_LENGTHS: array[int] = array("H")  # a return run's: its bodies are its put's
 _NO_MAT: Any = ()  # a return run's: what it materializes is held by its put's run
+
+
+def pack_names(names: Sequence[str]) -> bytes:
+    """FIFO group names as :attr:`RunRecord.groups` holds them."""
+    parts: list[bytes] = []
+    for name in names:
+        data = name.encode()
+        parts += (len(data).to_bytes(2, "little"), data)
+    return b"".join(parts)
+
+
+def group_names(data: bytes) -> list[str] | None:
+    """The names :func:`pack_names` packed (None: not such bytes, or none)."""
+    names, at = [], 0
+    try:
+        while at < len(data):
+            end = at + 2 + int.from_bytes(data[at : at + 2], "little")
+            if end > len(data):
+                return None
+            names.append(data[at + 2 : end].decode())
+            at = end
+    except UnicodeDecodeError:
+        return None
+    return names or None
 
 
 def _frombytes(typecode: str, data: bytes) -> array[int]:

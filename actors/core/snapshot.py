@@ -208,7 +208,7 @@ def restore(snap: Snapshot) -> QueueState:
         _index(s, m)
     s.arrivals = deque(s.messages.values())
     if snap.runs:
-        s.by_id = [Run.from_record(r) for r in snap.runs]
+        s.by_id = _runs(snap.runs)
         held = list(s.by_id)
         for r in snap.loans:
             put = s.by_id[r.run]
@@ -245,6 +245,20 @@ def restore(snap: Snapshot) -> QueueState:
     s.move_tasks = list(snap.move_tasks)
     s.attempts = {a: (at, ids, leases, deadline) for a, at, ids, leases, deadline in snap.attempts}
     return s
+
+
+def _runs(records: list[RunRecord]) -> list[Run]:
+    """The runs of a snapshot, a FIFO queue's sharing one copy of each group's name: the
+    names a run decodes are dropped before the next is made (millions of names alive at
+    once would leave the allocator's memory fragmented after a restart)."""
+    runs = []
+    names: dict[str, str] = {}
+    for r in records:
+        run = Run.from_record(r)
+        if run.gnames is not None:
+            run.gnames = [names.setdefault(name, name) for name in run.gnames]
+        runs.append(run)
+    return runs
 
 
 def _relink(s: QueueState) -> None:

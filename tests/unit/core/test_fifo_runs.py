@@ -10,7 +10,7 @@ import pytest
 
 from actors.core import commands as c
 from actors.core.decide import execute
-from actors.core.runs import RunRecord
+from actors.core.runs import RunRecord, group_names, pack_names
 from actors.core.snapshot import decode_snapshot, encode_snapshot, logical, restore, snapshot
 from actors.core.state import QueueState
 from actors.errors import DataError
@@ -139,10 +139,19 @@ def test_a_damaged_group_table_is_refused() -> None:
     [record] = snapshot(sh.state).runs
     for bad in (
         msgspec.structs.replace(record, group_of=record.group_of[:-2]),
-        msgspec.structs.replace(record, groups=record.groups[:3]),  # type: ignore[index]
+        msgspec.structs.replace(record, groups=record.groups[:3]),  # a name cut short
+        msgspec.structs.replace(record, groups=pack_names(["g0"])),  # too few names
     ):
         assert isinstance(bad, RunRecord)
         assert bad.malformed() is not None
         snap = msgspec.structs.replace(snapshot(sh.state), runs=[bad])
         with pytest.raises(DataError):
             decode_snapshot(encode_snapshot(snap))
+
+
+def test_group_names_are_packed_into_one_bytes_object_and_back() -> None:
+    names = ["g1", "é-tenant", "x" * 128, "with\nnewline"]
+    assert group_names(pack_names(names)) == names
+    assert group_names(b"") is None
+    assert group_names(b"\x05\x00ab") is None  # a length past the end
+    assert group_names(b"\x02\x00\xff\xfe") is None  # not UTF-8
