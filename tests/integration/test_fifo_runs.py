@@ -1,0 +1,88 @@
+"""A FIFO queue that spills (issue 33; state.py, ``Group.rest``) through a real ``evq
+serve``: a put's messages are held in one run, each group keeping only its head as an
+object; every command still sees each message; takes (native and SQS) hand out a stretch of
+one group in order; a graceful restart and a SIGKILL (replayed from the log) keep the
+groups and their order; every message is handed out once, in its group's order."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from evq.client import Client, NewMessage
+from tests.integration.conftest import Names, ServerFactory
+from tests.integration.server import server_env
+from tests.integration.test_spilled_attributes import spilled
+from tests.integration.test_sqs_server import KEY, SECRET, client
+
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
+
+GROUPS = 10
+
+
+def group_of(i: int) -> str:
+    return f"tenant-{i % GROUPS}"
+
+
+def test_a_fifo_queue_holds_its_groups_in_runs_through_restarts_and_kills(
+    make_server: ServerFactory, names: Names
+) -> None:
+    server = make_server("--shards", "1", env=server_env(EVQ_SQS_KEYS=f"{KEY}:{SECRET}"))
+    q = names("orders") + ".fifo"
+    n = 600
+    with Client(server.url, retries=0, timeout=20) as c:
+        c.create_queue(q, fifo=True)
+        news = [NewMessage(body=f"b{i}", group=group_of(i)) for i in range(n)]
+        ids = [r.id for r in c.put(q, news)]
+        assert spilled(server.url, q) == n - GROUPS  # one head a group is an object
+        m = c.get_message(q, ids[333])
+        assert (m.state, m.body) == ("ready", b"b333")
+        listed = c.browse_all(q, "ready", limit=64)
+        assert [x.id for x in listed] == ids
+        assert spilled(server.url, q) == n - GROUPS  # reading materializes nothing
+        taken = c.take(q, 5, visibility_timeout=600)
+        assert [t.id for t in taken] == ids[0 : 5 * GROUPS : GROUPS]  # tenant-0, in order
+        assert [t.body for t in taken] == [f"b{i}".encode() for i in range(0, 50, 10)]
+        c.ack(q, *taken)
+        c.update_message(q, ids[101], body=b"changed")  # tenant-1's 11th, out of turn
+        c.delete_message(q, ids[102])  # tenant-2's 11th
+
+    assert server.stop() == 0  # graceful: the snapshot holds the runs and the groups
+    server.start()
+    with Client(server.url, retries=0, timeout=20) as c:
+        assert spilled(server.url, q) == n - 5 - 1 - 1 - GROUPS
+        assert c.get_message(q, ids[101]).body == b"changed"
+        taken = c.take(q, 3, visibility_timeout=600)
+        assert [t.id for t in taken] == [ids[1], ids[11], ids[21]]  # the oldest head: tenant-1
+        c.ack(q, *taken)
+
+    server.kill()  # SIGKILL: what happened since the snapshot is replayed from the log
+    server.start()
+    sqs: Any = client(server, KEY, SECRET)
+    url = sqs.get_queue_url(QueueName=q)["QueueUrl"]
+    reply = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=600)
+    got = reply["Messages"]
+    # the oldest head is tenant-2's first: SQS hands out a run of its group
+    assert [m["Body"] for m in got] == [f"b{i}" for i in range(2, 102, 10)]
+    for m in got:
+        sqs.delete_message(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
+    sqs.close()
+
+    seen: dict[str, list[int]] = {}
+    with Client(server.url, retries=0, timeout=20) as c:
+        while True:
+            taken = c.take(q, 100, visibility_timeout=600)
+            if not taken:
+                break
+            for t in taken:
+                i = ids.index(t.id)
+                seen.setdefault(group_of(i), []).append(i)
+                assert t.body == (b"changed" if i == 101 else f"b{i}".encode())
+            c.ack(q, *taken)
+        stats = c.get_queue(q).stats
+        assert (stats.ready, stats.reserved, stats.delayed) == (0, 0, 0)
+    handed = {0: 5, 1: 3, 2: 10}  # before the drain
+    for g in range(GROUPS):
+        members = [i for i in range(n) if i % GROUPS == g and i != 102]
+        assert seen[group_of(g)] == members[handed.get(g, 0) :], g  # in order, each once
