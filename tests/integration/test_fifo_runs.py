@@ -47,15 +47,28 @@ def test_a_fifo_queue_holds_its_groups_in_runs_through_restarts_and_kills(
         c.ack(q, *taken)
         c.update_message(q, ids[101], body=b"changed")  # tenant-1's 11th, out of turn
         c.delete_message(q, ids[102])  # tenant-2's 11th
+        stretch = c.take(q, 3, visibility_timeout=600)  # tenant-1's first three
+        assert [t.id for t in stretch] == [ids[1], ids[11], ids[21]]
+        assert {r.status for r in c.touch(q, *stretch, visibility_timeout=900)} == {"ok"}
+        assert {r.status for r in c.release(q, *stretch)} == {"ok"}  # back, at their place
+        c.reschedule(q, ids[599], delay=3600)  # tenant-9's last, out of turn
+        assert c.get_message(q, ids[599]).state == "delayed"
+        c.reschedule(q, ids[599], delay=0)
+        assert c.get_message(q, ids[599]).state == "ready"
 
     assert server.stop() == 0  # graceful: the snapshot holds the runs and the groups
     server.start()
     with Client(server.url, retries=0, timeout=20) as c:
-        assert spilled(server.url, q) == n - 5 - 1 - 1 - GROUPS
+        # gone: five acked, one deleted; objects: the heads, one updated and one rescheduled
+        # out of turn, and tenant-1's two released behind its head
+        assert spilled(server.url, q) == n - 5 - 1 - GROUPS - 2 - 2
         assert c.get_message(q, ids[101]).body == b"changed"
+        # tenant-1's head came back at its release: later than tenant-2's, put with it
         taken = c.take(q, 3, visibility_timeout=600)
-        assert [t.id for t in taken] == [ids[1], ids[11], ids[21]]  # the oldest head: tenant-1
+        assert [t.id for t in taken] == [ids[2], ids[12], ids[22]]
         c.ack(q, *taken)
+        m = c.get_message(q, ids[11])
+        assert (m.state, m.receive_count) == ("ready", 1)
 
     server.kill()  # SIGKILL: what happened since the snapshot is replayed from the log
     server.start()
@@ -63,8 +76,8 @@ def test_a_fifo_queue_holds_its_groups_in_runs_through_restarts_and_kills(
     url = sqs.get_queue_url(QueueName=q)["QueueUrl"]
     reply = sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=600)
     got = reply["Messages"]
-    # the oldest head is tenant-2's first: SQS hands out a run of its group
-    assert [m["Body"] for m in got] == [f"b{i}" for i in range(2, 102, 10)]
+    # the oldest head is tenant-3's first: SQS hands out a run of its group
+    assert [m["Body"] for m in got] == [f"b{i}" for i in range(3, 103, 10)]
     for m in got:
         sqs.delete_message(QueueUrl=url, ReceiptHandle=m["ReceiptHandle"])
     sqs.close()
@@ -79,10 +92,11 @@ def test_a_fifo_queue_holds_its_groups_in_runs_through_restarts_and_kills(
                 i = ids.index(t.id)
                 seen.setdefault(group_of(i), []).append(i)
                 assert t.body == (b"changed" if i == 101 else f"b{i}".encode())
+                assert t.receive_count == (2 if i in (1, 11, 21) else 1)  # released once
             c.ack(q, *taken)
         stats = c.get_queue(q).stats
         assert (stats.ready, stats.reserved, stats.delayed) == (0, 0, 0)
-    handed = {0: 5, 1: 3, 2: 10}  # before the drain
+    handed = {0: 5, 2: 3, 3: 10}  # before the drain
     for g in range(GROUPS):
         members = [i for i in range(n) if i % GROUPS == g and i != 102]
         assert seen[group_of(g)] == members[handed.get(g, 0) :], g  # in order, each once
