@@ -10,7 +10,9 @@ written, or in the order they were written), verifies its checksum, and decodes 
 record. A bounded cache keeps the bodies of the records read last, so the takes that work
 through a put of 1000 read its block once, and those of the puts placed last (the shell
 gives them as it places them), so a take soon after its put reads nothing; ``cache_bytes``
-bounds the bodies it holds.
+bounds the bodies it holds. The last blocks read are kept too, their records still encoded
+(a quarter of ``cache_bytes`` at most): a take that reads several puts of one group commit
+(a FIFO group's stretch, whose members are one a put) reads and checks their block once.
 
 Reads are synchronous: the engine asks while it decides, and a shard decides one command
 at a time. Only a local file is read so: a local log's segment, or the local copy of an
@@ -28,7 +30,7 @@ from actors.core.events import BodiesMoved, Event, MessagesPut
 from actors.core.runs import Contents, moved_contents
 from actors.core.state import QueueState
 from actors.errors import DataError
-from actors.log.wal import decode_block, decode_groups, decode_record
+from actors.log.wal import Group, decode_block, decode_groups, decode_record
 
 __all__ = ["Bodies", "Place", "Readable", "bodies_in", "inline_runs", "place_of"]
 
@@ -68,6 +70,9 @@ class Bodies:
         self.cache_bytes = cache_bytes
         self.cached = 0  # bytes of bodies in the cache
         self._cache: OrderedDict[tuple[Any, ...], tuple[Contents, int]] = OrderedDict()
+        # the blocks read last, their records still encoded: (segment, offset) -> groups
+        self._blocks: OrderedDict[tuple[Any, ...], tuple[list[Group], int]] = OrderedDict()
+        self.blocked = 0  # bytes of the blocks kept
         self.blocks_read = 0
         self.hits = 0
 
@@ -75,6 +80,8 @@ class Bodies:
         """Drop the cache (a shard short of memory)."""
         self._cache.clear()
         self.cached = 0
+        self._blocks.clear()
+        self.blocked = 0
 
     def reader(self, queue: str) -> Callable[[Any], Contents]:
         """The reader a spilling state of ``queue`` is given."""
@@ -95,10 +102,27 @@ class Bodies:
             cache.move_to_end(key)
             self.hits += 1
             return found[0]
-        self.blocks_read += 1
-        contents = bodies_in(self.device.read_at(place[0], place[1], place[2]), queue, place)
+        contents = contents_in(self._groups(place), queue, place)
         self._add(key, contents, sum(len(b) for b in contents.bodies))
         return contents
+
+    def _groups(self, place: Any) -> list[Group]:
+        """The records of the block at ``place``, grouped by queue (read, or kept)."""
+        at = (place[0], place[1])
+        blocks = self._blocks
+        found = blocks.get(at)
+        if found is not None:
+            blocks.move_to_end(at)
+            return found[0]
+        self.blocks_read += 1
+        groups = decode_groups(decode_block(self.device.read_at(place[0], place[1], place[2])))
+        size = int(place[2])
+        blocks[at] = (groups, size)
+        self.blocked += size
+        while self.blocked > self.cache_bytes // 4 and len(blocks) > 1:
+            _, (_, dropped) = blocks.popitem(last=False)
+            self.blocked -= dropped
+        return groups
 
     def keep(self, queue: str, place: Any, contents: Contents, size: int) -> None:
         """The bodies (and attributes) of a put of ``queue`` just placed at ``place``
@@ -130,8 +154,17 @@ def bodies_in(data: bytes, queue: str, place: Any) -> Contents:
     Raises:
         DataError: the block is damaged, or holds no such record.
     """
+    return contents_in(decode_groups(decode_block(data)), queue, place)
+
+
+def contents_in(groups: list[Group], queue: str, place: Any) -> Contents:
+    """:func:`bodies_in` for a block already decoded into its groups.
+
+    Raises:
+        DataError: it holds no such record.
+    """
     seq = place[3]
-    for name, first, records in decode_groups(decode_block(data)):
+    for name, first, records in groups:
         if name == queue and first <= seq < first + len(records):
             event = decode_record(records[seq - first])
             if len(place) > 5:

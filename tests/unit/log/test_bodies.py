@@ -12,7 +12,7 @@ from actors.core.runs import Contents, RunRecord
 from actors.core.snapshot import decode_snapshot, encode_snapshot, snapshot
 from actors.core.state import QueueState
 from actors.errors import DataError
-from actors.log.bodies import bodies_in
+from actors.log.bodies import Bodies, bodies_in
 from actors.log.wal import encode_block, encode_record
 
 T = 1_700_000_000_000
@@ -72,3 +72,37 @@ def test_a_snapshot_whose_run_arrays_do_not_match_its_count_is_damage(fields: di
     bad = RunRecord(**{**{f: getattr(good, f) for f in good.__struct_fields__}, **fields})
     with pytest.raises(DataError):
         decode_snapshot(_snapshot_with(bad))
+
+
+class Device:
+    """A log device holding blocks at offsets of one segment; counts its reads."""
+
+    def __init__(self, blocks: list[bytes]) -> None:
+        self.data = b"".join(blocks)
+        self.reads = 0
+
+    def read_at(self, key: str, offset: int, length: int) -> bytes:
+        self.reads += 1
+        return self.data[offset : offset + length]
+
+
+def test_the_puts_of_one_block_are_read_with_one_read_and_the_blocks_kept_are_bounded() -> None:
+    puts = [ev.MessagesPut(T, [ev.PutItem(i, b"x%d" % i, T)]) for i in range(3)]
+    first = encode_block(1, 1, [("q", 5, [encode_record(p) for p in puts])])
+    second = block(ev.MessagesPut(T, [ev.PutItem(9, b"other", T)]), seq=8)
+    device = Device([first, second])
+    bodies = Bodies(device, cache_bytes=4 * (len(first) + len(second)))
+    at_first = ("seg", 0, len(first))
+    for k in range(3):
+        assert bodies.read("q", (*at_first, 5 + k, 1)) == Contents([b"x%d" % k], None)
+    assert (device.reads, bodies.blocks_read) == (1, 1)  # three puts, one block read
+    assert bodies.read("q", ("seg", len(first), len(second), 8, 2)).bodies == [b"other"]
+    assert device.reads == 2
+    bodies.clear()  # a shard short of memory drops the blocks kept too
+    assert bodies.read("q", (*at_first, 6, 1)).bodies == [b"x1"]
+    assert device.reads == 3
+    small = Bodies(Device([first, second]), cache_bytes=4 * len(first))
+    small.read("q", (*at_first, 5, 1))
+    small.read("q", ("seg", len(first), len(second), 8, 2))
+    assert small.blocked <= max(len(second), small.cache_bytes // 4)  # the older block went
+    assert len(small._blocks) == 1
