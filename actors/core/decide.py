@@ -346,6 +346,8 @@ def _client_duplicate(
         Conflict: the id exists with another body.
     """
     existing = state.messages.get(mid)
+    if existing is None:
+        existing = state.spilled_message(mid)  # held in a run (None at once when none is)
     earlier = existing.body if existing is not None else batch_ids.get(mid)
     if earlier is None:
         return False
@@ -545,8 +547,9 @@ def _in_take_order(
     pop = heapq.heappop
     spilled = state.spilled_after(None) if state.spilled else iter(())
     run_m = next(spilled, None)
+    fifo = state.settings.fifo
     while True:
-        while heap and not _valid_ready(heap[0]):
+        while heap and not (_valid_ready(heap[0]) and (not fifo or _free_head(state, heap[0][2]))):
             pop(heap)
         if run_m is not None and (not heap or (run_m.activate_at_ms, run_m.seq) < heap[0][:2]):
             yield None, run_m
@@ -556,6 +559,19 @@ def _in_take_order(
             yield entry, entry[2]
         else:
             return
+
+
+def _free_head(state: QueueState, m: QueuedMessage) -> bool:
+    """Whether FIFO message ``m`` is its group's head, with none of the group in flight (an
+    entry for it may outlive that: a state rebuilt from the log keeps the entry a take
+    consumed live)."""
+    group = state.groups.get(m.group)
+    if group is None or group.busy:
+        return False
+    for first in group.msgs:
+        if first.state < GONE:
+            return first is m
+    return False
 
 
 def _valid_ready(entry: tuple[int, int, QueuedMessage]) -> bool:
@@ -618,7 +634,8 @@ def _lookup(state: QueueState, mid: object) -> QueuedMessage | None:
         key = int(mid)
         m = state.messages.get(key)
         return m if m is not None else state.spilled_message(key)  # None when no run holds it
-    return state.messages.get(mid)
+    m = state.messages.get(mid)
+    return m if m is not None else state.spilled_message(mid)
 
 
 def _lease_status(
@@ -830,14 +847,14 @@ def _checkpoint(state: QueueState, c: cmd.Checkpoint, now: int, ids: IdSource) -
 
 
 def _move_bodies(state: QueueState, c: cmd.MoveBodies, now: int, ids: IdSource) -> Decision:
-    moved: list[int] = []
+    moved: list[ev.MessageId] = []
     firsts: list[int] = []
     bodies: list[list[bytes]] = []
     attrs: list[list[dict[str, Any] | None] | None] = []
     for first_id in c.ids:
         run = state.run_at(first_id)
-        if run is None or run.place is None:
-            continue  # gone, or its bodies are not in the log yet
+        if run is None or run.place is None or run.id in moved:
+            continue  # gone, or its bodies are not in the log yet, or named twice
         first = run.needed_from()  # return runs read from it too
         moved.append(run.id)
         firsts.append(first)

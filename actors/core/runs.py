@@ -30,7 +30,8 @@ from array import array
 from bisect import bisect_left
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from typing import Any, NamedTuple, Protocol
+from itertools import accumulate
+from typing import Any, NamedTuple, Protocol, cast
 
 import msgspec
 
@@ -100,6 +101,10 @@ class RunRecord(msgspec.Struct, array_like=True, gc=False):
     # slot's group, an index into them (2 bytes little-endian); empty: not a FIFO run
     groups: bytes = b""
     group_of: bytes = b""
+    # A client-id queue's run (``id`` is then 0): its ids' UTF-8 one after another, and where
+    # each ends there (4 bytes little-endian); empty: server ids
+    client_ids: bytes = b""
+    id_ends: bytes = b""
 
     def malformed(self) -> str | None:
         """What is wrong with the record's arrays, if anything (a damaged snapshot)."""
@@ -116,6 +121,14 @@ class RunRecord(msgspec.Struct, array_like=True, gc=False):
             return f"a run of {n} with {len(self.bodies)} bodies"
         if self.attrs is not None and len(self.attrs) != n:
             return f"a run of {n} with {len(self.attrs)} attributes"
+        if self.id_ends:
+            ends = _little(_frombytes("I", self.id_ends)) if len(self.id_ends) == 4 * n else None
+            if (
+                ends is None
+                or ends[-1] != len(self.client_ids)
+                or any(b <= a for a, b in zip([0, *ends], ends, strict=False))
+            ):
+                return f"a run of {n} with {len(self.id_ends)} bytes of client id ends"
         if self.group_of:
             names = group_names(self.groups)
             if (
@@ -234,6 +247,8 @@ class Run:
         "attrs",
         "base",
         "bodies",
+        "cends",
+        "cids",
         "count",
         "first",
         "floor",
@@ -248,6 +263,7 @@ class Run:
         "loans",
         "mat",
         "next",
+        "no",
         "off",
         "order",
         "out",
@@ -264,7 +280,7 @@ class Run:
     def __init__(
         self,
         seq: int,
-        ids: list[int],
+        ids: list[int] | list[str],
         at_ms: int,
         bodies: list[bytes],
         act: int | None = None,
@@ -273,9 +289,20 @@ class Run:
         groups: list[str] | None = None,
     ) -> None:
         self.seq = seq
-        self.id, self.last_id = ids[0], ids[-1]
-        # consecutive ids (strictly increasing, so a span of count - 1) need no list
-        self.ids = array("q", ids) if ids[-1] - ids[0] != len(ids) - 1 else None
+        self.no = 0  # a client-id run's number in its state's list of them
+        self.cids: bytes | None = None  # a client-id run's ids, packed (and where each ends)
+        self.cends: array[int] | None = None
+        self.ids: array[int] | None = None
+        if type(ids[0]) is str:
+            packed = [str(mid).encode() for mid in ids]
+            self.cids = b"".join(packed)
+            self.cends = array("I", accumulate(len(p) for p in packed))
+        else:
+            ints = cast(list[int], ids)
+            # consecutive ids (strictly increasing, so a span of count - 1) need no list
+            self.ids = array("q", ints) if ints[-1] - ints[0] != len(ints) - 1 else None
+        self.id: Any = ids[0]  # int, or a client id (str)
+        self.last_id: Any = ids[-1]
         self.at_ms = at_ms
         self.act = at_ms if act is None else act
         self.waiting = False  # set by the state while the run is delayed
@@ -330,6 +357,7 @@ class Run:
         run.seq, run.at_ms, run.count = src.seq + off, src.at_ms, count
         run.id, run.last_id = src.mid(off), src.mid(off + count - 1)
         run.ids = None if src.ids is None else src.ids[off : off + count]
+        run.cids, run.cends, run.no = None, None, 0  # a client-id run lends nothing
         run.act, run.waiting = act, False
         run.acts, run.order, run.base, run.woke = None, None, 0, 0
         run.next, run.out, run.left = 0, Slots(), count
@@ -449,15 +477,18 @@ class Run:
             if self.is_spilled(order[k]):
                 yield order[k]
 
-    def mid(self, i: int) -> int:
-        """The id of slot ``i``."""
+    def mid(self, i: int) -> Any:
+        """The id of slot ``i`` (an int; a str in a client-id queue's run)."""
+        ends = self.cends
+        if ends is not None:
+            return cast(bytes, self.cids)[ends[i - 1] if i else 0 : ends[i]].decode()
         return self.id + i if self.ids is None else self.ids[i]
 
     def slot(self, mid: int) -> int | None:
         """The slot of id ``mid`` if it is still spilled here."""
         ids = self.ids
         if ids is None:
-            i = mid - self.id
+            i: int = mid - self.id
         else:
             i = bisect_left(ids, mid)
             if i < self.count and ids[i] != mid:
@@ -510,7 +541,7 @@ class Run:
     def record(self) -> RunRecord:
         return RunRecord(
             self.seq,
-            self.id,
+            0 if self.cids is not None else self.id,
             self.at_ms,
             self.count,
             self.next,
@@ -529,6 +560,8 @@ class Run:
             self.floor,
             b"" if self.gnames is None else pack_names(self.gnames),
             b"" if self.gidx is None else _little(self.gidx).tobytes(),
+            self.cids or b"",
+            b"" if self.cends is None else _little(self.cends).tobytes(),
         )
 
     @classmethod
@@ -539,10 +572,14 @@ class Run:
         run.waiting = False  # the state restoring it knows (its clock against ``act``)
         run.acts, run.order, run.woke, run.base = None, None, 0, 0
         run.ids = None
+        run.no, run.cids, run.cends = 0, None, None
         if r.ids:
             run.ids = array("q")
             run.ids.frombytes(r.ids)
             run.ids = _little(run.ids)
+        if r.id_ends:  # checked by decode_snapshot (RunRecord.malformed)
+            run.cids, run.cends = r.client_ids, _little(_frombytes("I", r.id_ends))
+            run.id = run.mid(0)
         run.last_id = run.mid(r.count - 1)
         run.out = Slots(r.out)
         run.left = r.count - r.next - len(run.out)

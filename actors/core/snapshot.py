@@ -208,7 +208,7 @@ def restore(snap: Snapshot) -> QueueState:
         _index(s, m)
     s.arrivals = deque(s.messages.values())
     if snap.runs:
-        s.by_id = _runs(snap.runs)
+        s.by_id = _client_indexed(s, snap.runs)
         held = list(s.by_id)
         for r in snap.loans:
             put = s.by_id[r.run]
@@ -261,6 +261,19 @@ def _runs(records: list[RunRecord]) -> list[Run]:
     return runs
 
 
+def _client_indexed(s: QueueState, records: list[RunRecord]) -> list[Run]:
+    """The snapshot's runs, a client-id queue's ids indexed again (idindex.py: the index is
+    never written). Raises: DataError (ids that are not UTF-8)."""
+    try:
+        runs = _runs(records)
+        for run in runs:
+            if run.cids is not None:
+                s._index_run(run)
+    except UnicodeDecodeError as exc:
+        raise DataError(f"undecodable snapshot: a run's client ids: {exc}") from exc
+    return runs
+
+
 def _relink(s: QueueState) -> None:
     """Messages materialized out of a restored run are its again (``Run.mat``), as they were
     live: the run stays alive while they are in the queue (retention ends them with it, and
@@ -304,21 +317,22 @@ def _index_groups(s: QueueState) -> None:
         group.msgs.append(m)
         group.busy += m.state == RESERVED
     for run in s.by_id:
-        names = run.gnames
-        if names is None:
+        names, gidx = run.gnames, run.gidx
+        if names is None or gidx is None or not run.left:
             continue
-        held = []
-        for k, name in enumerate(names):
-            group = groups.get(name)
-            if group is None:
-                group = groups[name] = Group(name)
-            elif group.name is not None:
-                names[k] = group.name  # one copy of the name, not one a run
-            held.append(group)
-        gidx = run.gidx
-        assert gidx is not None  # set with ``gnames``
+        held: list[Group | None] = [None] * len(names)
         for i in run.spilled():
-            held[gidx[i]].rest.append(run.seq + i)
+            k = gidx[i]
+            group = held[k]
+            if group is None:  # only groups that still have members here
+                name = names[k]
+                group = groups.get(name)
+                if group is None:
+                    group = groups[name] = Group(name)
+                elif group.name is not None:
+                    names[k] = group.name  # one copy of the name, not one a run
+                held[k] = group
+            group.rest.append(run.seq + i)
     for group in groups.values():
         msgs = group.msgs
         if msgs and (not group.rest or msgs[0].seq < group.rest[0]):

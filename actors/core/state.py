@@ -41,6 +41,7 @@ import msgspec
 
 from actors.core import events as ev
 from actors.core import replies as rp
+from actors.core.idindex import IdIndex
 from actors.core.runs import BodyReader, Contents, Run
 from actors.settings import QueueSettings
 
@@ -62,6 +63,7 @@ DELAYED, READY, RESERVED, GONE, DEAD = 0, 1, 2, 3, 4
 _GIVEN = -1  # within one apply only: given back, not yet a message again or lent (live)
 
 _COMPACT_SLACK = 4096
+_REST_SLACK = 64  # a FIFO group's sequence numbers (and members) gone before it is swept
 
 # A put of fewer messages is held as a run only once the queue holds RUN_DEPTH ready ones:
 # a run costs more to build and to take from than the messages it holds, and only saves
@@ -129,7 +131,7 @@ class Group:
     of the two; a sequence number whose slot has left its run otherwise (retention) is
     passed over."""
 
-    __slots__ = ("busy", "msgs", "name", "rest", "start")
+    __slots__ = ("busy", "gone", "msgs", "name", "rest", "start")
 
     def __init__(self, name: str | None = None) -> None:
         self.name = name  # the one copy runs' tables of groups share
@@ -137,6 +139,7 @@ class Group:
         self.busy = 0
         self.rest: array[int] = array("q")
         self.start = 0
+        self.gone = 0  # members behind the head that left (still in ``msgs``)
 
 
 class Observer(Protocol):
@@ -171,7 +174,10 @@ class QueueState:
         "arrivals",
         "attempts",
         "by_id",
+        "cfirst",
+        "cindex",
         "clock_ms",
+        "cruns",
         "dead_lettered",
         "deferred",
         "delayed",
@@ -261,6 +267,11 @@ class QueueState:
         self.grouped = 0  # slots of a FIFO queue's runs (all ready: never in ``runs``)
         self.kept_runs = 0  # runs ``by_id`` kept at its last sweep (a FIFO queue's)
         self.unheaded = False  # a restored FIFO group's head is still in a run
+        # A client-id queue's runs: where each id they hold is (idindex.py), the runs by
+        # their number there (None: gone), and by their first id (for a compaction's move)
+        self.cindex: IdIndex | None = None
+        self.cruns: list[Run | None] = []
+        self.cfirst: dict[str, Run] = {}
 
     @property
     def active_move(self) -> rp.MoveTask | None:
@@ -565,7 +576,8 @@ class QueueState:
         self.purged_total += self.total
         self.messages = {}
         self.runs, self.run_front, self.spilled, self.grouped = [], 0, 0, 0
-        self.later, self.deferred, self.by_id = [], 0, []
+        self.cindex, self.cruns, self.cfirst = None, [], {}
+        self.later, self.deferred, self.by_id, self.kept_runs = [], 0, [], 0
         self.ready, self.delayed, self.reserved = [], [], []
         self.arrivals = deque()
         self.groups = {}
@@ -838,7 +850,13 @@ class QueueState:
         while msgs and msgs[0].state >= GONE:
             was_head |= msgs.popleft() is gone
         if not was_head:
-            return  # a message behind the head left: nothing changes for take
+            # a message behind the head left: nothing changes for take; those gone are
+            # swept once they are half of what the group holds as messages
+            group.gone += 1
+            if group.gone > _REST_SLACK and 2 * group.gone > len(msgs):
+                group.msgs = deque(m for m in msgs if m.state < GONE)
+                group.gone = 0
+            return
         head = self._head(group)
         if head is None:
             del self.groups[gone.group]
@@ -861,11 +879,16 @@ class QueueState:
         return msgs[0] if msgs else None
 
     def _head_groups(self) -> None:
-        """Materialize every group's head still held in a run (a restored state)."""
+        """Materialize every group's head still held in a run (a restored state); offer
+        those (the others were offered by the restore)."""
         self.unheaded = False
-        for group in self.groups.values():
+        for name, group in list(self.groups.items()):
+            msgs = group.msgs
+            before = msgs[0] if msgs else None
             head = self._head(group)
-            if head is not None and head.state == READY and not group.busy:
+            if head is None:
+                del self.groups[name]
+            elif head is not before and head.state == READY and not group.busy:
                 heapq.heappush(self.ready, (head.activate_at_ms, head.seq, head))
 
     def _grouped_slot(self, seq: int) -> tuple[Run, int] | None:
@@ -880,27 +903,26 @@ class QueueState:
             return run, i
         return None
 
-    def _promote(self, run: Run, i: int) -> QueuedMessage:
-        """Slot ``i`` of FIFO run ``run`` as a ready message, in its group's ``msgs``."""
-        m = self._materialize(run, i, self.contents_of(run))
+    def _promote(self, run: Run, i: int, contents: Contents | None = None) -> QueuedMessage:
+        """Slot ``i`` of FIFO run ``run`` as a ready message, in its group's ``msgs`` (its
+        sequence number stays in ``rest`` when it leaves out of turn: passed over there)."""
+        m = self._materialize(run, i, self.contents_of(run) if contents is None else contents)
         run.take_slot(i)
         self.grouped -= 1
         group = self.groups[m.group]
         rest, seq = group.rest, m.seq
-        k = bisect_left(rest, seq, group.start)
-        if k < len(rest) and rest[k] == seq:
-            if k == group.start:
-                group.start += 1
-            else:
-                del rest[k]  # changed out of turn (an update, a delete)
-        if group.start > _COMPACT_SLACK and 2 * group.start > len(rest):
-            del rest[: group.start]
-            group.start = 0
+        if group.start < len(rest) and rest[group.start] == seq:
+            group.start += 1
+            if group.start > _REST_SLACK and 2 * group.start > len(rest):
+                del rest[: group.start]
+                group.start = 0
         msgs = group.msgs
-        k = len(msgs)
-        while k and msgs[k - 1].seq > seq:
-            k -= 1
-        msgs.insert(k, m)
+        if not msgs or seq < msgs[0].seq:
+            msgs.appendleft(m)  # a new head
+        elif seq > msgs[-1].seq:
+            msgs.append(m)
+        else:
+            msgs.insert(bisect_left(msgs, seq, key=_seq), m)
         return m
 
     def group_after(self, head: QueuedMessage) -> Iterator[QueuedMessage]:
@@ -976,6 +998,11 @@ class QueueState:
 
     def _expire_run(self, run: Run) -> None:
         """Retention ends every message of ``run`` (all were put at once)."""
+        if run.cids is not None:  # a client-id run: its ids leave the index
+            index = cast(IdIndex, self.cindex)
+            for i in run.spilled():
+                index.remove(run.mid(i), run.no, i)
+            self._drop_client_run(run)
         for held in [run, *run.live_loans()]:  # its return runs share its put time
             n = held.left
             held.left, held.next = 0, held.count
@@ -1019,12 +1046,22 @@ class QueueState:
             self.runs = [r for r in self.runs[self.run_front :] if r.left]
             self.run_front = 0
         live = len(self.runs) - self.run_front + len(self.later)
-        if self.grouped:
+        if self.settings.fifo:
             live = max(live, self.kept_runs)  # a FIFO queue's runs are in neither
         if len(self.by_id) > 2 * live + _COMPACT_SLACK:
-            # kept while a message of it may still be given back (runs.py, Run.lend)
-            self.by_id = [r for r in self.by_id if r.alive()]
-            self.kept_runs = len(self.by_id)
+            self._sweep_runs()
+
+    def _sweep_runs(self) -> None:
+        """``by_id`` without its dead runs (a run is kept while a message of it may still be
+        given back: runs.py, Run.lend)."""
+        kept = []
+        for r in self.by_id:
+            if r.alive():
+                kept.append(r)
+            elif r.cids is not None:
+                self._drop_client_run(r)
+        self.by_id = kept
+        self.kept_runs = len(kept)
 
     def oldest_ready_ms(self) -> int | None:
         """Activation time of the next message ``take`` would hand out."""
@@ -1073,20 +1110,22 @@ class QueueState:
             return False  # ready since before the put: not in a run's take order
         if len(e.items) < self.run_min_put and depth < RUN_DEPTH:
             return False  # a few messages into a shallow queue: taken soon, from memory
-        last = self.by_id[-1].last_id if self.by_id else 0
+        client = self.settings.id_mode == "client"
+        last = self.by_id[-1].last_id if self.by_id and not client else 0
         clock = self.clock_ms
         for it in e.items:
             mid = it.id
             if (
-                type(mid) is not int
-                or mid <= last  # out of order (a redelivery kept its id)
+                (type(mid) is str) != client
+                or (not client and cast(int, mid) <= last)  # out of order (a redelivery)
                 # each due later (not already, as when the clock went back: delayed runs
                 # wake in time order), or all at the put
                 or (it.activate_at_ms <= clock if later else it.activate_at_ms != act)
                 or (it.group is None) == fifo
             ):
                 return False
-            last = mid
+            if not client:
+                last = mid
         return True
 
     def _put_run(self, e: ev.MessagesPut) -> None:
@@ -1110,7 +1149,10 @@ class QueueState:
                 self.idem[it.key] = (it.id, e.at_ms)
                 self.idem_order.append((e.at_ms, it.key))
         self.next_seq += n
-        self.last_id = max(self.last_id, run.last_id)
+        if run.cids is None:
+            self.last_id = max(self.last_id, run.last_id)
+        else:
+            self._index_run(run, ids)
         self.enqueued_total += n
         if groups is not None:
             self._put_grouped(run)
@@ -1123,6 +1165,43 @@ class QueueState:
             self.runs.append(run)
             self.spilled += n
             self.n_ready += n
+
+    def _index_run(self, run: Run, ids: list[Any] | None = None) -> None:
+        """A client-id run: numbered, and each of its ids still in it indexed (``ids``: all
+        of them, at hand)."""
+        index = self.cindex
+        if index is None:
+            index = self.cindex = IdIndex()
+        run.no = no = len(self.cruns)
+        self.cruns.append(run)
+        held = self.cfirst.get(run.id)
+        if held is None or not (held.left or held.lent):  # an id put again: the older first
+            self.cfirst[run.id] = run
+        if ids is not None:
+            for i, mid in enumerate(ids):
+                index.add(mid, no, i)
+        else:
+            for i in run.spilled():
+                index.add(run.mid(i), no, i)
+
+    def _drop_client_run(self, run: Run) -> None:
+        """A client-id run holds nothing more: no longer found by number or first id."""
+        if self.cruns[run.no] is run:
+            self.cruns[run.no] = None
+        if self.cfirst.get(run.id) is run:
+            del self.cfirst[run.id]
+
+    def _client_slot(self, mid: str) -> tuple[Run, int] | None:
+        """The client-id run and slot holding ``mid``, while one does."""
+        index = self.cindex
+        if index is None:
+            return None
+        cruns = self.cruns
+        for no, i in index.find(mid):
+            run = cruns[no]
+            if run is not None and i < run.count and run.is_spilled(i) and run.mid(i) == mid:
+                return run, i
+        return None
 
     def _put_grouped(self, run: Run) -> None:
         """A FIFO queue's run: each slot joins its group's ``rest``; a group that had no
@@ -1245,8 +1324,17 @@ class QueueState:
         self.run_front = i
         return runs[i] if i < len(runs) else None
 
-    def run_at(self, first_id: int) -> Run | None:
+    def run_at(self, first_id: ev.MessageId) -> Run | None:
         """The run whose first message is ``first_id``, if it still holds spilled slots."""
+        if type(first_id) is str:
+            run = self.cfirst.get(first_id)
+            if run is not None and (run.left or run.lent):
+                return run
+            for run in self.by_id:  # its first id put again after it left: found the long way
+                if run.cids is not None and run.id == first_id and (run.left or run.lent):
+                    self.cfirst[first_id] = run
+                    return run
+            return None
         by_id = self.by_id
         i = bisect_right(by_id, first_id, key=_first_id) - 1
         if i >= 0 and by_id[i].id == first_id and (by_id[i].left or by_id[i].lent):
@@ -1256,6 +1344,8 @@ class QueueState:
     def _run_of(self, mid: object) -> tuple[Run, int] | None:
         """The run (a put's, or a return run) and slot holding id ``mid`` while it is
         spilled."""
+        if type(mid) is str:
+            return self._client_slot(mid)
         if type(mid) is not int or not (self.spilled or self.deferred or self.grouped):
             return None
         runs, i = self.runs, self.run_front
@@ -1338,9 +1428,10 @@ class QueueState:
         """Materialize every spilled message (bodies read back): the state no longer needs
         the log's bodies (a state that stops spilling, or leaves its log)."""
         for put in self.by_id:
-            if put.gnames is not None:  # a FIFO run: into the groups, behind their heads
+            if put.gnames is not None and put.left:  # a FIFO run: into the groups
+                contents = self.contents_of(put)
                 for i in list(put.spilled()):
-                    self._promote(put, i)
+                    self._promote(put, i, contents)
             for run in [*put.live_loans(), put]:  # the loans read through their put's run
                 if not run.left:
                     continue
@@ -1356,6 +1447,9 @@ class QueueState:
         heapq.heapify(self.delayed)
         self.runs, self.run_front, self.spilled = [], 0, 0
         self.later, self.deferred, self.by_id = [], 0, []
+        self.cindex, self.cruns, self.cfirst = None, [], {}
+        for group in self.groups.values():
+            group.rest, group.start = array("q"), 0
         self.spill = False
 
     def _unspill(self, mid: ev.MessageId, offer: bool) -> QueuedMessage | None:
@@ -1386,6 +1480,8 @@ class QueueState:
         """Slot ``i`` of ``run`` as a message of the state (ready, or delayed while the run
         waits; the caller indexes it and counts the slot out of the run)."""
         m = _transient(run, i, contents)
+        if run.cids is not None:
+            cast(IdIndex, self.cindex).remove(cast(str, m.id), run.no, i)  # in ``messages`` now
         (run.mat if run.src is None else run.src.mat).append(m)
         self.in_mats += 1
         self.messages[m.id] = m
@@ -1433,7 +1529,7 @@ def _keys_after(run: Run, after: tuple[int, int] | None) -> Iterator[tuple[int, 
 
 
 def _first_id(run: Run) -> int:
-    return run.id
+    return cast(int, run.id)
 
 
 def _seq(item: Run | QueuedMessage) -> int:

@@ -139,9 +139,12 @@ class QueueMachine(RuleBasedStateMachine):
                     moved[mid] = moved_contents(e, i)
         placed = set()
         for run in self.state.unplaced:
-            contents = moved.get(run.id)
-            if contents is None and run.bodies is not None:
+            # a new put's run has its bodies; a moved one reads them from the move (by its
+            # first id: a client id may be put again later, after that run's move)
+            if run.bodies is not None:
                 contents = Contents(list(run.bodies), run.attrs)
+            else:
+                contents = moved.get(run.id)
             if contents is not None and id(run) not in placed:
                 placed.add(id(run))
                 self.log[len(self.log)] = contents
@@ -367,7 +370,8 @@ class QueueMachine(RuleBasedStateMachine):
         self.state.advance(self.now)
         state = self.state
         held = state.by_id if state.settings.fifo else state.runs[state.run_front :]
-        runs = [r for r in held if r.left and r.place is not None]
+        # by first id: a client id put again while the run it began is alive finds that one
+        runs = [r for r in held if r.left and r.place is not None and state.run_at(r.id) is r]
         chosen = [r for r, yes in zip(runs, pick * len(runs), strict=False) if yes]
         before = logical(self.state)
         firsts = [r.needed_from() for r in chosen]  # return runs read from their put's too
@@ -527,11 +531,14 @@ class SpillingQueueMachine(QueueMachine):
         window=st.integers(1_000, 60_000),
         run_min_put=st.integers(1, 3),
         fifo=st.booleans(),
+        client=st.booleans(),
     )
-    def create_spilling(self, max_receives, retention, vt, window, run_min_put, fifo=False) -> None:
+    def create_spilling(
+        self, max_receives, retention, vt, window, run_min_put, fifo=False, client=False
+    ) -> None:
         # 1: every put is a run; 2 or 3: small puts stay messages, between runs
         self.run_min_put = self.state.run_min_put = run_min_put
-        QueueMachine.create(self, True, fifo, max_receives, retention, vt, window, False)
+        QueueMachine.create(self, not client, fifo, max_receives, retention, vt, window, False)
 
     def create(self, *args, **kwargs) -> None:  # not a rule here: create_spilling is
         QueueMachine.create(self, *args, **kwargs)
@@ -637,21 +644,35 @@ def _walk_seed() -> int:
 WALK_SEED = _walk_seed()
 
 
+# (server ids, FIFO, spilling) of each walk
+VARIANTS = [
+    (True, False, False),
+    (False, False, False),
+    (True, True, False),
+    (False, True, False),
+    (True, False, True),
+    (True, True, True),
+    (False, False, True),
+    (False, True, True),
+]
+
+
 @pytest.mark.parametrize("seed", [WALK_SEED], ids=lambda s: f"seed={s}")
-@pytest.mark.parametrize("variant", range(6))
+@pytest.mark.parametrize("variant", range(len(VARIANTS)))
 def test_long_seeded_walk_matches_the_reference(
     seed: int, variant: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """3000 steps per queue variant (the fifth: a standard queue that spills, the sixth: a
-    FIFO queue that spills); rerun a
-    failure with EVQ_SEED=<seed from the test id>. Takes hand out at most 12 bytes of bodies
-    here (two or three of the 4-5 byte bodies), so the bound on a take's bytes is walked too."""
+    """3000 steps per queue variant (VARIANTS: the last four spill, with server ids and with
+    client ids, standard and FIFO); rerun a failure with EVQ_SEED=<seed from the test id>.
+    Takes hand out at most 12 bytes of bodies here (two or three of the 4-5 byte bodies), so
+    the bound on a take's bytes is walked too."""
     monkeypatch.setattr(decide, "MAX_TAKE_BYTES", 12)
     rng = random.Random(seed * 8 + variant)
-    m = SpillingQueueMachine() if variant >= 4 else QueueMachine()
+    server, fifo, spills = VARIANTS[variant]
+    m = SpillingQueueMachine() if spills else QueueMachine()
     m.create(
-        server=variant % 2 == 0 or variant == 5,
-        fifo=variant in (2, 3, 5),
+        server=server,
+        fifo=fifo,
         max_receives=rng.choice([None, 1, 2, 3]),
         retention=rng.randint(30_000, 200_000),
         vt=rng.randint(1_000, 20_000),
@@ -670,7 +691,8 @@ def test_long_seeded_walk_matches_the_reference(
     assert variant != 4 or m.attr_runs > 0  # and ones whose messages carry attributes
     # and return runs, released messages given back (none when each is dead-lettered)
     assert variant != 4 or m.loans > 0 or m.ref.settings.max_receives == 1
-    assert variant != 5 or m.most_grouped > 0  # the spilling FIFO queue held runs
+    assert not (spills and fifo) or m.most_grouped > 0  # the spilling FIFO queues held runs
+    assert not spills or fifo or m.most_spilled > 0  # and the standard ones
 
 
 def test_a_compacted_run_half_taken_replays_to_the_same_state() -> None:

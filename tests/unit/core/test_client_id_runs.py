@@ -1,0 +1,139 @@
+"""Client-id runs: a client-id queue's ready put is one run too, its ids packed in the run
+and found through an index of 12 bytes an id (actors/core/idindex.py) instead of a dict
+entry and a ``str`` each. The model test (test_model.py, the last two walks and the
+spilling machine's client-id queues) checks that nothing a client sees changes; these check
+the representation and the index."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from actors.core import commands as c
+from actors.core.decide import execute
+from actors.core.idindex import PER_BUCKET, IdIndex
+from actors.core.ids import SequentialIds
+from actors.core.runs import RunRecord
+from actors.core.snapshot import decode_snapshot, encode_snapshot, logical, restore, snapshot
+from actors.core.state import QueueState
+from actors.errors import Conflict, DataError
+from actors.settings import QueueSettings
+from tests.unit.core.test_runs import T0, Shell
+
+
+class ClientShell(Shell):
+    """A spilling client-id queue."""
+
+    def __init__(self, **settings: object) -> None:
+        self.log = {}
+        self.events = []
+        self.reads = 0
+        self.state = self.spilling(QueueState())
+        self.ids = SequentialIds()
+        self.now = T0
+        made = self.run(c.Create("q", QueueSettings(id_mode="client", **settings)))
+        assert made is True
+
+    def put_ids(self, ids: list[str], body: bytes = b"") -> list[str]:
+        news = [c.NewMessage(body=body or mid.encode(), id=mid) for mid in ids]
+        return [r.status for r in self.run(c.Put(news))]  # type: ignore[attr-defined]
+
+
+def names(n: int, prefix: str = "order-") -> list[str]:
+    return [f"{prefix}{i:05d}" for i in range(n)]
+
+
+def test_a_client_id_put_is_one_run_found_by_id_with_no_message_objects() -> None:
+    sh = ClientShell()
+    ids = names(1000)
+    assert sh.put_ids(ids) == ["created"] * 1000
+    s = sh.state
+    assert (len(s.by_id), s.spilled, len(s.messages), len(s.cindex or ())) == (1, 1000, 0, 1000)
+    assert s.by_id[0].ids is None  # packed, not a list
+    assert s.by_id[0].cids is not None
+    view = sh.run(c.Peek("order-00777"))
+    assert (view.id, view.body, view.state) == ("order-00777", b"order-00777", "ready")
+    assert len(s.messages) == 0  # reading materializes nothing
+    with pytest.raises(Exception, match="no such message"):
+        sh.run(c.Peek("order-99999"))
+
+
+def test_a_put_again_is_a_duplicate_or_a_conflict_while_the_id_is_held_in_a_run() -> None:
+    sh = ClientShell()
+    sh.put_ids(names(100))
+    assert sh.put_ids(["order-00042", "new-one"]) == ["duplicate", "created"]
+    with pytest.raises(Conflict):
+        sh.put_ids(["order-00043"], body=b"another body")
+    assert sh.state.total == 101
+
+
+def test_taking_materializes_and_unindexes_and_an_id_can_be_put_again_once_gone() -> None:
+    sh = ClientShell()
+    ids = names(10)
+    sh.put_ids(ids)
+    taken = sh.run(c.Take(max=3))
+    assert [d.id for d in taken] == ids[:3]
+    s = sh.state
+    assert (len(s.cindex or ()), len(s.messages)) == (7, 3)  # in flight: messages
+    sh.run(c.Ack([c.LeaseRef(d.id, d.lease) for d in taken]))
+    assert sh.put_ids(["order-00000"], body=b"again") == ["created"]
+    assert sh.run(c.Peek("order-00000")).body == b"again"
+
+
+def test_a_snapshot_holds_the_ids_packed_and_a_restore_indexes_them_again() -> None:
+    sh = ClientShell()
+    ids = names(500)
+    sh.put_ids(ids)
+    sh.run(c.Take(max=7))
+    sh.run(c.Delete(ids[300]))
+    state = sh.spilling(restore(decode_snapshot(encode_snapshot(snapshot(sh.state)))))
+    assert logical(state) == logical(sh.state)
+    assert len(state.cindex or ()) == len(sh.state.cindex or ()) == 500 - 7 - 1
+    take = c.Take(max=50)
+    _, mine = execute(sh.state, take, sh.now, sh.ids)
+    _, theirs = execute(state, take, sh.now, sh.ids)
+    assert [d.id for d in theirs] == [d.id for d in mine]  # type: ignore[attr-defined]
+
+
+def test_retention_and_purge_leave_nothing_in_the_index() -> None:
+    sh = ClientShell(retention_ms=60_000)
+    sh.put_ids(names(100))
+    sh.now += 61_000
+    assert sh.run(c.Stats()).total == 0
+    assert len(sh.state.cindex or ()) == 0
+    sh.put_ids(names(50, "b-"))
+    sh.run(c.Purge())
+    assert sh.state.cindex is None
+    assert sh.state.total == 0
+    assert sh.put_ids(names(5, "b-")) == ["created"] * 5
+
+
+def test_damaged_client_ids_in_a_snapshot_are_refused() -> None:
+    sh = ClientShell()
+    sh.put_ids(names(20))
+    [record] = snapshot(sh.state).runs
+    for bad in (
+        msgspec.structs.replace(record, id_ends=record.id_ends[:-4]),  # too few ends
+        msgspec.structs.replace(record, client_ids=record.client_ids[:-1]),  # cut short
+        msgspec.structs.replace(record, client_ids=b"\xff" * len(record.client_ids)),
+    ):
+        assert isinstance(bad, RunRecord)
+        snap = msgspec.structs.replace(snapshot(sh.state), runs=[bad])
+        with pytest.raises(DataError):
+            restore(decode_snapshot(encode_snapshot(snap)))
+
+
+def test_the_index_finds_every_id_through_its_splits_and_forgets_removed_ones() -> None:
+    index = IdIndex()
+    n = PER_BUCKET * 16 * 5  # several rounds of splits
+    for k in range(n):
+        index.add(f"id-{k}", k // 1000, k % 1000)
+    assert len(index) == n
+    assert len(index.tags) > 16
+    for k in range(0, n, 7):
+        assert (k // 1000, k % 1000) in list(index.find(f"id-{k}"))
+    assert index.remove("id-5", 0, 5)
+    assert not index.remove("id-5", 0, 5)
+    assert (0, 5) not in list(index.find("id-5"))
+    assert len(index) == n - 1
+    assert sum(len(t) for t in index.tags) == 4 * (n - 1)
