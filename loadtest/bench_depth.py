@@ -146,8 +146,8 @@ def over_memory(
     ``rss``: the server's now; ``base``: its RSS empty; ``available``: the machine's."""
     if rss > limit:
         return f"the server's RSS, {rss / GIB:.2f} GiB, is past --max-rss-gib {limit / GIB:.1f}"
-    if depth < PROJECT_FROM:
-        return None
+    if depth < max(PROJECT_FROM, target // 100):
+        return None  # what the server holds whatever its depth would dominate the projection
     per_message = max(rss - base, 0) / depth
     more = per_message * (target - depth)
     if rss + more > limit:

@@ -123,6 +123,11 @@ def test_the_guard_projects_the_cost_per_message_to_the_next_depth() -> None:
     assert "--max-rss-gib 18.0" in why
     assert "available" in str(over_memory(at_1m, base, 10**6, 10**7, limit, 4 * GIB))
     assert over_memory(at_1m, base, 50_000, 10**8, limit, plenty) is None  # too few to project
+    # a hundredth of the target at least: the first 157k of a 100M FIFO fill cost 350 B
+    # each (the server's fixed costs), the 100M 30
+    early = base + 350 * 157_000
+    assert over_memory(early, base, 157_000, 10**8, limit, plenty) is None
+    assert over_memory(early, base, 157_000, 10**7, limit, plenty) is None
     assert "past" in str(over_memory(limit + 1, base, 0, 1, limit, plenty))
 
 
