@@ -1,10 +1,11 @@
 """Where a client-id queue's runs hold each id: the index that lets a run keep its ids
-packed (runs.py) and still be found by id, in 12 bytes an id instead of a dict entry and a
+packed (runs.py) and still be found by id, in 8 bytes an id instead of a dict entry and a
 ``str`` (~100 bytes).
 
 An entry is a 4-byte tag (the id's hash, its low 32 bits) in its bucket's ``bytearray``
-and an 8-byte location (the run's number in the state's list of client-id runs, and the
-slot) in the bucket's ``array('q')``, at the same position. A lookup finds the tag with
+and a 4-byte location (the run's number in the state's list of client-id runs, 22 bits,
+and the slot, 10: a put holds at most 1000) in the bucket's ``array('I')``, at the same
+position. A lookup finds the tag with
 ``bytearray.find`` (C speed, no object a probe) and hands out the locations whose tags
 match: the caller checks each against the run's own id (tags of different ids may be
 equal). Buckets grow by linear hashing, one bucket split at a time when they hold
@@ -18,11 +19,14 @@ from __future__ import annotations
 from array import array
 from collections.abc import Iterator
 
-__all__ = ["PER_BUCKET", "IdIndex"]
+__all__ = ["MAX_RUNS", "PER_BUCKET", "SLOT_BITS", "IdIndex"]
 
 PER_BUCKET = 128  # entries a bucket holds on average before the index grows by one
 _START = 4  # 2 ** _START buckets to begin with
 _MASK32 = 0xFFFFFFFF
+SLOT_BITS = 10  # a location's slot: a put holds at most 1000 messages
+MAX_RUNS = 1 << (32 - SLOT_BITS)  # run numbers a location can name (the state reuses them)
+_SLOT_MASK = (1 << SLOT_BITS) - 1
 
 
 class IdIndex:
@@ -34,7 +38,7 @@ class IdIndex:
         self.level = _START  # buckets below 2 ** level are the round's
         self.split = 0  # buckets before it were split this round (their pair is at + 2**level)
         self.tags: list[bytearray] = [bytearray() for _ in range(1 << _START)]
-        self.locs: list[array[int]] = [array("q") for _ in range(1 << _START)]
+        self.locs: list[array[int]] = [array("I") for _ in range(1 << _START)]
         self.count = 0
 
     def __len__(self) -> int:
@@ -51,7 +55,7 @@ class IdIndex:
         tag = hash(mid) & _MASK32
         b = self._bucket(tag)
         self.tags[b] += tag.to_bytes(4, "little")
-        self.locs[b].append(run << 16 | slot)
+        self.locs[b].append(run << SLOT_BITS | slot)
         self.count += 1
         if self.count > PER_BUCKET * len(self.tags):
             self._split()
@@ -66,7 +70,7 @@ class IdIndex:
         while at >= 0:
             if not at & 3:
                 loc = locs[at >> 2]
-                yield loc >> 16, loc & 0xFFFF
+                yield loc >> SLOT_BITS, loc & _SLOT_MASK
             at = tags.find(key, at + 1)
 
     def remove(self, mid: str, run: int, slot: int) -> bool:
@@ -75,7 +79,7 @@ class IdIndex:
         b = self._bucket(tag)
         tags, locs = self.tags[b], self.locs[b]
         key = tag.to_bytes(4, "little")
-        want = run << 16 | slot
+        want = run << SLOT_BITS | slot
         at = tags.find(key)
         while at >= 0:
             if not at & 3 and locs[at >> 2] == want:
@@ -93,8 +97,8 @@ class IdIndex:
         """Split the next bucket of the round in two by the tag's next bit."""
         b, high = self.split, 1 << self.level
         tags, locs = self.tags[b], self.locs[b]
-        keep_t, keep_l = bytearray(), array("q")
-        move_t, move_l = bytearray(), array("q")
+        keep_t, keep_l = bytearray(), array("I")
+        move_t, move_l = bytearray(), array("I")
         for k in range(len(locs)):
             t = tags[4 * k : 4 * k + 4]
             if int.from_bytes(t, "little") & high:

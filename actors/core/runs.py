@@ -105,6 +105,8 @@ class RunRecord(msgspec.Struct, array_like=True, gc=False):
     # each ends there (4 bytes little-endian); empty: server ids
     client_ids: bytes = b""
     id_ends: bytes = b""
+    # ids all of one UTF-8 length (the common case: UUIDs, hex): that length, and no ends
+    id_width: int = 0
 
     def malformed(self) -> str | None:
         """What is wrong with the record's arrays, if anything (a damaged snapshot)."""
@@ -121,6 +123,8 @@ class RunRecord(msgspec.Struct, array_like=True, gc=False):
             return f"a run of {n} with {len(self.bodies)} bodies"
         if self.attrs is not None and len(self.attrs) != n:
             return f"a run of {n} with {len(self.attrs)} attributes"
+        if self.id_width and (self.id_ends or len(self.client_ids) != n * self.id_width):
+            return f"a run of {n} with {len(self.client_ids)} bytes of ids {self.id_width} wide"
         if self.id_ends:
             ends = _little(_frombytes("I", self.id_ends)) if len(self.id_ends) == 4 * n else None
             if (
@@ -250,6 +254,7 @@ class Run:
         "cends",
         "cids",
         "count",
+        "cwidth",
         "first",
         "floor",
         "gidx",
@@ -290,13 +295,18 @@ class Run:
     ) -> None:
         self.seq = seq
         self.no = 0  # a client-id run's number in its state's list of them
-        self.cids: bytes | None = None  # a client-id run's ids, packed (and where each ends)
-        self.cends: array[int] | None = None
+        self.cids: bytes | None = None  # a client-id run's ids, packed (and where each ends,
+        self.cends: array[int] | None = None  # unless they are all ``cwidth`` bytes long)
+        self.cwidth = 0
         self.ids: array[int] | None = None
         if type(ids[0]) is str:
             packed = [str(mid).encode() for mid in ids]
             self.cids = b"".join(packed)
-            self.cends = array("I", accumulate(len(p) for p in packed))
+            width = len(packed[0])
+            if len(self.cids) == width * len(packed) and all(len(p) == width for p in packed):
+                self.cwidth = width
+            else:
+                self.cends = array("I", accumulate(len(p) for p in packed))
         else:
             ints = cast(list[int], ids)
             # consecutive ids (strictly increasing, so a span of count - 1) need no list
@@ -357,7 +367,7 @@ class Run:
         run.seq, run.at_ms, run.count = src.seq + off, src.at_ms, count
         run.id, run.last_id = src.mid(off), src.mid(off + count - 1)
         run.ids = None if src.ids is None else src.ids[off : off + count]
-        run.cids, run.cends, run.no = None, None, 0  # a client-id run lends nothing
+        run.cids, run.cends, run.cwidth, run.no = None, None, 0, 0  # lends nothing
         run.act, run.waiting = act, False
         run.acts, run.order, run.base, run.woke = None, None, 0, 0
         run.next, run.out, run.left = 0, Slots(), count
@@ -479,6 +489,9 @@ class Run:
 
     def mid(self, i: int) -> Any:
         """The id of slot ``i`` (an int; a str in a client-id queue's run)."""
+        width = self.cwidth
+        if width:
+            return cast(bytes, self.cids)[i * width : (i + 1) * width].decode()
         ends = self.cends
         if ends is not None:
             return cast(bytes, self.cids)[ends[i - 1] if i else 0 : ends[i]].decode()
@@ -562,6 +575,7 @@ class Run:
             b"" if self.gidx is None else _little(self.gidx).tobytes(),
             self.cids or b"",
             b"" if self.cends is None else _little(self.cends).tobytes(),
+            self.cwidth,
         )
 
     @classmethod
@@ -572,13 +586,15 @@ class Run:
         run.waiting = False  # the state restoring it knows (its clock against ``act``)
         run.acts, run.order, run.woke, run.base = None, None, 0, 0
         run.ids = None
-        run.no, run.cids, run.cends = 0, None, None
+        run.no, run.cids, run.cends, run.cwidth = 0, None, None, 0
         if r.ids:
             run.ids = array("q")
             run.ids.frombytes(r.ids)
             run.ids = _little(run.ids)
-        if r.id_ends:  # checked by decode_snapshot (RunRecord.malformed)
-            run.cids, run.cends = r.client_ids, _little(_frombytes("I", r.id_ends))
+        if r.id_ends or r.id_width:  # checked by decode_snapshot (RunRecord.malformed)
+            run.cids, run.cwidth = r.client_ids, r.id_width
+            if r.id_ends:
+                run.cends = _little(_frombytes("I", r.id_ends))
             run.id = run.mid(0)
         run.last_id = run.mid(r.count - 1)
         run.out = Slots(r.out)

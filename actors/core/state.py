@@ -41,7 +41,7 @@ import msgspec
 
 from actors.core import events as ev
 from actors.core import replies as rp
-from actors.core.idindex import IdIndex
+from actors.core.idindex import MAX_RUNS, SLOT_BITS, IdIndex
 from actors.core.runs import BodyReader, Contents, Run
 from actors.settings import QueueSettings
 
@@ -175,6 +175,7 @@ class QueueState:
         "attempts",
         "by_id",
         "cfirst",
+        "cfree",
         "cindex",
         "clock_ms",
         "cruns",
@@ -271,6 +272,7 @@ class QueueState:
         # their number there (None: gone), and by their first id (for a compaction's move)
         self.cindex: IdIndex | None = None
         self.cruns: list[Run | None] = []
+        self.cfree: list[int] = []  # numbers of runs gone, for new ones
         self.cfirst: dict[str, Run] = {}
 
     @property
@@ -576,7 +578,7 @@ class QueueState:
         self.purged_total += self.total
         self.messages = {}
         self.runs, self.run_front, self.spilled, self.grouped = [], 0, 0, 0
-        self.cindex, self.cruns, self.cfirst = None, [], {}
+        self.cindex, self.cruns, self.cfree, self.cfirst = None, [], [], {}
         self.later, self.deferred, self.by_id, self.kept_runs = [], 0, [], 0
         self.ready, self.delayed, self.reserved = [], [], []
         self.arrivals = deque()
@@ -1111,6 +1113,10 @@ class QueueState:
         if len(e.items) < self.run_min_put and depth < RUN_DEPTH:
             return False  # a few messages into a shallow queue: taken soon, from memory
         client = self.settings.id_mode == "client"
+        if client and (
+            len(e.items) > 1 << SLOT_BITS or (len(self.cruns) >= MAX_RUNS and not self.cfree)
+        ):
+            return False  # beyond what the index's locations can name: messages
         last = self.by_id[-1].last_id if self.by_id and not client else 0
         clock = self.clock_ms
         for it in e.items:
@@ -1172,8 +1178,12 @@ class QueueState:
         index = self.cindex
         if index is None:
             index = self.cindex = IdIndex()
-        run.no = no = len(self.cruns)
-        self.cruns.append(run)
+        if self.cfree:
+            run.no = no = self.cfree.pop()
+            self.cruns[no] = run
+        else:
+            run.no = no = len(self.cruns)
+            self.cruns.append(run)
         held = self.cfirst.get(run.id)
         if held is None or not (held.left or held.lent):  # an id put again: the older first
             self.cfirst[run.id] = run
@@ -1186,8 +1196,9 @@ class QueueState:
 
     def _drop_client_run(self, run: Run) -> None:
         """A client-id run holds nothing more: no longer found by number or first id."""
-        if self.cruns[run.no] is run:
+        if self.cruns[run.no] is run:  # no entry names it: its number can serve again
             self.cruns[run.no] = None
+            self.cfree.append(run.no)
         if self.cfirst.get(run.id) is run:
             del self.cfirst[run.id]
 
@@ -1447,7 +1458,7 @@ class QueueState:
         heapq.heapify(self.delayed)
         self.runs, self.run_front, self.spilled = [], 0, 0
         self.later, self.deferred, self.by_id = [], 0, []
-        self.cindex, self.cruns, self.cfirst = None, [], {}
+        self.cindex, self.cruns, self.cfree, self.cfirst = None, [], [], {}
         for group in self.groups.values():
             group.rest, group.start = array("q"), 0
         self.spill = False

@@ -101,21 +101,44 @@ def test_retention_and_purge_leave_nothing_in_the_index() -> None:
     sh.now += 61_000
     assert sh.run(c.Stats()).total == 0
     assert len(sh.state.cindex or ()) == 0
+    assert sh.state.cfree == [0]  # the run's number serves again (a location has 22 bits)
     sh.put_ids(names(50, "b-"))
+    assert sh.state.by_id[-1].no == 0
     sh.run(c.Purge())
     assert sh.state.cindex is None
     assert sh.state.total == 0
     assert sh.put_ids(names(5, "b-")) == ["created"] * 5
 
 
+def test_ids_of_one_length_are_packed_without_their_ends() -> None:
+    sh = ClientShell()
+    sh.put_ids(names(10))  # all 11 bytes
+    sh.put_ids(["a", "bb", "ccc-é"])
+    fixed, varied = sh.state.by_id
+    assert (fixed.cwidth, fixed.cends) == (11, None)
+    assert varied.cwidth == 0
+    assert varied.cends is not None
+    assert [varied.mid(i) for i in range(3)] == ["a", "bb", "ccc-é"]
+    state = sh.spilling(restore(decode_snapshot(encode_snapshot(snapshot(sh.state)))))
+    assert [r.mid(i) for r in state.by_id for i in range(r.count)] == [
+        *names(10),
+        "a",
+        "bb",
+        "ccc-é",
+    ]
+
+
 def test_damaged_client_ids_in_a_snapshot_are_refused() -> None:
     sh = ClientShell()
     sh.put_ids(names(20))
-    [record] = snapshot(sh.state).runs
+    sh.put_ids(["a", "bb", "ccc"])
+    fixed, varied = snapshot(sh.state).runs
     for bad in (
-        msgspec.structs.replace(record, id_ends=record.id_ends[:-4]),  # too few ends
-        msgspec.structs.replace(record, client_ids=record.client_ids[:-1]),  # cut short
-        msgspec.structs.replace(record, client_ids=b"\xff" * len(record.client_ids)),
+        msgspec.structs.replace(varied, id_ends=varied.id_ends[:-4]),  # too few ends
+        msgspec.structs.replace(varied, client_ids=varied.client_ids[:-1]),  # cut short
+        msgspec.structs.replace(fixed, client_ids=fixed.client_ids[:-1]),
+        msgspec.structs.replace(fixed, id_width=3),
+        msgspec.structs.replace(fixed, client_ids=b"\xff" * len(fixed.client_ids)),
     ):
         assert isinstance(bad, RunRecord)
         snap = msgspec.structs.replace(snapshot(sh.state), runs=[bad])
