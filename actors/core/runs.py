@@ -96,9 +96,9 @@ class RunRecord(msgspec.Struct, array_like=True, gc=False):
     # the first slot whose body its place holds (a compaction wrote the slots from there on
     # again); -1: not written (an older snapshot): its ``next``, which is at or past it
     floor: int = -1
-    # A FIFO queue's run: its groups' names, each as its UTF-8 length (2 bytes little-endian)
-    # and its UTF-8 (one object, not one a name: a restore makes each name once), and each
-    # slot's group, an index into them (2 bytes little-endian); empty: not a FIFO run
+    # A FIFO queue's run: its groups' names, a msgpack array of them in bytes (one object,
+    # not one a name: a restore makes each name once), and each slot's group, an index into
+    # them (2 bytes little-endian); empty: not a FIFO run
     groups: bytes = b""
     group_of: bytes = b""
     # A client-id queue's run (``id`` is then 0): its ids' UTF-8 one after another, and where
@@ -632,27 +632,23 @@ _NO_MAT: Any = ()  # a return run's: what it materializes is held by its put's r
 
 
 def pack_names(names: Sequence[str]) -> bytes:
-    """FIFO group names as :attr:`RunRecord.groups` holds them."""
-    parts: list[bytes] = []
-    for name in names:
-        data = name.encode()
-        parts += (len(data).to_bytes(2, "little"), data)
-    return b"".join(parts)
+    """FIFO group names as :attr:`RunRecord.groups` holds them: a msgpack array of them, in
+    bytes (one object in a decoded snapshot, not one a name)."""
+    return _names_encoder.encode(list(names))
 
 
 def group_names(data: bytes) -> list[str] | None:
-    """The names :func:`pack_names` packed (None: not such bytes, or none)."""
-    names, at = [], 0
+    """The names :func:`pack_names` packed (None: not such bytes, or none), decoded at C
+    speed, one run's at a time."""
     try:
-        while at < len(data):
-            end = at + 2 + int.from_bytes(data[at : at + 2], "little")
-            if end > len(data):
-                return None
-            names.append(data[at + 2 : end].decode())
-            at = end
-    except UnicodeDecodeError:
+        names = _names_decoder.decode(data)
+    except (msgspec.DecodeError, UnicodeDecodeError):
         return None
     return names or None
+
+
+_names_encoder = msgspec.msgpack.Encoder()
+_names_decoder = msgspec.msgpack.Decoder(list[str])
 
 
 def _frombytes(typecode: str, data: bytes) -> array[int]:

@@ -9,10 +9,11 @@ are kept as runs: where their bodies are in the log, not the bodies.
 from __future__ import annotations
 
 import heapq
+from array import array
 from bisect import bisect_right
 from collections import deque
 from collections.abc import Iterator
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
@@ -317,22 +318,8 @@ def _index_groups(s: QueueState) -> None:
         group.msgs.append(m)
         group.busy += m.state == RESERVED
     for run in s.by_id:
-        names, gidx = run.gnames, run.gidx
-        if names is None or gidx is None or not run.left:
-            continue
-        held: list[Group | None] = [None] * len(names)
-        for i in run.spilled():
-            k = gidx[i]
-            group = held[k]
-            if group is None:  # only groups that still have members here
-                name = names[k]
-                group = groups.get(name)
-                if group is None:
-                    group = groups[name] = Group(name)
-                elif group.name is not None:
-                    names[k] = group.name  # one copy of the name, not one a run
-                held[k] = group
-            group.rest.append(run.seq + i)
+        if run.gnames is not None and run.left:
+            _rest_of(groups, run)
     for group in groups.values():
         msgs = group.msgs
         if msgs and (not group.rest or msgs[0].seq < group.rest[0]):
@@ -341,6 +328,29 @@ def _index_groups(s: QueueState) -> None:
                 s.ready.append((head.activate_at_ms, head.seq, head))
         else:
             s.unheaded = True
+
+
+def _rest_of(groups: dict[str | None, Group], run: Run) -> None:
+    """The slots ``run`` still holds, into their groups' ``rest`` (groups made as needed)."""
+    names, gidx = cast(list[str], run.gnames), cast("array[int]", run.gidx)
+    if run.out:
+        slots: list[int] | range = list(run.spilled())
+        ks = {gidx[i] for i in slots}
+    else:  # the common case: the slots from ``next`` on, read at C speed
+        slots = range(run.next, run.count)
+        ks = set(gidx[run.next :])
+    appends: list[Any] = [None] * len(names)
+    for k in ks:  # only groups that still have members here
+        name = names[k]
+        group = groups.get(name)
+        if group is None:
+            group = groups[name] = Group(name)
+        elif group.name is not None:
+            names[k] = group.name  # one copy of the name, not one a run
+        appends[k] = group.rest.append
+    seq = run.seq
+    for i in slots:  # 100M slots: this loop is most of a big FIFO queue's restore
+        appends[gidx[i]](seq + i)
 
 
 def _seq(m: QueuedMessage | Run) -> int:

@@ -157,8 +157,9 @@ def test_group_names_are_packed_into_one_bytes_object_and_back() -> None:
     names = ["g1", "é-tenant", "x" * 128, "with\nnewline"]
     assert group_names(pack_names(names)) == names
     assert group_names(b"") is None
-    assert group_names(b"\x05\x00ab") is None  # a length past the end
-    assert group_names(b"\x02\x00\xff\xfe") is None  # not UTF-8
+    assert group_names(pack_names(names)[:-1]) is None  # cut short
+    assert group_names(b"\x91\xa2\xff\xfe") is None  # not UTF-8
+    assert group_names(b"\x91\x05") is None  # not a name
 
 
 def test_a_restore_keeps_no_group_whose_members_all_left() -> None:
