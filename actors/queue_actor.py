@@ -375,7 +375,7 @@ class QueueActor:
         while placing and placing[0][0].released is None:  # durable, with all before it
             batch, seq, event, run = placing.popleft()
             place = place_of(
-                batch.segment, batch.offset, batch.length, seq, batch.first_lsn, event, run.id
+                batch.segment, batch.offset, batch.length, seq, batch.first_lsn, event, run.ref
             )
             if bodies is not None and run.left and run.bodies is not None:
                 contents = Contents(run.bodies, run.attrs)
@@ -404,7 +404,7 @@ class QueueActor:
         """
         moved, chunk, size = 0, [], 0
         for run in self._runs_in(segments):  # one pass: a run gone meanwhile is skipped
-            chunk.append(run.id)
+            chunk.append(run.ref)
             size += run.spilled_bytes()
             if size >= MOVE_BYTES:
                 moved += await self.execute(cmd.MoveBodies(chunk))

@@ -261,7 +261,7 @@ class MoveBodies(msgspec.Struct, frozen=True, tag=True):
     """Write the bodies still spilled in the runs whose first messages are ``ids`` again
     (``BodiesMoved``), so that their old segment can go (shard-internal: compaction)."""
 
-    ids: list[int | str]  # client ids in a client-id queue
+    ids: list[int]  # Run.ref: first ids, a client-id queue's runs' sequence numbers
 
 
 class StartMove(msgspec.Struct, frozen=True, tag=True):

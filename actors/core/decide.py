@@ -847,16 +847,18 @@ def _checkpoint(state: QueueState, c: cmd.Checkpoint, now: int, ids: IdSource) -
 
 
 def _move_bodies(state: QueueState, c: cmd.MoveBodies, now: int, ids: IdSource) -> Decision:
-    moved: list[ev.MessageId] = []
+    moved: list[int] = []
+    named: set[int] = set()  # a run named twice is moved once
     firsts: list[int] = []
     bodies: list[list[bytes]] = []
     attrs: list[list[dict[str, Any] | None] | None] = []
     for first_id in c.ids:
         run = state.run_at(first_id)
-        if run is None or run.place is None or run.id in moved:
+        if run is None or run.place is None or run.seq in named:
             continue  # gone, or its bodies are not in the log yet, or named twice
+        named.add(run.seq)
         first = run.needed_from()  # return runs read from it too
-        moved.append(run.id)
+        moved.append(run.ref)
         firsts.append(first)
         contents = state.contents_of(run)
         bodies.append(contents.bodies[first:])

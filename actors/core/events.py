@@ -206,7 +206,7 @@ class BodiesMoved(_Base, frozen=True, tag="moved"):
     ``ids[i]``, from its slot ``firsts[i]`` on; ``attributes[i]`` their attributes, if that
     run's messages carry any (None: no run's do; an entry None: that run's do not)."""
 
-    ids: list[MessageId]  # client ids in a client-id queue
+    ids: list[int]  # Run.ref: first ids, a client-id queue's runs' sequence numbers
     firsts: list[int]
     bodies: list[list[Body]]
     attributes: list[list[dict[str, Any] | None] | None] | None = None  # appended

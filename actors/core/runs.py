@@ -441,6 +441,13 @@ class Run:
         self.woke = 0
         self.act = acts[self.order[0]]
 
+    @property
+    def ref(self) -> int:
+        """What a compaction's ``MoveBodies`` and ``BodiesMoved`` name the run by: its first
+        id, or a client-id run's sequence number (a client id may begin two live runs: put
+        again once its message left; a sequence number is the run's alone)."""
+        return self.seq if self.cids is not None else cast(int, self.id)
+
     def group_of(self, i: int) -> str | None:
         """The FIFO group of slot ``i`` (None: not a FIFO queue's run)."""
         if self.gnames is None:

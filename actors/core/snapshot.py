@@ -197,7 +197,18 @@ def decode_snapshot(data: bytes) -> Snapshot:
 
 
 def restore(snap: Snapshot) -> QueueState:
-    """A state equal to the one the snapshot was taken from, indexes rebuilt."""
+    """A state equal to the one the snapshot was taken from, indexes rebuilt.
+
+    Raises:
+        DataError: a run's client ids are not UTF-8 (a damaged snapshot).
+    """
+    try:
+        return _restore(snap)
+    except UnicodeDecodeError as exc:
+        raise DataError(f"undecodable snapshot: a run's client ids: {exc}") from exc
+
+
+def _restore(snap: Snapshot) -> QueueState:
     s = QueueState()
     s.name, s.settings, s.clock_ms = snap.name, snap.settings, snap.clock_ms
     s.next_seq, s.last_id = snap.next_seq, snap.last_id
@@ -264,14 +275,11 @@ def _runs(records: list[RunRecord]) -> list[Run]:
 
 def _client_indexed(s: QueueState, records: list[RunRecord]) -> list[Run]:
     """The snapshot's runs, a client-id queue's ids indexed again (idindex.py: the index is
-    never written). Raises: DataError (ids that are not UTF-8)."""
-    try:
-        runs = _runs(records)
-        for run in runs:
-            if run.cids is not None:
-                s._index_run(run)
-    except UnicodeDecodeError as exc:
-        raise DataError(f"undecodable snapshot: a run's client ids: {exc}") from exc
+    never written)."""
+    runs = _runs(records)
+    for run in runs:
+        if run.cids is not None:
+            s._index_run(run)
     return runs
 
 

@@ -174,7 +174,6 @@ class QueueState:
         "arrivals",
         "attempts",
         "by_id",
-        "cfirst",
         "cfree",
         "cindex",
         "clock_ms",
@@ -273,7 +272,6 @@ class QueueState:
         self.cindex: IdIndex | None = None
         self.cruns: list[Run | None] = []
         self.cfree: list[int] = []  # numbers of runs gone, for new ones
-        self.cfirst: dict[str, Run] = {}
 
     @property
     def active_move(self) -> rp.MoveTask | None:
@@ -578,7 +576,7 @@ class QueueState:
         self.purged_total += self.total
         self.messages = {}
         self.runs, self.run_front, self.spilled, self.grouped = [], 0, 0, 0
-        self.cindex, self.cruns, self.cfree, self.cfirst = None, [], [], {}
+        self.cindex, self.cruns, self.cfree = None, [], []
         self.later, self.deferred, self.by_id, self.kept_runs = [], 0, [], 0
         self.ready, self.delayed, self.reserved = [], [], []
         self.arrivals = deque()
@@ -1001,9 +999,12 @@ class QueueState:
     def _expire_run(self, run: Run) -> None:
         """Retention ends every message of ``run`` (all were put at once)."""
         if run.cids is not None:  # a client-id run: its ids leave the index
-            index = cast(IdIndex, self.cindex)
-            for i in run.spilled():
-                index.remove(run.mid(i), run.no, i)
+            index = self.cindex
+            if index is not None:
+                for i in run.spilled():
+                    index.remove(run.mid(i), run.no, i)
+                if not index:
+                    self.cindex = None  # its buckets go too
             self._drop_client_run(run)
         for held in [run, *run.live_loans()]:  # its return runs share its put time
             n = held.left
@@ -1184,9 +1185,6 @@ class QueueState:
         else:
             run.no = no = len(self.cruns)
             self.cruns.append(run)
-        held = self.cfirst.get(run.id)
-        if held is None or not (held.left or held.lent):  # an id put again: the older first
-            self.cfirst[run.id] = run
         if ids is not None:
             for i, mid in enumerate(ids):
                 index.add(mid, no, i)
@@ -1195,12 +1193,12 @@ class QueueState:
                 index.add(run.mid(i), no, i)
 
     def _drop_client_run(self, run: Run) -> None:
-        """A client-id run holds nothing more: no longer found by number or first id."""
-        if self.cruns[run.no] is run:  # no entry names it: its number can serve again
-            self.cruns[run.no] = None
-            self.cfree.append(run.no)
-        if self.cfirst.get(run.id) is run:
-            del self.cfirst[run.id]
+        """A client-id run holds nothing more: no entry names it, its number can serve
+        again (none to give back after ``unspill_all``)."""
+        no = run.no
+        if no < len(self.cruns) and self.cruns[no] is run:
+            self.cruns[no] = None
+            self.cfree.append(no)
 
     def _client_slot(self, mid: str) -> tuple[Run, int] | None:
         """The client-id run and slot holding ``mid``, while one does."""
@@ -1335,18 +1333,17 @@ class QueueState:
         self.run_front = i
         return runs[i] if i < len(runs) else None
 
-    def run_at(self, first_id: ev.MessageId) -> Run | None:
-        """The run whose first message is ``first_id``, if it still holds spilled slots."""
-        if type(first_id) is str:
-            run = self.cfirst.get(first_id)
-            if run is not None and (run.left or run.lent):
-                return run
-            for run in self.by_id:  # its first id put again after it left: found the long way
-                if run.cids is not None and run.id == first_id and (run.left or run.lent):
-                    self.cfirst[first_id] = run
-                    return run
-            return None
+    def run_at(self, first_id: int) -> Run | None:
+        """The run ``first_id`` names (``Run.ref``: its first id, or a client-id run's
+        sequence number), if it still holds spilled slots."""
         by_id = self.by_id
+        if type(first_id) is not int:
+            return None
+        if self.settings.id_mode == "client":
+            i = bisect_right(by_id, first_id, key=_seq) - 1
+            if i >= 0 and by_id[i].seq == first_id and (by_id[i].left or by_id[i].lent):
+                return by_id[i]
+            return None
         i = bisect_right(by_id, first_id, key=_first_id) - 1
         if i >= 0 and by_id[i].id == first_id and (by_id[i].left or by_id[i].lent):
             return by_id[i]
@@ -1458,7 +1455,7 @@ class QueueState:
         heapq.heapify(self.delayed)
         self.runs, self.run_front, self.spilled = [], 0, 0
         self.later, self.deferred, self.by_id = [], 0, []
-        self.cindex, self.cruns, self.cfree, self.cfirst = None, [], [], {}
+        self.cindex, self.cruns, self.cfree = None, [], []
         for group in self.groups.values():
             group.rest, group.start = array("q"), 0
         self.spill = False
@@ -1492,7 +1489,10 @@ class QueueState:
         waits; the caller indexes it and counts the slot out of the run)."""
         m = _transient(run, i, contents)
         if run.cids is not None:
-            cast(IdIndex, self.cindex).remove(cast(str, m.id), run.no, i)  # in ``messages`` now
+            index = cast(IdIndex, self.cindex)
+            index.remove(cast(str, m.id), run.no, i)  # found in ``messages`` now
+            if not index:
+                self.cindex = None  # its buckets go too
         (run.mat if run.src is None else run.src.mat).append(m)
         self.in_mats += 1
         self.messages[m.id] = m

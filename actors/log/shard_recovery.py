@@ -421,7 +421,7 @@ class _Recovery:
         if state.read is not None:
             segment, offset, length, lsn = self._where
             for run in state.unplaced:
-                state.place(run, place_of(segment, offset, length, seq, lsn, event, run.id))
+                state.place(run, place_of(segment, offset, length, seq, lsn, event, run.ref))
         state.unplaced.clear()
 
     def _apply(self, queue: QueueRecovered, first_seq: int, events: list[Event]) -> None:

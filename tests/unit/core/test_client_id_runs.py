@@ -160,3 +160,46 @@ def test_the_index_finds_every_id_through_its_splits_and_forgets_removed_ones() 
     assert (0, 5) not in list(index.find("id-5"))
     assert len(index) == n - 1
     assert sum(len(t) for t in index.tags) == 4 * (n - 1)
+
+
+def take_ack(sh: ClientShell, n: int) -> list[str]:
+    got = sh.run(c.Take(max=n))
+    sh.run(c.Ack([c.LeaseRef(d.id, d.lease) for d in got]))
+    return [d.id for d in got]
+
+
+def test_a_move_names_a_run_by_its_sequence_number_live_and_after_a_restore() -> None:
+    """Found by review: a move named client-id runs by their first ids, and an id put again
+    once its message left may begin two live runs; the state restored from a snapshot then
+    took the move for another run than the live one, and read that run's bodies from the
+    move's record (b1 and b2 read back as c1 and c2)."""
+    sh = ClientShell()
+    sh.put_ids(["x", "a1", "a2"])  # run A
+    assert take_ack(sh, 1) == ["x"]
+    sh.put_ids(["x", "b1", "b2"])  # run B begins with x too
+    assert take_ack(sh, 3) == ["a1", "a2", "x"]  # A is gone
+    sh.put_ids(["x", "c1", "c2"])  # run C: B and C alive, both began with x
+    b, c_run = sh.state.by_id[-2:]
+    assert (b.id, c_run.id) == ("x", "x")
+    again = ClientShell()
+    again.state = again.spilling(restore(decode_snapshot(encode_snapshot(snapshot(sh.state)))))
+    again.log = dict(sh.log)
+    assert again.state.run_at(c_run.ref).seq == sh.state.run_at(c_run.ref).seq == c_run.seq
+    start = len(sh.events)
+    assert sh.run(c.MoveBodies([c_run.ref, c_run.ref])) == 3  # named twice: moved once
+    for event in sh.events[start:]:
+        again.replay(event)
+    assert logical(again.state) == logical(sh.state)
+    assert [sh.run(c.Peek(mid)).body for mid in ("b1", "c1")] == [b"b1", b"c1"]
+
+
+def test_retention_after_the_state_stopped_spilling_ends_the_messages() -> None:
+    """Found by review: a state that stopped spilling (unspill_all, a host with spill off)
+    forgot its client-id runs' numbers, and retention raised on them."""
+    sh = ClientShell(retention_ms=60_000)
+    sh.put_ids(names(20))
+    sh.run(c.Take(max=2))
+    sh.state.unspill_all()
+    assert (sh.state.cindex, len(sh.state.messages)) == (None, 20)
+    sh.now += 61_000
+    assert sh.run(c.Stats()).total == 0

@@ -144,7 +144,7 @@ class QueueMachine(RuleBasedStateMachine):
             if run.bodies is not None:
                 contents = Contents(list(run.bodies), run.attrs)
             else:
-                contents = moved.get(run.id)
+                contents = moved.get(run.ref)
             if contents is not None and id(run) not in placed:
                 placed.add(id(run))
                 self.log[len(self.log)] = contents
@@ -370,12 +370,11 @@ class QueueMachine(RuleBasedStateMachine):
         self.state.advance(self.now)
         state = self.state
         held = state.by_id if state.settings.fifo else state.runs[state.run_front :]
-        # by first id: a client id put again while the run it began is alive finds that one
-        runs = [r for r in held if r.left and r.place is not None and state.run_at(r.id) is r]
+        runs = [r for r in held if r.left and r.place is not None and state.run_at(r.ref) is r]
         chosen = [r for r, yes in zip(runs, pick * len(runs), strict=False) if yes]
         before = logical(self.state)
         firsts = [r.needed_from() for r in chosen]  # return runs read from their put's too
-        moved = self.run(c.MoveBodies([r.id for r in chosen]))
+        moved = self.run(c.MoveBodies([r.ref for r in chosen]))
         assert moved == sum(r.count - first for r, first in zip(chosen, firsts, strict=True))
         old = {id(r): r.place for r in chosen}
         self.place_runs()

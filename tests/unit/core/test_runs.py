@@ -60,7 +60,7 @@ class Shell:
             if moved is None:
                 self.log[len(self.log)] = Contents(list(run.bodies or []), run.attrs)
             else:  # compaction: the same bodies from the record's slot on
-                self.log[len(self.log)] = moved_contents(moved, moved.ids.index(run.id))
+                self.log[len(self.log)] = moved_contents(moved, moved.ids.index(run.ref))
             self.state.place(run, len(self.log) - 1)
         self.state.unplaced.clear()
 
