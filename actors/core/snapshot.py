@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import heapq
 from array import array
-from bisect import bisect_right
 from collections import deque
 from collections.abc import Iterator
 from typing import Any, cast
@@ -20,7 +19,7 @@ import msgspec
 from actors.core import events as ev
 from actors.core import replies as rp
 from actors.core.runs import LoanRecord, Run, RunRecord, Slots
-from actors.core.state import DELAYED, READY, RESERVED, Group, QueuedMessage, QueueState
+from actors.core.state import DELAYED, READY, RESERVED, QueuedMessage, QueueState
 from actors.errors import DataError
 from actors.settings import QueueSettings
 
@@ -287,14 +286,12 @@ def _relink(s: QueueState) -> None:
     """Messages materialized out of a restored run are its again (``Run.mat``), as they were
     live: the run stays alive while they are in the queue (retention ends them with it, and
     they may be given back into it as a return run)."""
-    by_id = s.by_id
     for m in s.messages.values():  # in seq order
-        j = bisect_right(by_id, m.seq, key=_seq) - 1
-        if j < 0:
+        found = s.holding(m.seq)
+        if found is None:
             continue
-        run = by_id[j]
-        i = m.seq - run.seq
-        if i < run.count and run.mid(i) == m.id and run.at_ms == m.enqueued_at_ms:
+        run, i = found
+        if run.mid(i) == m.id and run.at_ms == m.enqueued_at_ms:
             run.mat.append(m)
             s.in_mats += 1
 
@@ -320,14 +317,12 @@ def _index_groups(s: QueueState) -> None:
     ``advance``, once the state can read bodies."""
     groups = s.groups
     for m in s.messages.values():  # in seq order
-        group = groups.get(m.group)
-        if group is None:
-            group = groups[m.group] = Group(m.group)
+        group = s.group_named(m.group)
         group.msgs.append(m)
         group.busy += m.state == RESERVED
     for run in s.by_id:
         if run.gnames is not None and run.left:
-            _rest_of(groups, run)
+            _rest_of(s, run)
     for group in groups.values():
         msgs = group.msgs
         if msgs and (not group.rest or msgs[0].seq < group.rest[0]):
@@ -338,7 +333,7 @@ def _index_groups(s: QueueState) -> None:
             s.unheaded = True
 
 
-def _rest_of(groups: dict[str | None, Group], run: Run) -> None:
+def _rest_of(s: QueueState, run: Run) -> None:
     """The slots ``run`` still holds, into their groups' ``rest`` (groups made as needed)."""
     names, gidx = cast(list[str], run.gnames), cast("array[int]", run.gidx)
     if run.out:
@@ -349,13 +344,7 @@ def _rest_of(groups: dict[str | None, Group], run: Run) -> None:
         ks = set(gidx[run.next :])
     appends: list[Any] = [None] * len(names)
     for k in ks:  # only groups that still have members here
-        name = names[k]
-        group = groups.get(name)
-        if group is None:
-            group = groups[name] = Group(name)
-        elif group.name is not None:
-            names[k] = group.name  # one copy of the name, not one a run
-        appends[k] = group.rest.append
+        appends[k] = s.group_named(names[k], names, k).rest.append
     seq = run.seq
     for i in slots:  # 100M slots: this loop is most of a big FIFO queue's restore
         appends[gidx[i]](seq + i)

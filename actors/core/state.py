@@ -267,8 +267,8 @@ class QueueState:
         self.grouped = 0  # slots of a FIFO queue's runs (all ready: never in ``runs``)
         self.kept_runs = 0  # runs ``by_id`` kept at its last sweep (a FIFO queue's)
         self.unheaded = False  # a restored FIFO group's head is still in a run
-        # A client-id queue's runs: where each id they hold is (idindex.py), the runs by
-        # their number there (None: gone), and by their first id (for a compaction's move)
+        # A client-id queue's runs: where each id they hold is (idindex.py), and the runs by
+        # their number there (None: gone; ``cfree`` lists those numbers)
         self.cindex: IdIndex | None = None
         self.cruns: list[Run | None] = []
         self.cfree: list[int] = []  # numbers of runs gone, for new ones
@@ -329,10 +329,7 @@ class QueueState:
             if type(mid) is int and mid > last_id:
                 last_id = mid
             if fifo:
-                group = self.groups.get(it.group)
-                if group is None:
-                    group = self.groups[it.group] = Group(it.group)
-                group.msgs.append(m)
+                self.group_named(it.group).msgs.append(m)
             self._schedule(m, it.activate_at_ms, at)
         self.next_seq = seq
         self.last_id = last_id
@@ -484,15 +481,12 @@ class QueueState:
     def _slot_of(self, m: QueuedMessage) -> tuple[Run, int] | None:
         """The put's run and slot ``m`` was materialized from, while that run can lend it
         out again (its place holds the slot's body)."""
-        by_id = self.by_id
-        j = bisect_right(by_id, m.seq, key=_seq) - 1
-        if j < 0:
+        found = self.holding(m.seq)
+        if found is None:
             return None
-        run = by_id[j]
-        i = m.seq - run.seq
+        run, i = found
         if (
-            i >= run.count
-            or not run.alive()  # else retention may have let it go: it must end the loans
+            not run.alive()  # else retention may have let it go: it must end the loans
             or i < run.floor
             or run.mid(i) != m.id
             or run.at_ms != m.enqueued_at_ms
@@ -891,17 +885,33 @@ class QueueState:
             elif head is not before and head.state == READY and not group.busy:
                 heapq.heappush(self.ready, (head.activate_at_ms, head.seq, head))
 
-    def _grouped_slot(self, seq: int) -> tuple[Run, int] | None:
-        """The FIFO run and slot holding sequence number ``seq``, while it does."""
+    def holding(self, seq: int) -> tuple[Run, int] | None:
+        """The put's run whose slots' sequence numbers take in ``seq``, and its slot (held
+        there or not: the caller checks)."""
         by_id = self.by_id
         j = bisect_right(by_id, seq, key=_seq) - 1
         if j < 0:
             return None
         run = by_id[j]
         i = seq - run.seq
-        if i < run.count and run.gnames is not None and run.is_spilled(i):
-            return run, i
+        return (run, i) if i < run.count else None
+
+    def _grouped_slot(self, seq: int) -> tuple[Run, int] | None:
+        """The FIFO run and slot holding sequence number ``seq``, while it does."""
+        found = self.holding(seq)
+        if found is not None and found[0].gnames is not None and found[0].is_spilled(found[1]):
+            return found
         return None
+
+    def group_named(self, name: str | None, names: list[str] | None = None, k: int = 0) -> Group:
+        """The group ``name`` (made if it is new). ``names``: a run's table of groups, whose
+        entry ``k`` is ``name``: it takes the group's copy of the name, one for all runs."""
+        group = self.groups.get(name)
+        if group is None:
+            group = self.groups[name] = Group(name)
+        elif names is not None and group.name is not None:
+            names[k] = group.name
+        return group
 
     def _promote(self, run: Run, i: int, contents: Contents | None = None) -> QueuedMessage:
         """Slot ``i`` of FIFO run ``run`` as a ready message, in its group's ``msgs`` (its
@@ -999,12 +1009,8 @@ class QueueState:
     def _expire_run(self, run: Run) -> None:
         """Retention ends every message of ``run`` (all were put at once)."""
         if run.cids is not None:  # a client-id run: its ids leave the index
-            index = self.cindex
-            if index is not None:
-                for i in run.spilled():
-                    index.remove(run.mid(i), run.no, i)
-                if not index:
-                    self.cindex = None  # its buckets go too
+            for i in run.spilled():
+                self._unindex(run, i, run.mid(i))
             self._drop_client_run(run)
         for held in [run, *run.live_loans()]:  # its return runs share its put time
             n = held.left
@@ -1192,6 +1198,14 @@ class QueueState:
             for i in run.spilled():
                 index.add(run.mid(i), no, i)
 
+    def _unindex(self, run: Run, i: int, mid: str) -> None:
+        """Slot ``i`` of client-id run ``run`` (id ``mid``) leaves the run: and the index,
+        which goes, buckets and all, once it holds nothing."""
+        index = cast(IdIndex, self.cindex)  # it holds every slot still in a run
+        index.remove(mid, run.no, i)
+        if not index:
+            self.cindex = None
+
     def _drop_client_run(self, run: Run) -> None:
         """A client-id run holds nothing more: no entry names it, its number can serve
         again (none to give back after ``unspill_all``)."""
@@ -1218,16 +1232,11 @@ class QueueState:
         n = run.count
         self.grouped += n
         self.n_ready += n
-        table = self.groups
         names = cast(list[str], run.gnames)  # each group of the put once
         held: list[Group] = []
         fresh: list[Group] = []
         for k, name in enumerate(names):
-            group = table.get(name)
-            if group is None:
-                group = table[name] = Group(name)
-            elif group.name is not None:
-                names[k] = group.name  # one copy of the name, not one a run
+            group = self.group_named(name, names, k)
             held.append(group)
             if self._head(group) is None:
                 fresh.append(group)
@@ -1340,9 +1349,9 @@ class QueueState:
         if type(first_id) is not int:
             return None
         if self.settings.id_mode == "client":
-            i = bisect_right(by_id, first_id, key=_seq) - 1
-            if i >= 0 and by_id[i].seq == first_id and (by_id[i].left or by_id[i].lent):
-                return by_id[i]
+            found = self.holding(first_id)
+            if found is not None and found[1] == 0 and (found[0].left or found[0].lent):
+                return found[0]
             return None
         i = bisect_right(by_id, first_id, key=_first_id) - 1
         if i >= 0 and by_id[i].id == first_id and (by_id[i].left or by_id[i].lent):
@@ -1489,10 +1498,7 @@ class QueueState:
         waits; the caller indexes it and counts the slot out of the run)."""
         m = _transient(run, i, contents)
         if run.cids is not None:
-            index = cast(IdIndex, self.cindex)
-            index.remove(cast(str, m.id), run.no, i)  # found in ``messages`` now
-            if not index:
-                self.cindex = None  # its buckets go too
+            self._unindex(run, i, cast(str, m.id))  # found in ``messages`` now
         (run.mat if run.src is None else run.src.mat).append(m)
         self.in_mats += 1
         self.messages[m.id] = m
