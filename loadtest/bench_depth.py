@@ -29,7 +29,9 @@ trace id), with any of the above; ``--fifo`` makes the queues FIFO, each message
 
 With ``--backoff-churn 60s`` (off by default), once the last depth is measured (and
 restarted), ``--churn-clients`` consumers take every message once (1000 a take) and release
-it due 60 s later, as consumers that fail and retry with a backoff do; the row
+it due 60 s later (with ``--backoff-jitter 60s``, each message up to 60 s later still, at a
+time of its own: given back one at a time, not as batches), as consumers that fail and
+retry with a backoff do; the row
 (``backoff_churn``) has the RSS per queued message before and after (the depth is the same),
 and their ratio (the issue's claim: within 2x of the untouched queue); then the server is
 restarted on the churned queue, and the row has that restart's seconds and RSS per message
@@ -401,6 +403,7 @@ class Bench:
         return {
             "depth": self.depth,
             "backoff_s": backoff,
+            "jitter_s": self.args.backoff_jitter,
             "released": sum(counts),
             "seconds": round(seconds, 2),
             "releases_per_s": round(sum(counts) / max(seconds, 1e-6)),
@@ -417,7 +420,8 @@ class Bench:
         """Take and ack ``acks[i]`` messages of queue i (with ``backoff``: release each that
         many seconds later), progress every --progress s: the seconds it took. Raises:
         RuntimeError (a take or an ack failed)."""
-        acker = Acker(self.live.port, self.names, self.args.churn_clients, backoff)
+        jitter = self.args.backoff_jitter if backoff is not None else 0.0
+        acker = Acker(self.live.port, self.names, self.args.churn_clients, backoff, jitter)
         started = last = time.monotonic()
         last_acked = 0
         try:
@@ -532,10 +536,16 @@ def backoff_table(b: dict[str, Any]) -> list[str]:
         "| depth | backoff s | released msg/s | RSS B/msg untouched | RSS B/msg after "
         "| over untouched | restart s | RSS B/msg after restart |",
         "| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |",
-        f"| {b['depth']:,} | {b['backoff_s']:g} | {b['releases_per_s']:,} "
+        f"| {b['depth']:,} | {_backoff(b)} | {b['releases_per_s']:,} "
         f"| {b['rss_per_msg_untouched']} | {b['rss_per_msg']} | {b['over_untouched']} "
         f"| {b['restart_s']} | {b['rss_per_msg_after_restart']} |",
     ]
+
+
+def _backoff(b: dict[str, Any]) -> str:
+    """The backoff's seconds, or their range with a jitter."""
+    lo, jitter = b["backoff_s"], b.get("jitter_s", 0.0)
+    return f"{lo:g}..{lo + jitter:g}" if jitter else f"{lo:g}"
 
 
 def churn_table(c: dict[str, Any]) -> list[str]:
@@ -633,6 +643,13 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
         default=None,
         metavar="BACKOFF",
         help="at the end: take every message once, release it BACKOFF later (60s, 5m)",
+    )
+    add(
+        "--backoff-jitter",
+        type=duration,
+        default=0.0,
+        metavar="JITTER",
+        help="with --backoff-churn: each message released up to JITTER later still, its own time",
     )
     add("--churn", action="store_true", help="at the end: ack half, weigh disk against live")
     add("--churn-clients", type=int, default=4, help="clients taking and acking at once")

@@ -358,15 +358,21 @@ def take_latencies(api: Api, names: list[str], takes: int, take_max: int) -> dic
 
 
 def _settle(
-    api: Api, name: str, verb: str, messages: list[dict[str, Any]], delay: float | None = None
+    api: Api,
+    name: str,
+    verb: str,
+    messages: list[dict[str, Any]],
+    delay: float | None = None,
+    jitter: float = 0.0,
 ) -> None:
     """Release or ack (``verb``) the messages a take answered, all of them or raise
-    (``delay``: a release's, in seconds)."""
+    (``delay``: a release's, in seconds; ``jitter``: each message's delay more by its own
+    time, drawn evenly from 0..jitter s, to the millisecond)."""
     if not messages:
         return
     items = [{"id": m["id"], "lease": m["lease"]} for m in messages]
     if delay is not None:
-        items = [{**item, "delay": delay} for item in items]
+        items = [{**item, "delay": round(delay + random.uniform(0, jitter), 3)} for item in items]
     status, doc, _ = api.call("POST", f"/v1/queues/{name}/{verb}", {"items": items})
     if status != 200 or any(r["status"] != "ok" for r in doc["results"]):
         raise RuntimeError(f"a {verb} answered {status}: {str(doc)[:300]}")
@@ -378,7 +384,9 @@ CHURN_LEASE_S = 600  # a taken batch is acked long before; no message comes back
 DRY_TAKES = 10  # takes in a row that found nothing (each waiting 1 s): the queue ran dry
 
 
-def take_and_ack(api: Api, name: str, n: int, backoff: float | None = None) -> int:
+def take_and_ack(
+    api: Api, name: str, n: int, backoff: float | None = None, jitter: float = 0.0
+) -> int:
     """Take ``n`` messages of queue ``name``, its oldest, and ack them, as a consumer done
     with them does; the messages acked (``n``). With ``backoff`` (seconds), release each
     instead, due again that much later, as a consumer that failed and retries later does.
@@ -397,7 +405,7 @@ def take_and_ack(api: Api, name: str, n: int, backoff: float | None = None) -> i
         if backoff is None:
             _settle(api, name, "ack", messages)
         else:
-            _settle(api, name, "release", messages, delay=backoff)
+            _settle(api, name, "release", messages, delay=backoff, jitter=jitter)
         left -= len(messages)
     return n
 
@@ -405,12 +413,19 @@ def take_and_ack(api: Api, name: str, n: int, backoff: float | None = None) -> i
 class Acker:
     """``clients`` threads taking and acking batches of the queues until none is left; a
     failed batch stops the others (after the batch in flight). ``acked`` counts as they go.
-    With ``backoff`` (seconds) they release each message that much later instead."""
+    With ``backoff`` (seconds) they release each message that much later instead (and up to
+    ``jitter`` s more, each message its own)."""
 
     def __init__(
-        self, port: int, names: list[str], clients: int, backoff: float | None = None
+        self,
+        port: int,
+        names: list[str],
+        clients: int,
+        backoff: float | None = None,
+        jitter: float = 0.0,
     ) -> None:
         self.port, self.names, self.clients, self.backoff = port, names, clients, backoff
+        self.jitter = jitter
         self.acked = 0
         self.stop = threading.Event()
         self._lock = threading.Lock()
@@ -430,7 +445,7 @@ class Acker:
                     index, n = next(todo, (-1, 0))
                 if n == 0:
                     return done
-                done += take_and_ack(api, self.names[index], n, self.backoff)
+                done += take_and_ack(api, self.names[index], n, self.backoff, self.jitter)
                 with self._lock:
                     self.acked += n
         except BaseException:

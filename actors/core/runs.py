@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import sys
 from array import array
-from bisect import bisect_left
+from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from itertools import accumulate
@@ -157,12 +157,31 @@ class LoanRecord(msgspec.Struct, array_like=True, gc=False):
     act: int
     receive_count: int
     first_taken_ms: int
+    # A scattered return run (``Run.scatter``; ``off``, ``next``, ``rc`` and ``first`` 0, and
+    # ``out`` empty): each of its ``count`` messages' slot in the run (4 bytes
+    # little-endian), time (8), receive count (4) and first take (8, ms)
+    slots: bytes = b""
+    times: bytes = b""
+    receive_counts: bytes = b""
+    first_takes: bytes = b""
 
     def malformed(self, runs: Sequence[RunRecord]) -> str | None:
         """What is wrong with the record against the snapshot's ``runs``, if anything."""
         n = self.count
         if not 0 <= self.run < len(runs) or n < 1 or self.off < 0:
             return f"a return run of {n} from run {self.run} of {len(runs)}"
+        if self.slots:
+            if (
+                len(self.slots) != 4 * n
+                or len(self.times) != 8 * n
+                or len(self.receive_counts) != 4 * n
+                or len(self.first_takes) != 8 * n
+                or self.next
+                or self.out
+                or max(_little(_frombytes("I", self.slots))) >= runs[self.run].count
+            ):
+                return f"a scattered return run of {n} from a run of {runs[self.run].count}"
+            return None
         if self.off + n > runs[self.run].count or not 0 <= self.next <= n:
             return f"a return run of {n} at slot {self.off} of a run of {runs[self.run].count}"
         if any(not self.next < i < n for i in self.out):
@@ -256,6 +275,7 @@ class Run:
         "count",
         "cwidth",
         "first",
+        "firsts",
         "floor",
         "gidx",
         "gnames",
@@ -274,8 +294,10 @@ class Run:
         "out",
         "place",
         "rc",
+        "rcs",
         "seq",
         "size",
+        "slots",
         "src",
         "waiting",
         "with_attrs",
@@ -354,6 +376,11 @@ class Run:
         self.lent = 0  # a put's run's: its slots that return runs hold
         self.loans: list[Run] | None = None  # a put's run's: the return runs lending from it
         self.floor = 0  # the first slot whose body ``place`` holds (a compaction's copy)
+        # a scattered return run's (``Run.scatter``): each slot's slot in ``src``, receive
+        # count and first take
+        self.slots: array[int] | None = None
+        self.rcs: array[int] | None = None
+        self.firsts: array[int] | None = None
 
     @classmethod
     def lend(cls, src: Run, off: int, count: int, act: int, rc: int, first: int) -> Run:
@@ -375,11 +402,82 @@ class Run:
         run.lengths, run.size, run.mat = _NO_LENGTHS, 0, _NO_MAT
         run.src, run.off, run.rc, run.first = src, off, rc, first
         run.lent, run.loans, run.floor = 0, None, 0
+        run.slots, run.rcs, run.firsts = None, None, None
         run.gnames, run.gidx = None, None  # a FIFO run lends nothing (no return runs)
         src.lent += count
         if src.loans is None:
             src.loans = []
         src.loans.append(run)
+        return run
+
+    @classmethod
+    def scatter(cls, src: Run) -> Run:
+        """A *scattered* return run of put run ``src``, empty: the messages of ``src`` given
+        back one or a few at a time (a release of too few that follow each other, a
+        reschedule), each due at a time of its own, received as often as it was, first when
+        it was. Each costs 26 bytes here (its slot in ``src``, time, place in time order,
+        receive count and first take) instead of a message object; bodies and attributes
+        are ``src``'s. It waits in the state's ``later`` as a spread run does, its slots
+        woken one time at a time as ready messages, and it takes more (:meth:`add`) while
+        it has slots left."""
+        run = cls.lend(src, 0, 1, 0, 0, 0)  # then made empty: it holds what ``add`` gives it
+        src.lent -= 1
+        run.count = run.left = 0
+        run.id = run.last_id = src.id
+        run.ids = None
+        run.slots = array("H" if src.count <= 1 << 16 else "I")
+        run.acts, run.order = array("q"), array("I")
+        run.rcs, run.firsts = array("I"), array("q")
+        run.waiting = True
+        return run
+
+    def add(self, i: int, act: int, rc: int, first: int) -> bool:
+        """Slot ``i`` of this scattered return run's put run (materialized there) comes
+        back due at ``act`` (after every time reached so far), received ``rc`` times, first
+        at ``first``. True: its next time changed (the state's ``later`` needs an entry
+        for the new one)."""
+        before = self.act if self.left else None
+        if self.count >= 2 * self.left + 32:
+            self._pack()  # most of what it held left it
+        slots = cast("array[int]", self.slots)
+        acts, order = cast("array[int]", self.acts), cast("array[int]", self.order)
+        j = self.count
+        slots.append(i)
+        acts.append(act)
+        cast("array[int]", self.rcs).append(rc)
+        cast("array[int]", self.firsts).append(first)
+        insort(order, j, lo=self.woke, key=lambda k: (acts[k], slots[k]))
+        self.count += 1
+        self.left += 1
+        cast(Run, self.src).lent += 1
+        self.act = acts[order[self.woke]]
+        return self.act != before
+
+    def _pack(self) -> None:
+        """Only the slots still held, numbered again (in slot order, then time order)."""
+        keep = list(self.spilled())
+        old_slots, old_acts = cast("array[int]", self.slots), cast("array[int]", self.acts)
+        rcs, firsts = cast("array[int]", self.rcs), cast("array[int]", self.firsts)
+        slots = array(old_slots.typecode, [old_slots[j] for j in keep])
+        acts = array("q", [old_acts[j] for j in keep])
+        self.slots, self.acts = slots, acts
+        self.rcs = array("I", [rcs[j] for j in keep])
+        self.firsts = array("q", [firsts[j] for j in keep])
+        self.order = array("I", sorted(range(len(keep)), key=lambda k: (acts[k], slots[k])))
+        self.count, self.next, self.out, self.woke = len(keep), 0, Slots(), 0
+        if keep:
+            self.act = acts[self.order[0]]
+
+    @classmethod
+    def scattered(cls, src: Run, r: LoanRecord) -> Run:
+        """The scattered return run ``r`` holds (a snapshot's)."""
+        run = cls.scatter(src)
+        slots = _little(_frombytes("I", r.slots))
+        times = _little(_frombytes("q", r.times))
+        rcs = _little(_frombytes("I", r.receive_counts))
+        firsts = _little(_frombytes("q", r.first_takes))
+        for k in range(len(slots)):
+            run.add(slots[k], times[k], rcs[k], firsts[k])
         return run
 
     def live_loans(self) -> list[Run]:
@@ -395,6 +493,18 @@ class Run:
     def lends(self, i: int) -> tuple[Run, int] | None:
         """The return run holding slot ``i`` of this put's run, and its slot there."""
         for loan in self.loans or ():
+            slots = loan.slots
+            if slots is not None:
+                if loan.left:
+                    j = -1
+                    try:
+                        while True:  # a slot given back again is in it again
+                            j = slots.index(i, j + 1)
+                            if loan.is_spilled(j):
+                                return loan, j
+                    except ValueError:
+                        pass
+                continue
             j = i - loan.off
             if 0 <= j < loan.count and loan.left and loan.is_spilled(j):
                 return loan, j
@@ -405,13 +515,44 @@ class Run:
         run's (what a compaction copies from)."""
         first = self.next
         for loan in self.live_loans():
-            first = min(first, loan.off + loan.next)
+            slots = loan.slots
+            if slots is None:
+                first = min(first, loan.off + loan.next)
+            else:
+                first = min(first, min(slots[j] for j in loan.spilled()))
         return first
 
     def record_loan(self, index: int) -> LoanRecord:
-        """This return run as a snapshot holds it, its put's run ``index``-th there."""
+        """This return run as a snapshot holds it, its put's run ``index``-th there (a
+        scattered one: only the slots it still holds, numbered again)."""
+        slots = self.slots
+        if slots is None:
+            return LoanRecord(
+                index,
+                self.off,
+                self.count,
+                self.next,
+                list(self.out),
+                self.act,
+                self.rc,
+                self.first,
+            )
+        keep = list(self.spilled())
+        acts, rcs = cast("array[int]", self.acts), cast("array[int]", self.rcs)
+        firsts = cast("array[int]", self.firsts)
         return LoanRecord(
-            index, self.off, self.count, self.next, list(self.out), self.act, self.rc, self.first
+            index,
+            0,
+            len(keep),
+            0,
+            [],
+            self.act,
+            0,
+            0,
+            _little(array("I", [slots[j] for j in keep])).tobytes(),
+            _little(array("q", [acts[j] for j in keep])).tobytes(),
+            _little(array("I", [rcs[j] for j in keep])).tobytes(),
+            _little(array("q", [firsts[j] for j in keep])).tobytes(),
         )
 
     def __lt__(self, other: object) -> bool:
@@ -459,6 +600,14 @@ class Run:
         """When slot ``i`` is ready."""
         return self.act if self.acts is None else self.base + self.acts[i]
 
+    def put_slot(self, i: int) -> int:
+        """Slot ``i``'s slot in its put's run (a return run's are ``src``'s)."""
+        return self.off + i if self.slots is None else self.slots[i]
+
+    def seq_of(self, i: int) -> int:
+        """Slot ``i``'s arrival sequence number."""
+        return self.seq + i if self.slots is None else self.seq + self.slots[i]
+
     def is_spilled(self, i: int) -> bool:
         """Whether slot ``i`` is still in the run."""
         out = self.out
@@ -502,7 +651,11 @@ class Run:
         ends = self.cends
         if ends is not None:
             return cast(bytes, self.cids)[ends[i - 1] if i else 0 : ends[i]].decode()
-        return self.id + i if self.ids is None else self.ids[i]
+        if self.ids is not None:
+            return self.ids[i]
+        if self.slots is not None:
+            return cast(Run, self.src).mid(self.slots[i])
+        return self.id + i
 
     def slot(self, mid: int) -> int | None:
         """The slot of id ``mid`` if it is still spilled here."""
@@ -592,7 +745,7 @@ class Run:
         run.act = r.act or r.at_ms
         run.waiting = False  # the state restoring it knows (its clock against ``act``)
         run.acts, run.order, run.woke, run.base = None, None, 0, 0
-        run.ids = None
+        run.ids, run.slots = None, None
         run.no, run.cids, run.cends, run.cwidth = 0, None, None, 0
         if r.ids:
             run.ids = array("q")

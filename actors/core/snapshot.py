@@ -19,7 +19,7 @@ import msgspec
 from actors.core import events as ev
 from actors.core import replies as rp
 from actors.core.runs import LoanRecord, Run, RunRecord, Slots
-from actors.core.state import DELAYED, READY, RESERVED, QueuedMessage, QueueState
+from actors.core.state import DELAYED, READY, RESERVED, QueuedMessage, QueueState, transient
 from actors.errors import DataError
 from actors.settings import QueueSettings
 
@@ -101,27 +101,13 @@ def logical(state: QueueState) -> Snapshot:
     runs = [Run.from_record(r) for r in snap.runs]
     held = [(run, run) for run in runs]
     for r in snap.loans:
-        loan = Run.lend(runs[r.run], r.off, r.count, r.act, r.receive_count, r.first_taken_ms)
-        loan.next, loan.out = r.next, Slots(r.out)
-        held.append((loan, runs[r.run]))
+        held.append((_loan(runs[r.run], r), runs[r.run]))
     for run, put in held:
-        bodies, attrs = state.contents_of(put)
-        off = run.off
-        messages += (
-            QueuedMessage(
-                run.seq + i,
-                run.mid(i),
-                bodies[off + i],
-                run.at_ms,
-                run.act_of(i),
-                DELAYED if run.act_of(i) > snap.clock_ms else READY,
-                run.rc,
-                group=run.group_of(i),
-                attributes=None if attrs is None else attrs[off + i],
-                first_taken_ms=run.first,
-            )
-            for i in run.spilled()
-        )
+        contents = state.contents_of(put)
+        for i in run.spilled():
+            m = transient(run, i, contents)
+            m.state = DELAYED if run.act_of(i) > snap.clock_ms else READY
+            messages.append(m)
     messages.sort(key=_seq)
     return msgspec.structs.replace(snap, messages=messages, runs=[], loans=[])
 
@@ -222,12 +208,7 @@ def _restore(snap: Snapshot) -> QueueState:
         s.by_id = _client_indexed(s, snap.runs)
         held = list(s.by_id)
         for r in snap.loans:
-            put = s.by_id[r.run]
-            loan = Run.lend(put, r.off, r.count, r.act, r.receive_count, r.first_taken_ms)
-            loan.next, loan.out = r.next, Slots(r.out)
-            loan.left = r.count - r.next - len(loan.out)
-            put.lent -= r.count - loan.left
-            held.append(loan)
+            held.append(_loan(s.by_id[r.run], r))
         for run in held:
             if run.gnames is not None:  # a FIFO queue's: in its groups (_index_groups)
                 s.grouped += run.left
@@ -256,6 +237,17 @@ def _restore(snap: Snapshot) -> QueueState:
     s.move_tasks = list(snap.move_tasks)
     s.attempts = {a: (at, ids, leases, deadline) for a, at, ids, leases, deadline in snap.attempts}
     return s
+
+
+def _loan(put: Run, r: LoanRecord) -> Run:
+    """The return run ``r`` holds, lending from ``put``."""
+    if r.slots:
+        return Run.scattered(put, r)
+    loan = Run.lend(put, r.off, r.count, r.act, r.receive_count, r.first_taken_ms)
+    loan.next, loan.out = r.next, Slots(r.out)
+    loan.left = r.count - r.next - len(loan.out)
+    put.lent -= r.count - loan.left
+    return loan
 
 
 def _runs(records: list[RunRecord]) -> list[Run]:

@@ -56,6 +56,7 @@ __all__ = [
     "Observer",
     "QueueState",
     "QueuedMessage",
+    "transient",
 ]
 
 # QueuedMessage.state values; small ints keep a message cheap. DEAD = in the outbox.
@@ -71,7 +72,8 @@ _REST_SLACK = 64  # a FIFO group's sequence numbers (and members) gone before it
 RUN_MIN_PUT = 16
 RUN_DEPTH = 10_000
 # Released messages of one run that follow each other: a return run from this many (one
-# object of ~300 B, against one each as messages; SQS consumers receive 10 at a time).
+# object of ~300 B, against one each as messages; SQS consumers receive 10 at a time);
+# fewer, due later, go into the run's scattered return run (26 B each: runs.py, Run.scatter).
 RETURN_MIN = 4
 MAX_MOVE_TASKS = 10  # move tasks a queue remembers (SQS lists the 10 most recent)
 # How long a take's attempt id finds its messages again (SQS: ReceiveRequestAttemptId, 5
@@ -391,14 +393,14 @@ class QueueState:
     def _apply_released(self, e: ev.MessagesReleased) -> None:
         at = e.at_ms
         returned: list[QueuedMessage] = []
-        lends = self.spill and self.observer is None and not self.settings.fifo
+        lends = self._gives_back()
         for mid, when in zip(e.ids, e.activate_at_ms, strict=True):
             m = self.messages.get(mid)
             if m is not None and m.state == RESERVED:
                 self._end_lease(m)
                 if self._exhausted(m):
                     self._dead_letter(m)
-                elif lends and when > at and type(mid) is int and self.by_id:
+                elif lends and when > at and type(mid) is int:
                     # in no state count until _give_back places it (and no longer reserved,
                     # should the event name it twice)
                     m.state, m.activate_at_ms = _GIVEN, when
@@ -412,7 +414,8 @@ class QueueState:
         """Messages given back at ``at`` (released due later, or their leases ran out), in
         no state count: those that are untouched slots of one put's run, due at one time,
         received as often, first at one time, and that follow each other, ``return_min`` or
-        more, go back into a return run lending from it (runs.py, ``Run.lend``); the others
+        more, go back into a return run lending from it (runs.py, ``Run.lend``); other
+        untouched ones due later into its scattered return run (``Run.scatter``); the rest
         are scheduled as messages."""
         lots: dict[tuple[int, int, int, int], list[tuple[int, QueuedMessage]]] = {}
         found: dict[int, Run] = {}  # the runs of the lots, by seq
@@ -434,13 +437,18 @@ class QueueState:
                 if k < len(lot) and lot[k][0] == lot[k - 1][0] + 1:
                     continue
                 span, start = lot[start:k], k
-                if len(span) >= self.return_min and contents is None:
+                if contents is None and (len(span) >= self.return_min or act > at):
                     contents = self._readable(run)
-                if len(span) < self.return_min or contents is None:
+                if contents is None:
                     for _, m in span:
                         self._schedule(m, act, at)
                     continue
                 self._lend_untouched(run, span, contents, act, rc, first, at)
+
+    def _gives_back(self) -> bool:
+        """Whether messages of runs go back into runs when they are given back (released
+        due later, leases run out, rescheduled): a spilling standard queue's."""
+        return bool(self.spill and self.observer is None and not self.settings.fifo and self.by_id)
 
     def _readable(self, run: Run) -> Contents | None:
         """``run``'s contents, to compare what is given back with (None: they cannot be read:
@@ -461,7 +469,9 @@ class QueueState:
         at: int,
     ) -> None:
         """``span`` (slots of ``run`` that follow each other) into return runs, split where a
-        message was changed since its put (an update: it stays a message)."""
+        message was changed since its put (an update: it stays a message). Stretches too
+        short for a return run of their own go into ``run``'s scattered one if they are due
+        later (``Run.scatter``), else they stay messages."""
         bodies, attrs = contents
         part: list[tuple[int, QueuedMessage]] = []
         for i, m in [*span, (-1, None)]:
@@ -471,12 +481,34 @@ class QueueState:
             if untouched:
                 part.append((i, cast(QueuedMessage, m)))
                 continue
-            if len(part) < self.return_min or not self._lend(run, part, act, rc, first, at):
+            if len(part) >= self.return_min and self._lend(run, part, act, rc, first, at):
+                pass
+            elif act > at:
+                for k, kept in part:
+                    self._scatter(run, k, kept, act)
+            else:
                 for _, kept in part:
                     self._schedule(kept, act, at)
             part = []
             if m is not None:
                 self._schedule(m, act, at)  # changed since its put
+
+    def _scatter(self, run: Run, i: int, m: QueuedMessage, act: int) -> None:
+        """``m`` (slot ``i`` of ``run``, untouched, in no state count) leaves the state as a
+        message for ``run``'s scattered return run, due at ``act`` (later than now)."""
+        m.state = GONE
+        del self.messages[m.id]
+        loan = None
+        for held in reversed(run.loans or ()):
+            if held.slots is not None and held.left:
+                loan = held
+                break
+        if loan is None:
+            loan = Run.scatter(run)
+        if loan.add(i, act, m.receive_count, m.first_taken_ms):
+            heapq.heappush(self.later, (loan.act, loan.seq, loan))
+        self.deferred += 1
+        self.n_delayed += 1
 
     def _slot_of(self, m: QueuedMessage) -> tuple[Run, int] | None:
         """The put's run and slot ``m`` was materialized from, while that run can lend it
@@ -555,7 +587,18 @@ class QueueState:
                 self.n_ready -= 1
             else:
                 self.n_delayed -= 1
-            self._schedule(m, e.activate_at_ms, e.at_ms)
+            act, at = e.activate_at_ms, e.at_ms
+            slot = None
+            if act > at and self._gives_back() and type(m.id) is int:
+                slot = self._slot_of(m)
+            contents = None if slot is None else self._readable(slot[0])
+            if slot is None or contents is None:
+                self._schedule(m, act, at)
+            else:  # untouched, due later: a reschedule costs no object (Run.scatter)
+                span = [(slot[1], m)]
+                self._lend_untouched(
+                    slot[0], span, contents, act, m.receive_count, m.first_taken_ms, at
+                )
 
     def _apply_deleted(self, e: ev.MessagesDeleted) -> None:
         for mid in e.ids:
@@ -602,7 +645,7 @@ class QueueState:
         move was decided from the slots still read, so only a state that lends where the
         one that decided did not can hold any: a safeguard.)"""
         for loan in run.live_loans():
-            low = [i for i in loan.spilled() if loan.off + i < first]
+            low = [i for i in loan.spilled() if loan.put_slot(i) < first]
             if not low:
                 continue
             contents = self.contents_of(loan)
@@ -727,7 +770,7 @@ class QueueState:
         messages of a run that follow each other go back into it as a return run, ready at
         once (runs.py, ``Run.lend``)."""
         reserved = self.reserved
-        lends = self.spill and self.observer is None and not self.settings.fifo and self.by_id
+        lends = self._gives_back()
         back: list[QueuedMessage] = []
         while reserved and reserved[0][0] == t:
             m = heapq.heappop(reserved)[2]
@@ -961,7 +1004,7 @@ class QueueState:
             if run is not last:
                 last, contents = run, self.contents_of(run)
             assert contents is not None
-            yield _transient(run, i, contents)
+            yield transient(run, i, contents)
 
     def grouped_after(self, after: tuple[int, int] | None) -> Iterator[QueuedMessage]:
         """Transient views of the messages held in a FIFO queue's runs whose key
@@ -983,7 +1026,7 @@ class QueueState:
             if id(run) not in read:
                 read.clear()
                 read[id(run)] = self.contents_of(run)
-            yield _transient(run, i, read[id(run)])
+            yield transient(run, i, read[id(run)])
 
     @staticmethod
     def _keys_of(
@@ -1396,7 +1439,7 @@ class QueueState:
         if found is None:
             return None
         run, i = found
-        return _transient(run, i, self.contents_of(run))
+        return transient(run, i, self.contents_of(run))
 
     def spilled_after(self, after: tuple[int, int] | None) -> Iterator[QueuedMessage]:
         """Transient views of the spilled messages whose ready key ``(activate_at, seq)``
@@ -1416,7 +1459,7 @@ class QueueState:
                     continue
                 if contents is None:
                     contents = self.contents_of(run)
-                yield _transient(run, i, contents)
+                yield transient(run, i, contents)
 
     def deferred_after(self, after: tuple[int, int] | None) -> Iterator[QueuedMessage]:
         """Transient views of the delayed runs' spilled messages whose key ``(activate_at,
@@ -1428,7 +1471,7 @@ class QueueState:
         for _, _, i, run in keyed:
             if id(run) not in read:
                 read[id(run)] = self.contents_of(run)
-            yield _transient(run, i, read[id(run)])
+            yield transient(run, i, read[id(run)])
 
     def holds(self, mid: ev.MessageId) -> bool:
         """Whether a message with id ``mid`` is in the queue."""
@@ -1496,7 +1539,7 @@ class QueueState:
     def _materialize(self, run: Run, i: int, contents: Contents) -> QueuedMessage:
         """Slot ``i`` of ``run`` as a message of the state (ready, or delayed while the run
         waits; the caller indexes it and counts the slot out of the run)."""
-        m = _transient(run, i, contents)
+        m = transient(run, i, contents)
         if run.cids is not None:
             self._unindex(run, i, cast(str, m.id))  # found in ``messages`` now
         (run.mat if run.src is None else run.src.mat).append(m)
@@ -1508,23 +1551,32 @@ class QueueState:
 _ACTIVATE, _DEADLINE = 0, 1
 
 
-def _transient(run: Run, i: int, contents: Contents) -> QueuedMessage:
+def transient(run: Run, i: int, contents: Contents) -> QueuedMessage:
     """Slot ``i`` of ``run`` as a message, its body (and attributes) from ``contents`` (its
     put's: a return run's slot ``i`` is its put's ``run.off + i``)."""
     state = DELAYED if run.waiting else READY
     attrs = contents.attrs
-    at = run.off + i
+    slots = run.slots
+    if slots is None:
+        at, seq, rc, first = run.off + i, run.seq + i, run.rc, run.first
+    else:  # a scattered return run's: each slot has its own
+        at = slots[i]
+        seq, rc, first = (
+            run.seq + at,
+            cast("array[int]", run.rcs)[i],
+            cast("array[int]", run.firsts)[i],
+        )
     return QueuedMessage(
-        run.seq + i,
+        seq,
         run.mid(i),
         contents.bodies[at],
         run.at_ms,
         run.act_of(i),
         state,
-        run.rc,
+        rc,
         group=run.group_of(i),
         attributes=None if attrs is None else attrs[at],
-        first_taken_ms=run.first,
+        first_taken_ms=first,
     )
 
 
@@ -1538,9 +1590,8 @@ def _waits(entry: tuple[int, int, Run]) -> bool:
 def _keys_after(run: Run, after: tuple[int, int] | None) -> Iterator[tuple[int, int, int, Run]]:
     """``(activate_at, seq, slot, run)`` of a waiting run's spilled slots past ``after``, in
     key order (no two slots share a key: the run is never compared)."""
-    seq = run.seq
     for i in run.spilled_by_time():
-        key = (run.act_of(i), seq + i)
+        key = (run.act_of(i), run.seq_of(i))
         if after is None or key > after:
             yield (*key, i, run)
 

@@ -128,3 +128,69 @@ def test_sqs_receives_whose_visibility_runs_out_go_back_into_their_run(
     assert all(m["MessageAttributes"] == sent for m in again)
     assert all(m["MD5OfMessageAttributes"] == expected_md5(sent) for m in again)
     sqs.close()
+
+
+def test_messages_given_back_one_at_a_time_cost_no_objects_through_restarts_and_kills(
+    make_server: ServerFactory, names: Names
+) -> None:
+    """A consumer that fails messages one by one, each with a backoff of its own, and an
+    operator who reschedules messages one at a time: each goes back into its put's
+    scattered return run (runs.py, ``Run.scatter``), not an object; every command sees it,
+    in activation order, through a graceful restart and a SIGKILL."""
+    server = make_server("--shards", "1")
+    q = names("scatter")
+    n = 120
+    with Client(server.url, retries=0, timeout=20) as c:
+        c.create_queue(q)
+        ids = [
+            r.id
+            for r in c.put(q, [NewMessage(body=f"b{i}", attributes=attrs(i)) for i in range(n)])
+        ]
+        later = [r.id for r in c.put(q, [NewMessage(body=f"l{i}") for i in range(40)])]
+        taken = c.take(q, n, visibility_timeout=600)
+        assert spilled(server.url, q) == 40  # the taken ones are messages, with leases
+        for k, t in enumerate(taken):  # each alone, the last ones due first
+            assert [r.status for r in c.release(q, t, delay=3600 + n - k)] == ["ok"]
+        assert spilled(server.url, q) == n + 40
+        for k, mid in enumerate(later[::2]):  # rescheduled one at a time, never taken
+            assert c.update_message(q, mid, delay=7200 + k).state == "delayed"
+        assert spilled(server.url, q) == n + 40
+        m = c.get_message(q, ids[17])
+        assert (m.state, m.body, m.receive_count, m.attributes) == ("delayed", b"b17", 1, attrs(17))
+        listed = [x.id for x in c.browse_all(q, "delayed", limit=32)]
+        assert listed == ids[::-1] + later[::2]
+        stats = c.get_queue(q).stats
+        assert (stats.delayed, stats.ready, stats.reserved) == (n + 20, 20, 0)
+
+    assert server.stop() == 0  # graceful: the snapshot holds the scattered runs
+    server.start()
+    with Client(server.url, retries=0, timeout=20) as c:
+        assert spilled(server.url, q) == n + 40
+        for mid in ids[:3]:  # due in a second or two now, alone again
+            c.update_message(q, mid, delay=1)
+        assert spilled(server.url, q) == n + 40
+
+    server.kill()  # SIGKILL: the reschedules since the snapshot are replayed from the log
+    server.start()
+    with Client(server.url, retries=0, timeout=20) as c:
+        ready: list[Any] = []
+        deadline = time.monotonic() + 30
+        while len(ready) < 23 and time.monotonic() < deadline:
+            time.sleep(0.3)
+            ready = list(c.browse_all(q, "ready", limit=32))
+        assert len(ready) == 23
+        # the three due now woke as ready messages; the rest are where they were
+        assert spilled(server.url, q) == n + 40 - 3
+        m = c.get_message(q, ids[2])
+        assert (m.state, m.receive_count, m.attributes) == ("ready", 1, attrs(2))
+        m = c.get_message(q, ids[50])
+        assert (m.state, m.receive_count, m.attributes) == ("delayed", 1, attrs(50))
+        got = c.take(q, 30, visibility_timeout=600)
+        assert sorted(t.id for t in got) == sorted(later[1::2] + ids[:3])
+        back = {t.id: t for t in got if t.id in ids[:3]}
+        assert [
+            (back[mid].body, back[mid].receive_count, back[mid].attributes) for mid in ids[:3]
+        ] == [(f"b{i}".encode(), 2, attrs(i)) for i in range(3)]
+        c.ack(q, *got)
+        stats = c.get_queue(q).stats
+        assert (stats.delayed, stats.ready, stats.reserved) == (n - 3 + 20, 0, 0)

@@ -137,6 +137,7 @@ def _run(tmp_path: Path, queues: int) -> tuple[subprocess.CompletedProcess[str],
         "--depths", *map(str, DEPTHS), "--queues", str(queues), "--takes", "30",
         "--settle", "0.5", "--dir", str(tmp_path),
         "--churn", "--churn-quiet", "2", "--churn-wait", "30", "--backoff-churn", "1s",
+        "--backoff-jitter", "1s",
     ]  # fmt: skip
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
@@ -184,11 +185,12 @@ def test_the_tool_fills_measures_and_restarts_at_each_depth(tmp_path: Path, queu
 
 
 def _check_backoff(lines: list[Any], stdout: str) -> None:
-    """Every message taken once and released 1 s later, the RSS weighed before and after."""
+    """Every message taken once and released 1-2 s later, the RSS weighed before and after."""
     backoff = next(x["backoff_churn"] for x in lines if "backoff_churn" in x)
     assert (backoff["depth"], backoff["released"], backoff["backoff_s"]) == (DEPTHS[-1],) * 2 + (
         1.0,
     )
+    assert backoff["jitter_s"] == 1.0  # each message its own time: given back one at a time
     assert backoff["releases_per_s"] > 0
     assert backoff["rss_per_msg"] > 0
     assert backoff["restart_s"] > 0  # restarted on the churned queue, weighed again
@@ -198,6 +200,7 @@ def _check_backoff(lines: list[Any], stdout: str) -> None:
     over = backoff["over_untouched"]
     assert over is None or over > 0
     assert "| depth | backoff s | released msg/s |" in stdout
+    assert f"| {DEPTHS[-1]:,} | 1..2 |" in stdout
     assert "| restart s | RSS B/msg after restart |" in stdout
 
 

@@ -99,6 +99,9 @@ class QueueMachine(RuleBasedStateMachine):
 
     spill = False  # hold ready puts as runs, their bodies in a "log" (runs.py)
     run_min_put = 1  # puts of fewer messages stay messages (QueueState.run_min_put)
+    # released spans of fewer go into their put's scattered return run, or stay messages
+    # (QueueState.return_min; 1: every span is a return run of its own)
+    return_min = 1
 
     def __init__(self) -> None:
         super().__init__()
@@ -110,6 +113,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.spread_runs = 0  # spread runs seen waiting, summed over the checks
         self.attr_runs = 0  # runs with attributes seen holding slots, summed over the checks
         self.loans = 0  # return runs seen holding slots, summed over the checks
+        self.scattered = 0  # scattered ones (Run.scatter) among them
         self.state = self.spilling(QueueState())
         self.ids = SequentialIds()
         self.ref_ids = SequentialIds()
@@ -125,7 +129,7 @@ class QueueMachine(RuleBasedStateMachine):
     def spilling(self, state: QueueState) -> QueueState:
         """``state``, spilling if this machine spills (as a shell sets it up)."""
         state.spill, state.run_min_put = self.spill, self.run_min_put
-        state.return_min = self.run_min_put  # released spans of as few: return runs too
+        state.return_min = self.return_min
         state.read = self.log.__getitem__
         return state
 
@@ -500,6 +504,9 @@ class QueueMachine(RuleBasedStateMachine):
         self.spread_runs += sum(r.acts is not None and r.left > 0 for r in self.state.by_id)
         self.attr_runs += sum(r.with_attrs and r.left > 0 for r in self.state.by_id)
         self.loans += sum(len(r.live_loans()) for r in self.state.by_id)
+        self.scattered += sum(
+            loan.slots is not None for r in self.state.by_id for loan in r.live_loans()
+        )
         if self.pager is not None:
             self.pager.still(self.ref)
 
@@ -529,14 +536,24 @@ class SpillingQueueMachine(QueueMachine):
         vt=st.integers(1_000, 20_000),
         window=st.integers(1_000, 60_000),
         run_min_put=st.integers(1, 3),
+        return_min=st.sampled_from([1, 2, 4]),
         fifo=st.booleans(),
         client=st.booleans(),
     )
     def create_spilling(
-        self, max_receives, retention, vt, window, run_min_put, fifo=False, client=False
+        self,
+        max_receives,
+        retention,
+        vt,
+        window,
+        run_min_put,
+        return_min=1,
+        fifo=False,
+        client=False,
     ) -> None:
         # 1: every put is a run; 2 or 3: small puts stay messages, between runs
         self.run_min_put = self.state.run_min_put = run_min_put
+        self.return_min = self.state.return_min = return_min
         QueueMachine.create(self, not client, fifo, max_receives, retention, vt, window, False)
 
     def create(self, *args, **kwargs) -> None:  # not a rule here: create_spilling is
@@ -643,16 +660,17 @@ def _walk_seed() -> int:
 WALK_SEED = _walk_seed()
 
 
-# (server ids, FIFO, spilling) of each walk
+# (server ids, FIFO, spilling, return_min) of each walk
 VARIANTS = [
-    (True, False, False),
-    (False, False, False),
-    (True, True, False),
-    (False, True, False),
-    (True, False, True),
-    (True, True, True),
-    (False, False, True),
-    (False, True, True),
+    (True, False, False, 1),
+    (False, False, False, 1),
+    (True, True, False, 1),
+    (False, True, False, 1),
+    (True, False, True, 2),  # single messages given back: scattered return runs
+    (True, True, True, 1),
+    (False, False, True, 1),
+    (False, True, True, 1),
+    (True, False, True, 1),  # return runs of one message
 ]
 
 
@@ -661,14 +679,15 @@ VARIANTS = [
 def test_long_seeded_walk_matches_the_reference(
     seed: int, variant: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """3000 steps per queue variant (VARIANTS: the last four spill, with server ids and with
+    """3000 steps per queue variant (VARIANTS: the last five spill, with server ids and with
     client ids, standard and FIFO); rerun a failure with EVQ_SEED=<seed from the test id>.
     Takes hand out at most 12 bytes of bodies here (two or three of the 4-5 byte bodies), so
     the bound on a take's bytes is walked too."""
     monkeypatch.setattr(decide, "MAX_TAKE_BYTES", 12)
     rng = random.Random(seed * 8 + variant)
-    server, fifo, spills = VARIANTS[variant]
+    server, fifo, spills, return_min = VARIANTS[variant]
     m = SpillingQueueMachine() if spills else QueueMachine()
+    m.return_min = m.state.return_min = return_min
     m.create(
         server=server,
         fifo=fifo,
@@ -690,6 +709,8 @@ def test_long_seeded_walk_matches_the_reference(
     assert variant != 4 or m.attr_runs > 0  # and ones whose messages carry attributes
     # and return runs, released messages given back (none when each is dead-lettered)
     assert variant != 4 or m.loans > 0 or m.ref.settings.max_receives == 1
+    # and messages given back alone (scattered return runs: in the walk with return_min 2)
+    assert variant != 4 or m.scattered > 0 or m.ref.settings.max_receives == 1
     assert not (spills and fifo) or m.most_grouped > 0  # the spilling FIFO queues held runs
     assert not spills or fifo or m.most_spilled > 0  # and the standard ones
 

@@ -94,9 +94,12 @@ def test_a_release_with_gaps_makes_a_return_run_of_each_stretch_long_enough() ->
     # 0-8 (9), 10-12 (3: too few), 14-19 (6); 13 released without a delay
     give_back(sh, taken[:9] + taken[10:13] + taken[14:], 30_000)
     give_back(sh, [taken[13]], 0)
-    loans = sorted((e[2].off, e[2].count) for e in sh.state.later)
-    assert loans == [(0, 9), (14, 6)]
-    assert sorted(sh.state.messages) == [int(ids[10]), int(ids[11]), int(ids[12]), int(ids[13])]
+    spans = sorted((e[2].off, e[2].count) for e in sh.state.later if e[2].slots is None)
+    assert spans == [(0, 9), (14, 6)]
+    # the three too few for a return run of their own: in the put's scattered one
+    [scattered] = [e[2] for e in sh.state.later if e[2].slots is not None]
+    assert (list(scattered.slots), scattered.left) == ([10, 11, 12], 3)
+    assert sorted(sh.state.messages) == [int(ids[13])]
     sh.now += 30_000
     got = sh.run(c.Take(max=20))
     assert [d.id for d in got] == [ids[13]] + [i for n, i in enumerate(ids) if n not in (9, 13)]
@@ -382,13 +385,17 @@ def test_leases_touched_to_the_same_deadline_run_out_once() -> None:
     assert [d.receive_count for d in sh.run(c.Take(max=10))] == [2] * 10
 
 
-def test_a_message_given_back_alone_reads_nothing_back() -> None:
+def test_a_message_given_back_alone_for_now_reads_nothing_back() -> None:
     sh = lending()
     sh.put(8)
     taken = sh.run(c.Take(max=8))
     reads = sh.reads
-    give_back(sh, taken[:1], 60_000)  # one message: fewer than a return run takes
+    give_back(sh, taken[:1], 0)  # one message, ready at once: it stays a message
     assert sh.reads == reads
+    assert len(sh.state.messages) == 8
+    give_back(sh, taken[1:2], 60_000)  # due later: its body is compared with the put's once
+    assert sh.reads == reads + 1
+    assert len(sh.state.messages) == 7
 
 
 def test_a_move_past_slots_a_return_run_holds_makes_them_messages_first() -> None:
