@@ -178,7 +178,8 @@ class LoanRecord(msgspec.Struct, array_like=True, gc=False):
                 or len(self.first_takes) != 8 * n
                 or self.next
                 or self.out
-                or max(_little(_frombytes("I", self.slots))) >= runs[self.run].count
+                or max(slots := _little(_frombytes("I", self.slots))) >= runs[self.run].count
+                or len(set(slots)) != n  # one slot held twice: one message in two places
             ):
                 return f"a scattered return run of {n} from a run of {runs[self.run].count}"
             return None
@@ -415,19 +416,21 @@ class Run:
         """A *scattered* return run of put run ``src``, empty: the messages of ``src`` given
         back one or a few at a time (a release of too few that follow each other, a
         reschedule), each due at a time of its own, received as often as it was, first when
-        it was. Each costs 26 bytes here (its slot in ``src``, time, place in time order,
-        receive count and first take) instead of a message object; bodies and attributes
-        are ``src``'s. It waits in the state's ``later`` as a spread run does, its slots
-        woken one time at a time as ready messages, and it takes more (:meth:`add`) while
-        it has slots left."""
+        it was. Each costs 14 bytes here (its slot in ``src``, 2; its time and first take
+        as distances from the put, 4 each; its place in time order, 2; its receive count,
+        2; each array made wider when a value needs it) instead of a message object;
+        bodies and attributes are ``src``'s. It waits in the state's ``later`` as a spread
+        run does, its slots woken one time at a time as ready messages, and it takes more
+        (:meth:`add`) while it has slots left."""
         run = cls.lend(src, 0, 1, 0, 0, 0)  # then made empty: it holds what ``add`` gives it
         src.lent -= 1
         run.count = run.left = 0
         run.id = run.last_id = src.id
         run.ids = None
         run.slots = array("H" if src.count <= 1 << 16 else "I")
-        run.acts, run.order = array("q"), array("I")
-        run.rcs, run.firsts = array("I"), array("q")
+        run.base = src.at_ms  # times and first takes are held as distances from the put
+        run.acts, run.order = array("I"), array("H")
+        run.rcs, run.firsts = array("H"), array("I")  # a first take: its distance + 1 (0: none)
         run.waiting = True
         return run
 
@@ -437,20 +440,24 @@ class Run:
         at ``first``. True: its next time changed (the state's ``later`` needs an entry
         for the new one)."""
         before = self.act if self.left else None
-        if self.count >= 2 * self.left + 32:
-            self._pack()  # most of what it held left it
+        if self.count >= 2 * self.left + 32 or (self.count and not self.left):
+            self._pack()  # most of what it held left it (or all: filled again)
+        j, base = self.count, self.base
+        self.acts = acts = _fit(cast("array[int]", self.acts), act - base)
+        self.order = order = _fit(cast("array[int]", self.order), j)
+        self.rcs = _fit(cast("array[int]", self.rcs), rc)
+        held = first - base + 1 if first else 0
+        self.firsts = _fit(cast("array[int]", self.firsts), held)
         slots = cast("array[int]", self.slots)
-        acts, order = cast("array[int]", self.acts), cast("array[int]", self.order)
-        j = self.count
         slots.append(i)
-        acts.append(act)
-        cast("array[int]", self.rcs).append(rc)
-        cast("array[int]", self.firsts).append(first)
+        acts.append(act - base)
+        self.rcs.append(rc)
+        self.firsts.append(held)
         insort(order, j, lo=self.woke, key=lambda k: (acts[k], slots[k]))
         self.count += 1
         self.left += 1
         cast(Run, self.src).lent += 1
-        self.act = acts[order[self.woke]]
+        self.act = base + acts[order[self.woke]]
         return self.act != before
 
     def _pack(self) -> None:
@@ -459,25 +466,34 @@ class Run:
         old_slots, old_acts = cast("array[int]", self.slots), cast("array[int]", self.acts)
         rcs, firsts = cast("array[int]", self.rcs), cast("array[int]", self.firsts)
         slots = array(old_slots.typecode, [old_slots[j] for j in keep])
-        acts = array("q", [old_acts[j] for j in keep])
+        acts = array(old_acts.typecode, [old_acts[j] for j in keep])
         self.slots, self.acts = slots, acts
-        self.rcs = array("I", [rcs[j] for j in keep])
-        self.firsts = array("q", [firsts[j] for j in keep])
-        self.order = array("I", sorted(range(len(keep)), key=lambda k: (acts[k], slots[k])))
+        self.rcs = array(rcs.typecode, [rcs[j] for j in keep])
+        self.firsts = array(firsts.typecode, [firsts[j] for j in keep])
+        order = sorted(range(len(keep)), key=lambda k: (acts[k], slots[k]))
+        self.order = array(cast("array[int]", self.order).typecode, order)
         self.count, self.next, self.out, self.woke = len(keep), 0, Slots(), 0
         if keep:
-            self.act = acts[self.order[0]]
+            self.act = self.base + acts[order[0]]
 
     @classmethod
     def scattered(cls, src: Run, r: LoanRecord) -> Run:
-        """The scattered return run ``r`` holds (a snapshot's)."""
+        """The scattered return run ``r`` holds (a snapshot's): its arrays made at once and
+        sorted once, not a message at a time."""
         run = cls.scatter(src)
-        slots = _little(_frombytes("I", r.slots))
-        times = _little(_frombytes("q", r.times))
-        rcs = _little(_frombytes("I", r.receive_counts))
-        firsts = _little(_frombytes("q", r.first_takes))
-        for k in range(len(slots)):
-            run.add(slots[k], times[k], rcs[k], firsts[k])
+        base = run.base
+        slots = list(_little(_frombytes("I", r.slots)))
+        acts = [t - base for t in _little(_frombytes("q", r.times))]
+        firsts = [f - base + 1 if f else 0 for f in _little(_frombytes("q", r.first_takes))]
+        run.slots = _filled(cast("array[int]", run.slots), slots)
+        run.acts = held = _filled(cast("array[int]", run.acts), acts)
+        run.rcs = _filled(cast("array[int]", run.rcs), _little(_frombytes("I", r.receive_counts)))
+        run.firsts = _filled(cast("array[int]", run.firsts), firsts)
+        order = sorted(range(len(slots)), key=lambda k: (held[k], slots[k]))
+        run.order = _filled(cast("array[int]", run.order), order)
+        run.count = run.left = len(slots)
+        src.lent += len(slots)
+        run.act = base + held[order[0]]
         return run
 
     def live_loans(self) -> list[Run]:
@@ -539,7 +555,7 @@ class Run:
             )
         keep = list(self.spilled())
         acts, rcs = cast("array[int]", self.acts), cast("array[int]", self.rcs)
-        firsts = cast("array[int]", self.firsts)
+        base = self.base
         return LoanRecord(
             index,
             0,
@@ -550,9 +566,9 @@ class Run:
             0,
             0,
             _little(array("I", [slots[j] for j in keep])).tobytes(),
-            _little(array("q", [acts[j] for j in keep])).tobytes(),
+            _little(array("q", [base + acts[j] for j in keep])).tobytes(),
             _little(array("I", [rcs[j] for j in keep])).tobytes(),
-            _little(array("q", [firsts[j] for j in keep])).tobytes(),
+            _little(array("q", [self.first_of(j) for j in keep])).tobytes(),
         )
 
     def __lt__(self, other: object) -> bool:
@@ -599,6 +615,14 @@ class Run:
     def act_of(self, i: int) -> int:
         """When slot ``i`` is ready."""
         return self.act if self.acts is None else self.base + self.acts[i]
+
+    def first_of(self, i: int) -> int:
+        """When slot ``i``'s message was first taken (0: never)."""
+        firsts = self.firsts
+        if firsts is None:
+            return self.first
+        held = firsts[i]
+        return self.base + held - 1 if held else 0
 
     def put_slot(self, i: int) -> int:
         """Slot ``i``'s slot in its put's run (a return run's are ``src``'s)."""
@@ -809,6 +833,27 @@ def group_names(data: bytes) -> list[str] | None:
 
 _names_encoder = msgspec.msgpack.Encoder()
 _names_decoder = msgspec.msgpack.Decoder(list[str])
+
+
+_TOP = {"H": 0xFFFF, "I": 0xFFFFFFFF}  # the largest value of each narrow array type
+_WIDER = {"H": "I", "I": "q"}
+
+
+def _fit(values: array[int], value: int) -> array[int]:
+    """``values``, or a wider copy if ``value`` does not fit its type."""
+    top = _TOP.get(values.typecode)
+    while top is not None and not 0 <= value <= top:
+        values = array(_WIDER[values.typecode], values)
+        top = _TOP.get(values.typecode)
+    return values
+
+
+def _filled(values: array[int], more: Sequence[int]) -> array[int]:
+    """``values`` (empty) holding ``more``, made wider if one of them needs it."""
+    if more:
+        values = _fit(_fit(values, max(more)), min(more))
+    values.fromlist(list(more))
+    return values
 
 
 def _frombytes(typecode: str, data: bytes) -> array[int]:

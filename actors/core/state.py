@@ -73,7 +73,7 @@ RUN_MIN_PUT = 16
 RUN_DEPTH = 10_000
 # Released messages of one run that follow each other: a return run from this many (one
 # object of ~300 B, against one each as messages; SQS consumers receive 10 at a time);
-# fewer, due later, go into the run's scattered return run (26 B each: runs.py, Run.scatter).
+# fewer, due later, go into the run's scattered return run (14 B each: runs.py, Run.scatter).
 RETURN_MIN = 4
 MAX_MOVE_TASKS = 10  # move tasks a queue remembers (SQS lists the 10 most recent)
 # How long a take's attempt id finds its messages again (SQS: ReceiveRequestAttemptId, 5
@@ -500,7 +500,7 @@ class QueueState:
         del self.messages[m.id]
         loan = None
         for held in reversed(run.loans or ()):
-            if held.slots is not None and held.left:
+            if held.slots is not None:  # its one: filled again once empty (Run.add)
                 loan = held
                 break
         if loan is None:
@@ -1084,6 +1084,11 @@ class QueueState:
             self.delayed = _sweep(self.delayed, DELAYED, _ACTIVATE)
         if len(self.reserved) > 2 * self.n_reserved + _COMPACT_SLACK:
             self.reserved = _sweep(self.reserved, RESERVED, _DEADLINE)
+        if len(self.later) > 2 * self.deferred + _COMPACT_SLACK:
+            # stale entries of runs whose time moved (a scattered run takes one a reschedule)
+            later = list({id(e[2]): e for e in self.later if _waits(e)}.values())
+            heapq.heapify(later)
+            self.later = later
         if len(self.arrivals) > 2 * (len(self.messages) + len(self.by_id)) + _COMPACT_SLACK:
             self.arrivals = deque(m for m in self.arrivals if _live(m))
         if self.in_mats > 2 * len(self.messages) + _COMPACT_SLACK:
@@ -1561,11 +1566,7 @@ def transient(run: Run, i: int, contents: Contents) -> QueuedMessage:
         at, seq, rc, first = run.off + i, run.seq + i, run.rc, run.first
     else:  # a scattered return run's: each slot has its own
         at = slots[i]
-        seq, rc, first = (
-            run.seq + at,
-            cast("array[int]", run.rcs)[i],
-            cast("array[int]", run.firsts)[i],
-        )
+        seq, rc, first = run.seq + at, cast("array[int]", run.rcs)[i], run.first_of(i)
     return QueuedMessage(
         seq,
         run.mid(i),

@@ -1,6 +1,6 @@
 """Scattered return runs (runs.py, ``Run.scatter``): messages of a run given back one or a
 few at a time (a release of too few that follow each other, a reschedule) go back into one
-object of their put's run, 26 bytes each, instead of one message object each. The model
+object of their put's run, 14 bytes each, instead of one message object each. The model
 test (test_model.py: the spilling walk with ``return_min`` 2, and the machine drawing it)
 checks that nothing a client sees changes; these check the representation."""
 
@@ -14,7 +14,7 @@ import pytest
 from actors.core import commands as c
 from actors.core import events as ev
 from actors.core import state as state_module
-from actors.core.runs import LoanRecord, moved_contents
+from actors.core.runs import LoanRecord, Run, moved_contents
 from actors.core.snapshot import decode_snapshot, encode_snapshot, logical, restore, snapshot
 from actors.core.state import QueueState
 from actors.errors import DataError, MessageNotFound
@@ -103,7 +103,7 @@ def test_a_reschedule_of_a_taken_message_starts_its_receive_count_again() -> Non
     sh.run(c.Update(id=ids[1], lease=taken[1].lease, delay_ms=10_000))
     assert len(sh.state.messages) == 2  # the other two are still reserved
     [loan] = scattered(sh.state)
-    assert (list(loan.rcs), list(loan.firsts)) == ([0], [T0])
+    assert (list(loan.rcs), loan.first_of(0), loan.act_of(0)) == ([0], T0, T0 + 10_000)
     sh.now += 10_000
     [d] = sh.run(c.Take(max=3))
     assert (d.id, d.receive_count, d.first_taken_ms) == (ids[1], 1, T0)
@@ -168,6 +168,13 @@ def test_a_snapshot_holds_what_a_scattered_run_still_holds_and_a_restore_takes_t
         {"times": b""},
         {"receive_counts": b"\x01"},
         {"next": 1},
+        {  # one slot twice, every array of the right length
+            "slots": b"\x02\x00\x00\x00" * 2,
+            "count": 2,
+            "times": b"\x00" * 16,
+            "receive_counts": b"\x00" * 8,
+            "first_takes": b"\x00" * 16,
+        },
     ],
 )
 def test_a_damaged_scattered_record_is_a_data_error(change: dict) -> None:
@@ -264,8 +271,54 @@ def test_a_message_rescheduled_alone_costs_a_tenth_of_an_object(
         assert bool(sh.state.messages) is not return_runs
         return used / len(ids)
 
-    # 26 bytes of arrays a message and their growth's reserve, plus the 2,000 tuples
+    # 14 bytes of arrays a message and their growth's reserve, plus the 2,000 tuples
     # CPython keeps for reuse (12.8 B a message at this size: a fixed cost)
     objects, scattered_ = cost(False), cost(True)
     assert scattered_ < 48, (scattered_, objects)
     assert objects > 6 * scattered_, (scattered_, objects)
+
+
+def test_the_arrays_grow_wider_when_a_value_needs_it() -> None:
+    """Times and first takes are held as 4-byte distances from the put, receive counts and
+    places in time order in 2 bytes: a value past those makes that array wider."""
+    sh = Shell()
+    sh.put(3)
+    put = sh.state.by_id[0]
+    loan = Run.scatter(put)
+    assert [a.typecode for a in (loan.acts, loan.order, loan.rcs, loan.firsts)] == list("IHHI")
+    far = put.at_ms + (1 << 33)  # 99 days on
+    loan.add(0, put.at_ms + 5, 70_000, 0)
+    loan.add(1, far, 1, far - 1)
+    loan.add(2, put.at_ms + 7, 2, put.at_ms)
+    assert [a.typecode for a in (loan.acts, loan.order, loan.rcs, loan.firsts)] == list("qHIq")
+    assert [(loan.act_of(j), loan.rcs[j], loan.first_of(j)) for j in range(3)] == [
+        (put.at_ms + 5, 70_000, 0),
+        (far, 1, far - 1),
+        (put.at_ms + 7, 2, put.at_ms),
+    ]
+    assert list(loan.spilled_by_time()) == [0, 2, 1]
+    assert (loan.act, loan.left, put.lent) == (put.at_ms + 5, 3, 3)
+
+
+def test_one_message_rescheduled_over_and_over_reuses_its_scattered_run(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A timer pushed back again and again (one message, rescheduled alone each time): each
+    reschedule takes it out of its scattered run, which is then empty; it is filled again,
+    not left behind for a new one (a run a reschedule in its put's ``loans``, each searched
+    by the next: quadratic, and ~1 KB a reschedule until a snapshot prunes them), and the
+    stale entries of ``later`` are swept as those of the message heaps are."""
+    monkeypatch.setattr(state_module, "_COMPACT_SLACK", 64)
+    sh = Shell()
+    ids = sh.put(3)
+    for n in range(3_000):
+        sh.run(c.Update(id=ids[0], delay_ms=60_000 + n))
+    put = sh.state.by_id[0]
+    assert len(put.loans or ()) == 1
+    [loan] = scattered(sh.state)
+    assert (loan.left, loan.count, put.lent) == (1, 1, 1)
+    assert len(sh.state.later) <= 2 * sh.state.deferred + state_module._COMPACT_SLACK
+    sh.now += 60_000 + 3_000
+    got = sh.run(c.Take(max=3))
+    assert [(d.id, d.body) for d in got] == [(ids[1], b"m1"), (ids[2], b"m2"), (ids[0], b"m0")]
+    assert got[2].activate_at_ms == T0 + 60_000 + 2_999
