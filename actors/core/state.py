@@ -346,10 +346,11 @@ class QueueState:
         reserved = self.reserved
         fifo = self.settings.fifo
         n = 0
-        for mid, lease in zip(e.ids, e.leases, strict=True):
+        read: list[Any] = [None, None]  # the last run read, and its contents: a take's
+        for mid, lease in zip(e.ids, e.leases, strict=True):  # messages come a run at a time
             m = messages.get(mid)
             if m is None and (self.spilled or self.grouped):
-                m = self._unspill(mid, offer=False)
+                m = self._unspill(mid, offer=False, read=read)
             if m is None or m.state != READY:
                 continue
             m.state = RESERVED
@@ -1517,9 +1518,12 @@ class QueueState:
             group.rest, group.start = array("q"), 0
         self.spill = False
 
-    def _unspill(self, mid: ev.MessageId, offer: bool) -> QueuedMessage | None:
+    def _unspill(
+        self, mid: ev.MessageId, offer: bool, read: list[Any] | None = None
+    ) -> QueuedMessage | None:
         """Materialize spilled message ``mid``: a delayed one into the delayed heap, a ready
-        one into the ready heap if ``offer`` (a caller about to take it leaves it out)."""
+        one into the ready heap if ``offer`` (a caller about to take it leaves it out).
+        ``read``: the run last read and its contents, kept there across calls."""
         found = self._run_of(mid)
         if found is None:
             return None
@@ -1530,7 +1534,14 @@ class QueueState:
             if offer and not group.busy and self._head(group) is m:
                 heapq.heappush(self.ready, (m.activate_at_ms, m.seq, m))
             return m
-        m = self._materialize(run, i, self.contents_of(run))
+        if read is None:
+            contents = self.contents_of(run)
+        elif read[0] is run:
+            contents = read[1]
+        else:
+            contents = read[1] = self.contents_of(run)
+            read[0] = run
+        m = self._materialize(run, i, contents)
         run.take_slot(i)
         if run.waiting:
             self.deferred -= 1
@@ -1567,17 +1578,24 @@ def transient(run: Run, i: int, contents: Contents) -> QueuedMessage:
     else:  # a scattered return run's: each slot has its own
         at = slots[i]
         seq, rc, first = run.seq + at, cast("array[int]", run.rcs)[i], run.first_of(i)
+    if run.cwidth or run.cends is not None or run.slots is not None:
+        mid = run.mid(i)  # a client id, or a scattered slot's
+    else:  # the common case inline (a take makes a view and a message of each)
+        mid = run.id + i if run.ids is None else run.ids[i]
+    gnames = run.gnames
     return QueuedMessage(
         seq,
-        run.mid(i),
+        mid,
         contents.bodies[at],
         run.at_ms,
-        run.act_of(i),
+        run.act if run.acts is None else run.base + run.acts[i],
         state,
         rc,
-        group=run.group_of(i),
-        attributes=None if attrs is None else attrs[at],
-        first_taken_ms=first,
+        0,
+        0,
+        None if gnames is None else gnames[cast("array[int]", run.gidx)[i]],
+        None if attrs is None else attrs[at],
+        first,
     )
 
 
