@@ -18,6 +18,7 @@ import msgspec
 
 from actors.core import events as ev
 from actors.core import replies as rp
+from actors.core.idindex import IdIndex
 from actors.core.runs import LoanRecord, Run, RunRecord, Slots
 from actors.core.state import DELAYED, READY, RESERVED, QueuedMessage, QueueState, transient
 from actors.errors import DataError
@@ -266,12 +267,25 @@ def _runs(records: list[RunRecord]) -> list[Run]:
 
 def _client_indexed(s: QueueState, records: list[RunRecord]) -> list[Run]:
     """The snapshot's runs, a client-id queue's ids indexed again (idindex.py: the index is
-    never written)."""
+    never written), all at once."""
     runs = _runs(records)
-    for run in runs:
-        if run.cids is not None:
-            s._index_run(run)
+    held = [run for run in runs if run.cids is not None]
+    if held:
+        count = sum(run.left for run in held)
+        s.cindex = IdIndex.built(count, (_ids_of(run, s.number_run(run)) for run in held))
+        if not count:
+            s.cindex = None
     return runs
+
+
+def _ids_of(run: Run, no: int) -> tuple[list[str], int, list[int] | range]:
+    """The ids ``run`` still holds, its number, and their slots."""
+    slots: list[int] | range = range(run.next, run.count) if not run.out else list(run.spilled())
+    width, packed = run.cwidth, cast(bytes, run.cids)
+    if width and packed.isascii():  # the common case: sliced from one str, not decoded each
+        text = packed.decode()
+        return [text[i * width : (i + 1) * width] for i in slots], no, slots
+    return [run.mid(i) for i in slots], no, slots
 
 
 def _relink(s: QueueState) -> None:

@@ -1234,18 +1234,23 @@ class QueueState:
         index = self.cindex
         if index is None:
             index = self.cindex = IdIndex()
-        if self.cfree:
-            run.no = no = self.cfree.pop()
-            self.cruns[no] = run
-        else:
-            run.no = no = len(self.cruns)
-            self.cruns.append(run)
+        no = self.number_run(run)
         if ids is not None:
             for i, mid in enumerate(ids):
                 index.add(mid, no, i)
         else:
             for i in run.spilled():
                 index.add(run.mid(i), no, i)
+
+    def number_run(self, run: Run) -> int:
+        """A client-id run's number in ``cruns`` (one a gone run had, or a new one)."""
+        if self.cfree:
+            run.no = no = self.cfree.pop()
+            self.cruns[no] = run
+        else:
+            run.no = no = len(self.cruns)
+            self.cruns.append(run)
+        return no
 
     def _unindex(self, run: Run, i: int, mid: str) -> None:
         """Slot ``i`` of client-id run ``run`` (id ``mid``) leaves the run: and the index,

@@ -162,6 +162,33 @@ def test_the_index_finds_every_id_through_its_splits_and_forgets_removed_ones() 
     assert sum(len(t) for t in index.tags) == 4 * (n - 1)
 
 
+@pytest.mark.parametrize("n", [0, 100, PER_BUCKET * 16 * 5 + 37])
+def test_an_index_built_at_once_finds_what_one_built_an_id_at_a_time_does(n: int) -> None:
+    """A restore builds the index in one pass (IdIndex.built): the same buckets as adds one
+    at a time reach, every id found, and it grows and forgets as one made by adds."""
+    ids = [f"id-{k}" for k in range(n)]
+    one = IdIndex()
+    for k, mid in enumerate(ids):
+        one.add(mid, k // 1000, k % 1000)
+    runs = [
+        (ids[r : r + 1000], r // 1000, range(len(ids[r : r + 1000]))) for r in range(0, n, 1000)
+    ]
+    built = IdIndex.built(n, runs)
+    assert (len(built), len(built.tags)) == (len(one), len(one.tags))
+    assert (built.level, built.split) == (one.level, one.split)
+    for k in range(0, n, 3):
+        assert list(built.find(ids[k])) == list(one.find(ids[k])) == [(k // 1000, k % 1000)]
+    for k in range(n, n + PER_BUCKET * 40):  # grows on by splits
+        built.add(f"id-{k}", 99, k % 1000)
+    assert len(built.tags) > len(one.tags)
+    for k in range(0, n + PER_BUCKET * 40, 11):
+        want = (k // 1000, k % 1000) if k < n else (99, k % 1000)
+        assert want in list(built.find(f"id-{k}"))
+    if n:
+        assert built.remove(ids[0], 0, 0)
+        assert not list(built.find(ids[0]))
+
+
 def take_ack(sh: ClientShell, n: int) -> list[str]:
     got = sh.run(c.Take(max=n))
     sh.run(c.Ack([c.LeaseRef(d.id, d.lease) for d in got]))
