@@ -119,6 +119,8 @@ class RunRecord(msgspec.Struct, array_like=True, gc=False):
             len(self.times) not in (4 * n, 8 * n) or len(self.order) not in (2 * n, 4 * n)
         ):
             return f"a spread run of {n} with {len(self.times)} bytes of times"
+        if any(not self.next < i < n for i in self.out) or not 0 <= self.next <= n:
+            return f"a run of {n} with slots {self.out[:8]} out past {self.next}"
         if self.bodies is not None and len(self.bodies) != n:
             return f"a run of {n} with {len(self.bodies)} bodies"
         if self.attrs is not None and len(self.attrs) != n:

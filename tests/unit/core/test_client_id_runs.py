@@ -139,6 +139,9 @@ def test_damaged_client_ids_in_a_snapshot_are_refused() -> None:
         msgspec.structs.replace(fixed, client_ids=fixed.client_ids[:-1]),
         msgspec.structs.replace(fixed, id_width=3),
         msgspec.structs.replace(fixed, client_ids=b"\xff" * len(fixed.client_ids)),
+        # slots out below next (counted out twice: an id still held would not be indexed)
+        msgspec.structs.replace(fixed, next=5, out=[2]),
+        msgspec.structs.replace(fixed, next=21),
     ):
         assert isinstance(bad, RunRecord)
         snap = msgspec.structs.replace(snapshot(sh.state), runs=[bad])
