@@ -398,6 +398,15 @@ class Run:
         run.id, run.last_id = src.mid(off), src.mid(off + count - 1)
         run.ids = None if src.ids is None else src.ids[off : off + count]
         run.cids, run.cends, run.cwidth, run.no = None, None, 0, 0  # lends nothing
+        if src.cids is not None:  # a client-id run's: its slots' ids, read as its own
+            width = src.cwidth
+            if width:
+                run.cids, run.cwidth = src.cids[off * width : (off + count) * width], width
+            else:
+                ends = cast("array[int]", src.cends)
+                start = ends[off - 1] if off else 0
+                run.cids = src.cids[start : ends[off + count - 1]]
+                run.cends = array("I", [e - start for e in ends[off : off + count]])
         run.act, run.waiting = act, False
         run.acts, run.order, run.base, run.woke = None, None, 0, 0
         run.next, run.out, run.left = 0, Slots(), count
@@ -428,7 +437,7 @@ class Run:
         src.lent -= 1
         run.count = run.left = 0
         run.id = run.last_id = src.id
-        run.ids = None
+        run.ids, run.cids, run.cends, run.cwidth = None, None, None, 0
         run.slots = array("H" if src.count <= 1 << 16 else "I")
         run.base = src.at_ms  # times and first takes are held as distances from the put
         run.acts, run.order = array("I"), array("H")

@@ -228,7 +228,12 @@ def _restore(snap: Snapshot) -> QueueState:
         s.by_id = _client_indexed(s, snap.runs)
         held = list(s.by_id)
         for r in snap.loans:
-            held.append(_loan(s.by_id[r.run], r))
+            loan = _loan(s.by_id[r.run], r)
+            held.append(loan)
+            put = s.by_id[r.run]
+            if put.cids is not None:  # a client-id run's: its ids are found through the put's
+                for j in loan.spilled():
+                    s.reindex(put, loan.put_slot(j), loan.mid(j))
         for run in held:
             if run.gnames is not None:  # a FIFO queue's: in its groups (_index_groups)
                 s.grouped += run.left

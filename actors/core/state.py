@@ -401,7 +401,7 @@ class QueueState:
                 self._end_lease(m)
                 if self._exhausted(m):
                     self._dead_letter(m)
-                elif lends and when > at and type(mid) is int:
+                elif lends and when > at:
                     # in no state count until _give_back places it (and no longer reserved,
                     # should the event name it twice)
                     m.state, m.activate_at_ms = _GIVEN, when
@@ -499,6 +499,8 @@ class QueueState:
         message for ``run``'s scattered return run, due at ``act`` (later than now)."""
         m.state = GONE
         del self.messages[m.id]
+        if run.cids is not None:
+            self.reindex(run, i, cast(str, m.id))
         loan = None
         for held in reversed(run.loans or ()):
             if held.slots is not None:  # its one: filled again once empty (Run.add)
@@ -551,9 +553,11 @@ class QueueState:
             if found is None:
                 return False
             at_k = found
-        for _, m in span:
+        for i, m in span:
             m.state = GONE
             del self.messages[m.id]
+            if run.cids is not None:
+                self.reindex(run, i, cast(str, m.id))
         loan = Run.lend(run, span[0][0], len(span), act, rc, first)
         n = len(span)
         if ready:
@@ -590,7 +594,7 @@ class QueueState:
                 self.n_delayed -= 1
             act, at = e.activate_at_ms, e.at_ms
             slot = None
-            if act > at and self._gives_back() and type(m.id) is int:
+            if act > at and self._gives_back():
                 slot = self._slot_of(m)
             contents = None if slot is None else self._readable(slot[0])
             if slot is None or contents is None:
@@ -777,7 +781,7 @@ class QueueState:
             m = heapq.heappop(reserved)[2]
             if m.state != RESERVED or m.deadline_ms != t:
                 continue  # a stale entry
-            if not lends or type(m.id) is not int:
+            if not lends:
                 self._expire_lease(m)
                 continue
             self._end_lease(m)
@@ -1052,9 +1056,10 @@ class QueueState:
 
     def _expire_run(self, run: Run) -> None:
         """Retention ends every message of ``run`` (all were put at once)."""
-        if run.cids is not None:  # a client-id run: its ids leave the index
-            for i in run.spilled():
-                self._unindex(run, i, run.mid(i))
+        if run.cids is not None:  # a client-id run: its ids leave the index (lent ones too)
+            for held in [run, *run.live_loans()]:
+                for i in held.spilled():
+                    self._unindex(run, held.put_slot(i), held.mid(i))
             self._drop_client_run(run)
         for held in [run, *run.live_loans()]:  # its return runs share its put time
             n = held.left
@@ -1260,6 +1265,14 @@ class QueueState:
         if not index:
             self.cindex = None
 
+    def reindex(self, run: Run, i: int, mid: str) -> None:
+        """Slot ``i`` of client-id run ``run`` (id ``mid``) goes back into a return run of
+        it: the index finds it through ``run`` again (``_client_slot``)."""
+        index = self.cindex
+        if index is None:
+            index = self.cindex = IdIndex()
+        index.add(mid, run.no, i)
+
     def _drop_client_run(self, run: Run) -> None:
         """A client-id run holds nothing more: no entry names it, its number can serve
         again (none to give back after ``unspill_all``)."""
@@ -1276,8 +1289,14 @@ class QueueState:
         cruns = self.cruns
         for no, i in index.find(mid):
             run = cruns[no]
-            if run is not None and i < run.count and run.is_spilled(i) and run.mid(i) == mid:
+            if run is None or i >= run.count or run.mid(i) != mid:
+                continue
+            if run.is_spilled(i):
                 return run, i
+            if run.lent:  # given back into one of its return runs
+                found = run.lends(i)
+                if found is not None:
+                    return found
         return None
 
     def _put_grouped(self, run: Run) -> None:
@@ -1561,8 +1580,9 @@ class QueueState:
         """Slot ``i`` of ``run`` as a message of the state (ready, or delayed while the run
         waits; the caller indexes it and counts the slot out of the run)."""
         m = transient(run, i, contents)
-        if run.cids is not None:
-            self._unindex(run, i, cast(str, m.id))  # found in ``messages`` now
+        put = run if run.src is None else run.src
+        if put.cids is not None:  # found in ``messages`` now
+            self._unindex(put, run.put_slot(i), cast(str, m.id))
         (run.mat if run.src is None else run.src.mat).append(m)
         self.in_mats += 1
         self.messages[m.id] = m

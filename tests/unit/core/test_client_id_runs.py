@@ -233,3 +233,58 @@ def test_retention_after_the_state_stopped_spilling_ends_the_messages() -> None:
     assert (sh.state.cindex, len(sh.state.messages)) == (None, 20)
     sh.now += 61_000
     assert sh.run(c.Stats()).total == 0
+
+
+@pytest.mark.parametrize("ids", [names(12), ["a", "bb", "ccc-é", "d", "ee", "f", "g", "h"]])
+def test_client_id_messages_given_back_go_back_into_their_run(ids: list[str]) -> None:
+    """Released with a delay, a batch goes into a return run and a lone message into the
+    put's scattered one, as with server ids: no message objects, each found by its id (a
+    peek, a put of it again), taken back in order; through a restore too."""
+    sh = ClientShell()
+    sh.put_ids(ids)
+    taken = sh.run(c.Take(max=len(ids)))
+    n = len(ids)
+    batch = [c.ReleaseItem(id=d.id, lease=d.lease, delay_ms=10_000) for d in taken[: n - 2]]
+    sh.run(c.Release(batch))
+    sh.run(c.Release([c.ReleaseItem(id=taken[-1].id, lease=taken[-1].lease, delay_ms=5_000)]))
+    sh.run(c.Update(id=taken[-2].id, lease=taken[-2].lease, delay_ms=7_000))
+    s = sh.state
+    assert (len(s.messages), s.deferred, len(s.cindex or ())) == (0, n, n)
+    view = sh.run(c.Peek(ids[3]))
+    assert (view.id, view.body, view.state, view.receive_count) == (
+        ids[3],
+        ids[3].encode(),
+        "delayed",
+        1,
+    )
+    assert sh.put_ids([ids[1]]) == ["duplicate"]  # the same body: a retry
+    with pytest.raises(Conflict):
+        sh.put_ids([ids[1]], body=b"other")
+    before = logical(s)
+    again = ClientShell()
+    again.log = sh.log  # the same log's bodies
+    again.state = again.spilling(restore(decode_snapshot(encode_snapshot(snapshot(s)))))
+    assert logical(again.state) == before
+    for shell in (sh, again):
+        assert len(shell.state.cindex or ()) == n
+        assert shell.run(c.Peek(ids[-1])).activate_at_ms == T0 + 5_000
+        shell.now += 10_000
+        got = shell.run(c.Take(max=n))
+        assert [d.id for d in got] == [ids[-1], ids[-2], *ids[: n - 2]]
+        assert [d.body for d in got] == [mid.encode() for mid in [ids[-1], ids[-2], *ids[: n - 2]]]
+        assert [d.receive_count for d in got] == [2, 1] + [2] * (n - 2)
+        assert shell.state.cindex is None  # every id left the runs: the index went
+
+
+def test_retention_takes_a_client_id_return_run_s_ids_out_of_the_index() -> None:
+    sh = ClientShell(retention_ms=60_000)
+    ids = names(8)
+    sh.put_ids(ids)
+    sh.now += 40_000
+    taken = sh.run(c.Take(max=8))
+    sh.run(c.Release([c.ReleaseItem(id=d.id, lease=d.lease, delay_ms=30_000) for d in taken]))
+    assert len(sh.state.cindex or ()) == 8
+    sh.now += 20_000
+    assert sh.run(c.Stats()).total == 0  # type: ignore[attr-defined]
+    assert sh.state.cindex is None
+    assert sh.put_ids(ids[:1]) == ["created"]  # the id is free again

@@ -668,7 +668,7 @@ VARIANTS = [
     (False, True, False, 1),
     (True, False, True, 2),  # single messages given back: scattered return runs
     (True, True, True, 1),
-    (False, False, True, 1),
+    (False, False, True, 2),  # client ids: return runs, scattered ones too
     (False, True, True, 1),
     (True, False, True, 1),  # return runs of one message
 ]
@@ -711,6 +711,8 @@ def test_long_seeded_walk_matches_the_reference(
     assert variant != 4 or m.loans > 0 or m.ref.settings.max_receives == 1
     # and messages given back alone (scattered return runs: in the walk with return_min 2)
     assert variant != 4 or m.scattered > 0 or m.ref.settings.max_receives == 1
+    # and a client-id queue's messages given back too
+    assert variant != 6 or m.loans > 0 or m.ref.settings.max_receives == 1
     assert not (spills and fifo) or m.most_grouped > 0  # the spilling FIFO queues held runs
     assert not spills or fifo or m.most_spilled > 0  # and the standard ones
 
