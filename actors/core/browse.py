@@ -128,7 +128,7 @@ def _ordered(state: QueueState, code: int, after: Key | None, want: int) -> list
         runs = state.grouped_after(after)  # a FIFO queue's runs (never ready ones as well)
     elif code == READY and state.spilled:
         runs = state.spilled_after(after)
-    elif code == DELAYED and state.deferred:
+    elif code == DELAYED and (state.deferred or (state.grouped and state.later)):
         runs = state.deferred_after(after)
     else:
         return found

@@ -225,31 +225,7 @@ def _restore(snap: Snapshot) -> QueueState:
         _index(s, m)
     s.arrivals = deque(s.messages.values())
     if snap.runs:
-        s.by_id = _client_indexed(s, snap.runs)
-        held = list(s.by_id)
-        for r in snap.loans:
-            loan = _loan(s.by_id[r.run], r)
-            held.append(loan)
-            put = s.by_id[r.run]
-            if put.cids is not None:  # a client-id run's: its ids are found through the put's
-                for j in loan.spilled():
-                    s.reindex(put, loan.put_slot(j), loan.mid(j))
-        for run in held:
-            if run.gnames is not None:  # a FIFO queue's: in its groups (_index_groups)
-                s.grouped += run.left
-            elif run.acts is not None or run.act > s.clock_ms:  # a delayed run still waiting
-                run.waiting = True
-                s.later.append((run.act, run.seq, run))
-                s.deferred += run.left
-            else:
-                s.runs.append(run)
-                s.spilled += run.left
-        s.runs.sort(key=_take_key)  # woken delayed runs after the ready runs put before them
-        _relink(s)
-        heapq.heapify(s.later)
-        s.n_ready += s.spilled + s.grouped
-        s.n_delayed += s.deferred
-        s.arrivals = deque(heapq.merge(s.arrivals, s.by_id, key=_seq))
+        _restore_runs(s, snap)
     if s.settings.fifo:
         _index_groups(s)
     for heap in (s.ready, s.delayed, s.reserved):
@@ -262,6 +238,41 @@ def _restore(snap: Snapshot) -> QueueState:
     s.move_tasks = list(snap.move_tasks)
     s.attempts = {a: (at, ids, leases, deadline) for a, at, ids, leases, deadline in snap.attempts}
     return s
+
+
+def _restore_runs(s: QueueState, snap: Snapshot) -> None:
+    """The snapshot's runs and return runs into ``s``: ready ones in take order, waiting
+    ones in ``later``, a FIFO queue's in its groups, each counted."""
+    s.by_id = _client_indexed(s, snap.runs)
+    held = list(s.by_id)
+    for r in snap.loans:
+        loan = _loan(s.by_id[r.run], r)
+        held.append(loan)
+        put = s.by_id[r.run]
+        if put.cids is not None:  # a client-id run's: its ids are found through the put's
+            for j in loan.spilled():
+                s.reindex(put, loan.put_slot(j), loan.mid(j))
+    waiting_grouped = 0
+    for run in held:
+        if run.gnames is not None:  # a FIFO queue's: in its groups (_index_groups)
+            s.grouped += run.left
+            if run.act > s.clock_ms:  # delayed still (a FIFO queue's delay)
+                run.waiting = True
+                s.later.append((run.act, run.seq, run))
+                waiting_grouped += run.left
+        elif run.acts is not None or run.act > s.clock_ms:  # a delayed run still waiting
+            run.waiting = True
+            s.later.append((run.act, run.seq, run))
+            s.deferred += run.left
+        else:
+            s.runs.append(run)
+            s.spilled += run.left
+    s.runs.sort(key=_take_key)  # woken delayed runs after the ready runs put before them
+    _relink(s)
+    heapq.heapify(s.later)
+    s.n_ready += s.spilled + s.grouped - waiting_grouped
+    s.n_delayed += s.deferred + waiting_grouped
+    s.arrivals = deque(heapq.merge(s.arrivals, s.by_id, key=_seq))
 
 
 def _loan(put: Run, r: LoanRecord) -> Run:

@@ -974,6 +974,8 @@ class QueueState:
             if group.start > _REST_SLACK and 2 * group.start > len(rest):
                 del rest[: group.start]
                 group.start = 0
+        if m.state == DELAYED:  # of a FIFO run still waiting: ready at its time
+            heapq.heappush(self.delayed, (m.activate_at_ms, m.seq, m))
         msgs = group.msgs
         if not msgs or seq < msgs[0].seq:
             msgs.appendleft(m)  # a new head
@@ -1018,8 +1020,8 @@ class QueueState:
         back)."""
         stretches: list[list[Run]] = []
         for run in self.by_id:
-            if not run.left or run.gnames is None:
-                continue
+            if not run.left or run.gnames is None or run.waiting:
+                continue  # a waiting FIFO run's are delayed (deferred_after)
             if after is not None and (run.act, run.seq + run.count - 1) <= after:
                 continue
             if not stretches or run.act < stretches[-1][-1].act:
@@ -1065,12 +1067,15 @@ class QueueState:
             n = held.left
             held.left, held.next = 0, held.count
             held.out.clear()
-            if held.waiting:
+            if held.gnames is not None:
+                self.grouped -= n  # their group's ``rest`` passes over them
+                if held.waiting:
+                    self.n_delayed -= n
+                else:
+                    self.n_ready -= n
+            elif held.waiting:
                 self.deferred -= n
                 self.n_delayed -= n
-            elif held.gnames is not None:
-                self.grouped -= n  # their group's ``rest`` passes over them
-                self.n_ready -= n
             else:
                 self.spilled -= n
                 self.n_ready -= n
@@ -1160,8 +1165,8 @@ class QueueState:
         at = e.at_ms
         act = e.items[0].activate_at_ms
         later = act > at
-        if later and fifo:
-            return False
+        if later and fifo and any(it.activate_at_ms != act for it in e.items):
+            return False  # a FIFO run is due at one time (a queue's delay), not spread
         if later:
             depth = self.n_delayed
         elif act == at:
@@ -1222,6 +1227,9 @@ class QueueState:
             self._index_run(run, ids)
         self.enqueued_total += n
         if groups is not None:
+            if run.act > e.at_ms:  # its members in their groups now, delayed until act
+                run.waiting = True
+                heapq.heappush(self.later, (run.act, run.seq, run))
             self._put_grouped(run)
         elif run.act > e.at_ms:
             run.waiting = True
@@ -1304,7 +1312,10 @@ class QueueState:
         member has a head now, materialized and offered to take."""
         n = run.count
         self.grouped += n
-        self.n_ready += n
+        if run.waiting:
+            self.n_delayed += n
+        else:
+            self.n_ready += n
         names = cast(list[str], run.gnames)  # each group of the put once
         held: list[Group] = []
         fresh: list[Group] = []
@@ -1317,8 +1328,8 @@ class QueueState:
         for i, k in enumerate(cast("array[int]", run.gidx)):
             held[k].rest.append(seq + i)
         for group in fresh:
-            head = self._head(group)
-            if head is not None and not group.busy:
+            head = self._head(group)  # a delayed one waits in the delayed heap (_promote)
+            if head is not None and not group.busy and head.state == READY:
                 heapq.heappush(self.ready, (head.activate_at_ms, head.seq, head))
 
     def _wake(self, t: int, run: Run) -> None:
@@ -1327,6 +1338,11 @@ class QueueState:
         run's slots due at ``t`` are materialized as ready messages, and it waits on for
         its next slot's time."""
         if not _waits((t, run.seq, run)):
+            return
+        if run.gnames is not None:  # a FIFO run: its slots in their groups are ready now
+            run.waiting = False
+            self.n_delayed -= run.left
+            self.n_ready += run.left
             return
         if run.acts is not None:
             due = run.due_slots(t)

@@ -6,6 +6,7 @@ groups and their order; every message is handed out once, in its group's order."
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -100,3 +101,44 @@ def test_a_fifo_queue_holds_its_groups_in_runs_through_restarts_and_kills(
     for g in range(GROUPS):
         members = [i for i in range(n) if i % GROUPS == g and i != 102]
         assert seen[group_of(g)] == members[handed.get(g, 0) :], g  # in order, each once
+
+
+def test_an_sqs_fifo_queue_with_a_delay_holds_its_batches_as_runs(
+    make_server: ServerFactory, names: Names
+) -> None:
+    """An SQS FIFO queue with DelaySeconds, 10,000 messages deep: each SendMessageBatch is
+    one run, waiting (a batch into a shallow queue stays messages: taken soon), only each
+    group's head an object; nothing is received before the delay, then each group in
+    order."""
+    server = make_server("--shards", "1", env=server_env(EVQ_SQS_KEYS=f"{KEY}:{SECRET}"))
+    sqs: Any = client(server, KEY, SECRET)
+    name = names("delayed") + ".fifo"
+    url = sqs.create_queue(
+        QueueName=name,
+        Attributes={"FifoQueue": "true", "DelaySeconds": "3", "ContentBasedDeduplication": "true"},
+    )["QueueUrl"]
+    with Client(server.url, retries=0, timeout=20) as c:  # the depth: 10 puts of 1000
+        for b in range(10):
+            c.put(name, [NewMessage(body=f"n{b}-{i}", group=f"g{i % 2}") for i in range(1000)])
+    assert spilled(server.url, name) == 10_000 - 2  # each group's head is a message
+    for b in range(3):
+        entries = [
+            {"Id": str(i), "MessageBody": f"job {b}-{i}", "MessageGroupId": f"g{i % 2}"}
+            for i in range(10)
+        ]
+        assert len(sqs.send_message_batch(QueueUrl=url, Entries=entries)["Successful"]) == 10
+    assert spilled(server.url, name) == 10_030 - 2  # the batches are runs too
+    assert not sqs.receive_message(QueueUrl=url, MaxNumberOfMessages=10).get("Messages")
+    deadline = time.monotonic() + 30
+    got: list[dict[str, Any]] = []
+    while not got and time.monotonic() < deadline:
+        reply = sqs.receive_message(
+            QueueUrl=url, MaxNumberOfMessages=10, VisibilityTimeout=600, WaitTimeSeconds=1
+        )
+        got = reply.get("Messages", [])
+    assert [m["Body"] for m in got] == [f"n0-{i}" for i in range(0, 20, 2)]  # g0, in order
+    with Client(server.url, retries=0, timeout=20) as c:  # each put 3 s after its own
+        while (stats := c.get_queue(name).stats).delayed and time.monotonic() < deadline:
+            time.sleep(0.3)
+        assert (stats.ready, stats.reserved, stats.delayed) == (10_020, 10, 0)
+    sqs.close()

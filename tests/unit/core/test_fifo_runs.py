@@ -207,3 +207,55 @@ def test_members_deleted_out_of_turn_leave_neither_objects_nor_numbers_behind() 
     assert len(group.msgs) < 200  # swept: not 1,000 gone ones
     assert sh.state.total == 1
     assert [d.id for d in sh.run(c.Take(max=10))] == ids[:1]
+
+
+def test_a_fifo_queue_with_a_delay_holds_its_puts_as_runs_until_they_are_due() -> None:
+    """An SQS FIFO queue's DelaySeconds delays every message of a put alike: the put is one
+    run, waiting; its members are in their groups at once (a group's order is put order),
+    delayed; only each group's head is a message (in the delayed heap); at the time the
+    whole run is ready, and takes hand out each group's stretch in order."""
+    sh = Shell("q.fifo", fifo=True, delay_ms=30_000)
+    first = put(sh, 100)
+    sh.now += 10_000
+    second = put(sh, 100)  # due 10 s after the first
+    s = sh.state
+    assert (len(s.by_id), s.grouped, len(s.messages)) == (2, 190, 10)  # 10 heads, delayed
+    stats = sh.run(c.Stats())
+    assert (stats.ready, stats.delayed, stats.total) == (0, 200, 200)
+    page = sh.run(c.Browse(state="delayed", limit=15))
+    assert [m.id for m in page.messages] == first[:15]  # type: ignore[attr-defined]
+    assert sh.run(c.Browse(state="ready", limit=5)).messages == []  # type: ignore[attr-defined]
+    assert sh.run(c.Take(max=10)) == []
+    before = logical(s)
+    sh.state = restored(sh)
+    assert logical(sh.state) == before
+    sh.now += 20_000  # the first put is due, the second not yet
+    assert sh.run(c.Stats()).ready == 100  # type: ignore[attr-defined]
+    got = sh.run(c.Take(max=10))
+    assert [d.id for d in got] == first[0:100:10]  # g0's members of the first put only
+    sh.run(c.Ack([c.LeaseRef(d.id, d.lease) for d in got]))
+    sh.now += 10_000
+    assert sh.run(c.Stats()).ready == 190  # type: ignore[attr-defined]
+    order: dict[str, list[str]] = {}
+    while got := sh.run(c.Take(max=10)):
+        for d in got:
+            order.setdefault(d.group, []).append(d.id)  # type: ignore[attr-defined]
+        sh.run(c.Ack([c.LeaseRef(d.id, d.lease) for d in got]))
+    want = {f"g{k}": first[k::10] + second[k::10] for k in range(1, 10)}
+    want["g0"] = second[0::10]
+    assert order == want  # each group in put order, across the two runs
+
+
+def test_a_fifo_put_due_later_waits_behind_a_ready_head_of_its_group() -> None:
+    sh = fifo()
+    ready = put(sh, 2, groups=1)
+    later = put_news(
+        sh, [c.NewMessage(body=b"d%d" % i, group="g0", delay_ms=5_000) for i in range(3)]
+    )
+    assert [d.id for d in sh.run(c.Take(max=10))] == ready  # the stretch ends at a delayed one
+    assert len(sh.state.messages) == 2
+    sh.now += 5_000
+    taken_again = sh.run(c.Take(max=10))
+    assert taken_again == []  # the group is busy: ready's two are in flight
+    sh.now += 30_000  # their leases run out: back, and the group's order holds
+    assert [d.id for d in sh.run(c.Take(max=10))] == [*ready, *later]

@@ -111,6 +111,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.most_deferred = 0
         self.most_grouped = 0  # slots of a FIFO queue's runs
         self.spread_runs = 0  # spread runs seen waiting, summed over the checks
+        self.waiting_fifo = 0  # FIFO runs seen waiting (a put due later), summed
         self.attr_runs = 0  # runs with attributes seen holding slots, summed over the checks
         self.loans = 0  # return runs seen holding slots, summed over the checks
         self.scattered = 0  # scattered ones (Run.scatter) among them
@@ -503,6 +504,9 @@ class QueueMachine(RuleBasedStateMachine):
         self.most_grouped = max(self.most_grouped, self.state.grouped)
         self.spread_runs += sum(r.acts is not None and r.left > 0 for r in self.state.by_id)
         self.attr_runs += sum(r.with_attrs and r.left > 0 for r in self.state.by_id)
+        self.waiting_fifo += sum(
+            r.gnames is not None and r.waiting and r.left > 0 for r in self.state.by_id
+        )
         self.loans += sum(len(r.live_loans()) for r in self.state.by_id)
         self.scattered += sum(
             loan.slots is not None for r in self.state.by_id for loan in r.live_loans()
@@ -714,6 +718,7 @@ def test_long_seeded_walk_matches_the_reference(
     # and a client-id queue's messages given back too
     assert variant != 6 or m.loans > 0 or m.ref.settings.max_receives == 1
     assert not (spills and fifo) or m.most_grouped > 0  # the spilling FIFO queues held runs
+    assert variant != 5 or m.waiting_fifo > 0  # and FIFO runs due later (a queue's delay)
     assert not spills or fifo or m.most_spilled > 0  # and the standard ones
 
 
