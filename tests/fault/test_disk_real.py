@@ -159,6 +159,12 @@ async def test_a_shard_started_on_a_full_tmpfs_serves_takes_or_waits_for_space(
     # takes and refuses puts.
     shard = await open_shard(data)
     try:
+        # It learns once its first spare fails to be made, in a thread of its own: soon,
+        # but not always before the shard is open (CI met it after: a loaded machine).
+        for _ in range(500):  # 10 s at most
+            if shard.status().disk_full is not None:
+                break
+            await asyncio.sleep(0.02)
         assert shard.status().disk_full is not None
         assert isinstance(await put_one(shard, "refused"), Unavailable)
         [taken] = await shard.execute_many(Q, [cmd.Take(1)])
