@@ -38,6 +38,20 @@ def give_back(sh: Shell, taken: list, delay_ms: int) -> list[str]:
     return [r.status for r in sh.run(c.Release(items))]
 
 
+def replayed_after_move(sh: Shell) -> QueueState:
+    """``sh``'s events replayed on a new state with the put's bodies at hand, its runs then
+    placed on the copy of the (one) move's record, as a recovery does."""
+    rebuilt = sh.spilling(QueueState())
+    for e in sh.events:
+        rebuilt.apply(e)
+    moved = next(e for e in sh.events if type(e) is ev.BodiesMoved)
+    sh.log[len(sh.log)] = moved_contents(moved, 0)
+    for run in rebuilt.unplaced:
+        rebuilt.place(run, len(sh.log) - 1)
+    rebuilt.advance(sh.now)
+    return rebuilt
+
+
 def restored(sh: Shell) -> QueueState:
     state = restore(decode_snapshot(encode_snapshot(snapshot(sh.state))))
     return sh.spilling(state)
@@ -147,15 +161,7 @@ def test_return_runs_survive_a_snapshot_and_a_compaction_of_their_put(attrs) -> 
     assert [v.body for v in sh.run(c.PeekReady(max=4))] == [b"m0", b"m1", b"m2", b"m3"]
     # replayed with the put's bodies at hand (all of them), then placed on the copy, as a
     # recovery does: the same messages, the same bodies
-    rebuilt = sh.spilling(QueueState())
-    for e in sh.events:
-        rebuilt.apply(e)
-    moved = next(e for e in sh.events if type(e) is ev.BodiesMoved)
-    sh.log[len(sh.log)] = moved_contents(moved, 0)
-    for run in rebuilt.unplaced:
-        rebuilt.place(run, len(sh.log) - 1)
-    rebuilt.advance(sh.now)
-    assert logical(rebuilt) == logical(sh.state)
+    assert logical(replayed_after_move(sh)) == logical(sh.state)
 
 
 def test_retention_ends_the_return_runs_with_their_put() -> None:

@@ -12,12 +12,12 @@ import msgspec
 import pytest
 
 from actors.core import commands as c
-from actors.core import events as ev
 from actors.core import state as state_module
-from actors.core.runs import LoanRecord, Run, moved_contents
+from actors.core.runs import LoanRecord, Run
 from actors.core.snapshot import decode_snapshot, encode_snapshot, logical, restore, snapshot
 from actors.core.state import QueueState
 from actors.errors import DataError, MessageNotFound
+from tests.unit.core.test_return_runs import replayed_after_move
 from tests.unit.core.test_runs import T0, Shell, spread_put
 
 
@@ -221,15 +221,7 @@ def test_a_compaction_keeps_the_slots_a_scattered_run_reads() -> None:
     got = sh.run(c.Take(max=12))
     assert [d.id for d in got] == [*ids[6:], ids[4]]
     assert [d.body for d in got] == [b"m%d" % i for i in [6, 7, 8, 9, 10, 11, 4]]
-    rebuilt = sh.spilling(QueueState())
-    for e in sh.events:
-        rebuilt.apply(e)
-    moved = next(e for e in sh.events if type(e) is ev.BodiesMoved)
-    sh.log[len(sh.log)] = moved_contents(moved, 0)
-    for run in rebuilt.unplaced:
-        rebuilt.place(run, len(sh.log) - 1)
-    rebuilt.advance(sh.now)
-    assert logical(rebuilt) == logical(sh.state)
+    assert logical(replayed_after_move(sh)) == logical(sh.state)
 
 
 def test_purge_and_delete_reach_scattered_messages() -> None:
