@@ -9,6 +9,7 @@ are kept as runs: where their bodies are in the log, not the bodies.
 from __future__ import annotations
 
 import heapq
+import sys
 from array import array
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -18,7 +19,7 @@ import msgspec
 
 from actors.core import events as ev
 from actors.core import replies as rp
-from actors.core.idindex import IdIndex
+from actors.core.idindex import MAX_RUNS, IdIndex
 from actors.core.runs import LoanRecord, Run, RunRecord, Slots
 from actors.core.state import DELAYED, READY, RESERVED, QueuedMessage, QueueState, transient
 from actors.errors import DataError
@@ -57,15 +58,30 @@ class Snapshot(msgspec.Struct, array_like=True, gc=False):
     # takes' attempt ids: (attempt, taken at, ids, leases, deadline), oldest first (appended)
     attempts: list[tuple[str, int, list[ev.MessageId], list[int], int]] = []
     loans: list[LoanRecord] = []  # return runs, lending from ``runs`` (appended field)
+    # a client-id queue's id index (idindex.py): key, level, split, and the number of each
+    # client-id run of ``runs`` in their order (-1: none); its buckets' tags and locations
+    id_index: tuple[bytes, int, int, list[int]] | None = None  # (appended field)
+    id_buckets: list[tuple[bytes, bytes]] = []  # (appended field)
 
 
-_encoder = msgspec.msgpack.Encoder()
+def _enc_hook(value: Any) -> Any:
+    """An id index bucket's locations (``array('I')``): their bytes, little-endian."""
+    if isinstance(value, array):
+        if sys.byteorder != "little":
+            value = array(value.typecode, value)
+            value.byteswap()
+        return value.tobytes()
+    raise NotImplementedError(f"cannot encode {type(value).__name__}")
+
+
+_encoder = msgspec.msgpack.Encoder(enc_hook=_enc_hook)
 _decoder = msgspec.msgpack.Decoder(Snapshot)
 
 
 def snapshot(state: QueueState) -> Snapshot:
     """A snapshot of ``state``. It shares message objects: encode it before the state moves on."""
     runs = list(state.live_runs())
+    id_index, id_buckets = _id_index(state, runs)
     return Snapshot(
         SNAPSHOT_VERSION,
         state.name,
@@ -89,7 +105,28 @@ def snapshot(state: QueueState) -> Snapshot:
         [run.record() for run in runs],  # in put order
         [(attempt, *taken) for attempt, taken in state.attempts.items()],
         [loan.record_loan(i) for i, run in enumerate(runs) for loan in run.live_loans()],
+        id_index,
+        id_buckets,
     )
+
+
+def _id_index(
+    state: QueueState, runs: list[Run]
+) -> tuple[tuple[bytes, int, int, list[int]] | None, list[Any]]:
+    """A client-id queue's index as the snapshot holds it (its buckets the state's own
+    arrays), and the number of each client-id run among ``runs``: a restore loads it as it
+    is instead of hashing every id again."""
+    index = state.cindex
+    if index is None:
+        return None, []
+    key, level, split, _, buckets = index.record()
+    cruns = state.cruns
+    numbers = [
+        run.no if run.no < len(cruns) and cruns[run.no] is run else -1
+        for run in runs
+        if run.cids is not None
+    ]
+    return (key, level, split, numbers), buckets
 
 
 def logical(state: QueueState) -> Snapshot:
@@ -97,7 +134,7 @@ def logical(state: QueueState) -> Snapshot:
     equal queues however they are held (spilling or not)."""
     snap = snapshot(state)
     if not snap.runs:
-        return snap
+        return msgspec.structs.replace(snap, id_index=None, id_buckets=[])
     messages = list(snap.messages)
     runs = [Run.from_record(r) for r in snap.runs]
     held = [(run, run) for run in runs]
@@ -110,7 +147,9 @@ def logical(state: QueueState) -> Snapshot:
             m.state = DELAYED if run.act_of(i) > snap.clock_ms else READY
             messages.append(m)
     messages.sort(key=_seq)
-    return msgspec.structs.replace(snap, messages=messages, runs=[], loans=[])
+    return msgspec.structs.replace(
+        snap, messages=messages, runs=[], loans=[], id_index=None, id_buckets=[]
+    )
 
 
 def encode_snapshot(snap: Snapshot) -> bytes:
@@ -161,6 +200,7 @@ _STREAMED: dict[str, Callable[[Any], int]] = {
     "messages": _message_bytes,
     "outbox": _message_bytes,
     "runs": _run_bytes,
+    "id_buckets": lambda bucket: 2 * len(bucket[0]) + 16,
 }
 
 
@@ -243,13 +283,13 @@ def _restore(snap: Snapshot) -> QueueState:
 def _restore_runs(s: QueueState, snap: Snapshot) -> None:
     """The snapshot's runs and return runs into ``s``: ready ones in take order, waiting
     ones in ``later``, a FIFO queue's in its groups, each counted."""
-    s.by_id = _client_indexed(s, snap.runs)
+    s.by_id = _client_indexed(s, snap)
     held = list(s.by_id)
     for r in snap.loans:
         loan = _loan(s.by_id[r.run], r)
         held.append(loan)
         put = s.by_id[r.run]
-        if put.cids is not None:  # a client-id run's: its ids are found through the put's
+        if put.cids is not None and snap.id_index is None:  # its ids, through the put's
             for j in loan.spilled():
                 s.reindex(put, loan.put_slot(j), loan.mid(j))
     waiting_grouped = 0
@@ -300,17 +340,54 @@ def _runs(records: list[RunRecord]) -> list[Run]:
     return runs
 
 
-def _client_indexed(s: QueueState, records: list[RunRecord]) -> list[Run]:
-    """The snapshot's runs, a client-id queue's ids indexed again (idindex.py: the index is
-    never written), all at once."""
-    runs = _runs(records)
+def _client_indexed(s: QueueState, snap: Snapshot) -> list[Run]:
+    """The snapshot's runs, a client-id queue's numbered and their ids indexed: the index
+    loaded as the snapshot holds it, or (a snapshot without it) built again, all at once."""
+    runs = _runs(snap.runs)
     held = [run for run in runs if run.cids is not None]
-    if held:
+    if snap.id_index is not None:
+        _load_index(s, held, snap.id_index, snap.id_buckets)
+    elif held:
         count = sum(run.left for run in held)
         s.cindex = IdIndex.built(count, (_ids_of(run, s.number_run(run)) for run in held))
         if not count:
             s.cindex = None
     return runs
+
+
+def _load_index(
+    s: QueueState,
+    held: list[Run],
+    record: tuple[bytes, int, int, list[int]],
+    buckets: list[tuple[bytes, bytes]],
+) -> None:
+    """The snapshot's id index into ``s``, each client-id run under its number again.
+
+    Raises:
+        DataError: the index does not fit the runs (a damaged snapshot).
+    """
+    key, level, split, numbers = record
+    if len(numbers) != len(held):
+        raise DataError(f"undecodable snapshot: {len(numbers)} run numbers for {len(held)} runs")
+    top = max(numbers, default=-1) + 1
+    if top > MAX_RUNS:
+        raise DataError(f"undecodable snapshot: a client-id run numbered {top - 1}")
+    cruns: list[Run | None] = [None] * top
+    for run, no in zip(held, numbers, strict=True):
+        if no >= 0:
+            if cruns[no] is not None:
+                raise DataError(f"undecodable snapshot: two client-id runs numbered {no}")
+            run.no, cruns[no] = no, run
+    s.cruns = cruns
+    s.cfree = [no for no in range(top - 1, -1, -1) if cruns[no] is None]
+    for run, no in zip(held, numbers, strict=True):
+        if no < 0:
+            s.number_run(run)
+    try:
+        index = IdIndex.loaded(key, level, split, buckets)
+    except ValueError as exc:
+        raise DataError(f"undecodable snapshot: {exc}") from exc
+    s.cindex = index if index else None
 
 
 def _ids_of(run: Run, no: int) -> tuple[list[str], int, list[int] | range]:

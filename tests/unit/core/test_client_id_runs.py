@@ -149,6 +149,77 @@ def test_damaged_client_ids_in_a_snapshot_are_refused() -> None:
             restore(decode_snapshot(encode_snapshot(snap)))
 
 
+_WRITER = """
+import sys
+from tests.unit.core.test_client_id_runs import ClientShell, names
+from actors.core import commands as c
+from actors.core.snapshot import encode_snapshot, snapshot
+sh = ClientShell()
+for p in range(6):
+    sh.put_ids(names(1000, f"p{p}-"))
+sh.run(c.Take(max=1000))
+sh.run(c.Take(max=500))
+sys.stdout.buffer.write(encode_snapshot(snapshot(sh.state)))
+"""
+
+
+def test_a_snapshot_holds_the_index_and_another_process_finds_every_id_through_it() -> None:
+    """Tags are a keyed hash, the same in every process (Python's ``hash`` of a ``str`` is
+    not): a snapshot written by another process is restored with its index loaded as it
+    is (nothing hashed again) and finds every id it holds, and no other."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[3]
+    data = subprocess.run(
+        [sys.executable, "-c", _WRITER], cwd=root, capture_output=True, check=True
+    ).stdout
+    snap = decode_snapshot(data)
+    assert snap.id_index is not None
+    key, level, split, numbers = snap.id_index
+    assert (len(snap.id_buckets), sorted(numbers)) == ((1 << level) + split, list(range(6)))
+    state = restore(snap)
+    index = state.cindex
+    assert index is not None
+    assert (index.key, len(index)) == (key, 6000 - 1500)
+    assert [bytes(t) for t in index.tags] == [t for t, _ in snap.id_buckets]
+    held = [f"p{p}-{i:05d}" for p in range(6) for i in range(1000)][1500:]
+    for mid in held:
+        found = state._client_slot(mid)
+        assert found is not None
+        run, i = found
+        assert run.mid(i) == mid
+    for mid in ["p0-00000", "p1-00499", "p9-00001"]:  # taken (objects now), or never put
+        assert state._client_slot(mid) is None
+
+
+def test_a_damaged_index_in_a_snapshot_is_refused() -> None:
+    sh = ClientShell()
+    sh.put_ids(names(300))
+    sh.put_ids(names(300, "b-"))
+    snap = snapshot(sh.state)
+    assert snap.id_index is not None
+    key, level, split, numbers = snap.id_index
+    good = msgspec.msgpack.decode(encode_snapshot(snap), type=type(snap)).id_buckets
+    damaged = [
+        {"id_buckets": good[:-1]},  # a bucket short of its level
+        {"id_buckets": [(good[0][0][:-4], good[0][1]), *good[1:]]},  # tags without places
+        {"id_buckets": [(good[0][0][:-1], good[0][1][:-1]), *good[1:]]},  # not 4-byte entries
+        {"id_index": (key[:8], level, split, numbers)},  # a short key
+        {"id_index": (key, level, 1 << level, numbers)},  # a split past the round
+        {"id_index": (key, level, split, [0, 0])},  # two runs under one number
+        {"id_index": (key, level, split, [0])},  # a run without a number
+        {"id_index": (key, level, split, [0, 1 << 22])},  # past what a location names
+    ]
+    for change in damaged:
+        bad = msgspec.structs.replace(snap, **change)
+        with pytest.raises(DataError, match="undecodable snapshot"):
+            restore(decode_snapshot(encode_snapshot(bad)))
+    state = sh.spilling(restore(decode_snapshot(encode_snapshot(snap))))
+    assert logical(state) == logical(sh.state)
+
+
 def test_the_index_finds_every_id_through_its_splits_and_forgets_removed_ones() -> None:
     index = IdIndex()
     n = PER_BUCKET * 16 * 5  # several rounds of splits
@@ -176,7 +247,7 @@ def test_an_index_built_at_once_finds_what_one_built_an_id_at_a_time_does(n: int
     runs = [
         (ids[r : r + 1000], r // 1000, range(len(ids[r : r + 1000]))) for r in range(0, n, 1000)
     ]
-    built = IdIndex.built(n, runs)
+    built = IdIndex.built(n, runs, key=one.key)  # the same tags
     assert (len(built), len(built.tags)) == (len(one), len(one.tags))
     assert (built.level, built.split) == (one.level, one.split)
     for k in range(0, n, 3):
@@ -235,8 +306,11 @@ def test_retention_after_the_state_stopped_spilling_ends_the_messages() -> None:
     assert sh.run(c.Stats()).total == 0
 
 
+@pytest.mark.parametrize("written", [True, False], ids=["index-written", "index-built"])
 @pytest.mark.parametrize("ids", [names(12), ["a", "bb", "ccc-é", "d", "ee", "f", "g", "h"]])
-def test_client_id_messages_given_back_go_back_into_their_run(ids: list[str]) -> None:
+def test_client_id_messages_given_back_go_back_into_their_run(
+    ids: list[str], written: bool
+) -> None:
     """Released with a delay, a batch goes into a return run and a lone message into the
     put's scattered one, as with server ids: no message objects, each found by its id (a
     peek, a put of it again), taken back in order; through a restore too."""
@@ -263,7 +337,10 @@ def test_client_id_messages_given_back_go_back_into_their_run(ids: list[str]) ->
     before = logical(s)
     again = ClientShell()
     again.log = sh.log  # the same log's bodies
-    again.state = again.spilling(restore(decode_snapshot(encode_snapshot(snapshot(s)))))
+    snap = snapshot(s)
+    if not written:  # a snapshot from before the index was written: built from the runs
+        snap = msgspec.structs.replace(snap, id_index=None, id_buckets=[])
+    again.state = again.spilling(restore(decode_snapshot(encode_snapshot(snap))))
     assert logical(again.state) == before
     for shell in (sh, again):
         assert len(shell.state.cindex or ()) == n
