@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -65,10 +66,20 @@ def put_load(lg_python: str, adapter: str, target: str, queue: str, args: Sequen
 
 
 def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port on 127.0.0.1 free right now, drawn from 20000-32767: below the kernel's
+    ephemeral range (where a port bound to 0 by anyone, Ray's servers in the very process
+    being started among them, and every outgoing connection's own end land) and above
+    Ray's worker ports (10002-19999), so it is not taken between this check and the bind
+    of the server it is for, as a port the kernel handed out could be."""
+    for _ in range(200):
+        port = random.randint(20000, 32767)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port on 127.0.0.1 in 20000-32767")
 
 
 def get_json(url: str, timeout: float = 5) -> Any:

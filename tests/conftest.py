@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import logging
 import os
+import random
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -40,10 +41,20 @@ os.environ.setdefault(
 
 
 def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A TCP port on 127.0.0.1 free right now, drawn from 20000-32767: below the kernel's
+    ephemeral range (where a port bound to 0 by anyone, Ray's servers in the very process
+    being started among them, and every outgoing connection's own end land) and above
+    Ray's worker ports (10002-19999), so it is not taken between this check and the bind
+    of the server it is for, as a port the kernel handed out could be."""
+    for _ in range(200):
+        port = random.randint(20000, 32767)
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port on 127.0.0.1 in 20000-32767")
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -24,18 +23,13 @@ import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from tests.conftest import free_port as free_port  # the tests import it from here too
+
 ROOT = Path(__file__).resolve().parents[2]
 EVQ = [sys.executable, "-m", "evq"]
 
 # A shard actor's first words: "... actors.shard: shard 1/2: recovering 0 queue(s)".
 _SHARD_LINE = re.compile(r"actors\.shard: shard (\d+)/\d+: recovering")
-
-
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # What Ray needs here, in a server subprocess or in the test process: no token auth, on

@@ -235,9 +235,12 @@ async def test_a_crash_between_put_and_ack_puts_nothing_twice(directory, start) 
 
     running = start(make(forward, "send", batch_size=2), wrap=LoseFirstAcks)
     await until(lambda: running.stats.acked == 5, what="every source message acked")
-    assert len(calls) == 10  # each handled twice: once before the "crash", once after
+    # each handled twice at least: before the "crash" and after it (a loaded machine may
+    # let a 500 ms lease run out mid-batch, and hand one out once more: a put again too)
+    assert len(set(calls)) == 5
+    assert all(calls.count(mid) >= 2 for mid in set(calls))
     assert running.stats.put_created == 5
-    assert running.stats.put_duplicate == 5
+    assert running.stats.put_duplicate == len(calls) - 5
     report = await stats(directory, "report")
     assert report.total == 5
     [views] = await directory.execute_many("report", [cmd.PeekReady(10)])
