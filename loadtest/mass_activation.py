@@ -10,8 +10,13 @@ the queue's stats every 20 ms and reports when the first messages counted ready 
 all were (seconds after their time). Then ``--consumers`` clients take and ack until the
 queue is empty: the take's p50/p99/max (each take alone, ms) and the drain's rate.
 
+With ``--depth N`` the queue first holds N messages due far later (each at its own time
+drawn from ``--depth-spread``, 1h..30d by default: ``bench_depth.py --delay-spread``'s
+producers): the mailing activates and drains on top of a deep queue of deferred work, whose
+messages stay delayed throughout (the drain ends when a take answers nothing ready).
+
     .venv/bin/python loadtest/mass_activation.py --count 1000000 [--lead 10] [--dir /work]
-        [--consumers 8] [--procs 1]
+        [--consumers 8] [--procs 1] [--depth 100000000 [--depth-spread 1h..30d]]
 
 One JSON line a phase, then a Markdown row.
 """
@@ -32,7 +37,8 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
-from bench_depth_load import random_bodies
+from bench_depth import spread
+from bench_depth_load import Filler, batches, random_bodies
 from served import EvqServe
 
 
@@ -143,11 +149,44 @@ async def _consume(base: str, consumers: int, take_max: int) -> tuple[list[float
 _JSON = {"Content-Type": "application/json"}
 
 
+def fill_depth(server: EvqServe, args: argparse.Namespace) -> dict[str, Any]:
+    """``--depth`` messages into the queue, each due at its own time of ``--depth-spread``
+    (two producer processes, ``--producers`` connections): progress every 10 s."""
+    filler = Filler(2, args.producers, args.size, timing=args.depth_spread)
+    try:
+        started = time.monotonic()
+        futures = filler.start(server.port, ["mailing"], batches([args.depth], 1000))
+        while not all(f.done() for f in futures):
+            time.sleep(10 if args.depth > 10_000_000 else 1)
+            put = filler.put
+            emit(
+                {
+                    "depth_fill": {
+                        "put": put,
+                        "msgs_per_s": round(put / (time.monotonic() - started)),
+                    }
+                }
+            )
+        done = sum(f.result()[0] for f in futures)
+    finally:
+        filler.close()
+    seconds = time.monotonic() - started
+    return {
+        "depth": done,
+        "depth_fill_s": round(seconds, 1),
+        "depth_msgs_per_s": round(done / seconds),
+    }
+
+
 async def run(args: argparse.Namespace, server: EvqServe) -> dict[str, Any]:
     base = f"{server.url}/v1/queues/mailing"
     async with aiohttp.ClientSession() as s, s.put(base, json={}) as r:
         if r.status not in (200, 201):
             raise RuntimeError(f"creating the queue answered {r.status}")
+    deep: dict[str, Any] = {"depth": 0}
+    if args.depth:
+        deep = await asyncio.to_thread(fill_depth, server, args)
+        emit({"depth_filled": deep})
     # a time far enough ahead for the whole fill: about 300k messages a second here
     at = math.ceil(time.time() + args.count / 100_000 + args.lead)
     fill_s = await fill(f"{base}/messages", args.count, args.producers, args.size, at)
@@ -166,7 +205,7 @@ async def run(args: argparse.Namespace, server: EvqServe) -> dict[str, Any]:
     emit({"activation": woke})
     drained = await drain(base, args.consumers, args.take_max, args.procs)
     emit({"drain": drained})
-    return {"count": args.count, **woke, **drained}
+    return {"count": args.count, **deep, **woke, **drained}
 
 
 def main() -> int:
@@ -183,6 +222,15 @@ def main() -> int:
         "--lead", type=float, default=10.0, help="s between the fill's end and the time"
     )
     ap.add_argument("--dir", default="/work")
+    ap.add_argument(
+        "--depth", type=int, default=0, help="messages due far later, put first (default none)"
+    )
+    ap.add_argument(
+        "--depth-spread",
+        type=spread,
+        default=(3600.0, 30 * 86_400.0),
+        help="LO..HI: when the --depth messages are due, each at its own time (default 1h..30d)",
+    )
     args = ap.parse_args()
     with tempfile.TemporaryDirectory(prefix="evq-mass-", dir=args.dir) as tmp:
         server = EvqServe(Path(tmp) / "data", Path(tmp) / "serve.log", [])
@@ -192,13 +240,13 @@ def main() -> int:
         finally:
             emit({"server_stop": server.stop()})
     print(
-        "| messages due at once | first ready after | all ready after | take-"
+        "| deferred beside | messages due at once | first ready after | all ready after | take-"
         f"{args.take_max} p50 / p99 / max while draining | drain |"
     )
-    print("| ---: | ---: | ---: | ---: | ---: |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
     all_s = row["all_ready_after_s"]
     print(
-        f"| {row['count']:,} | {row['first_ready_after_s']:.3f} s | "
+        f"| {row['depth']:,} | {row['count']:,} | {row['first_ready_after_s']:.3f} s | "
         f"{'never' if all_s is None else f'{all_s:.3f} s'} | {row['take_p50_ms']} / "
         f"{row['take_p99_ms']} / {row['take_max_ms']} ms | {row['drain_msgs_per_s']:,} msg/s |"
     )

@@ -1,5 +1,6 @@
 """loadtest/mass_activation.py (issue 33) at a small scale against a real ``evq serve``:
-5,000 messages due at one second, all ready within a second of it, then drained whole."""
+5,000 messages due at one second, all ready within a second of it, then drained whole; on
+top of 3,000 deferred for hours (``--depth``), which stay."""
 
 from __future__ import annotations
 
@@ -15,13 +16,14 @@ ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 
-@pytest.mark.parametrize("procs", [1, 2])
+@pytest.mark.parametrize(("procs", "depth"), [(1, 0), (2, 3000)])
 def test_the_messages_due_at_one_time_are_ready_within_a_second_and_drained(
-    tmp_path: Path, procs: int
+    tmp_path: Path, procs: int, depth: int
 ) -> None:
     tool = ROOT / "loadtest" / "mass_activation.py"
     args = ["--count", "5000", "--lead", "3", "--consumers", "3", "--dir", str(tmp_path)]
     args += ["--procs", str(procs)]  # 2: the consumers in processes of their own
+    args += ["--depth", str(depth), "--depth-spread", "1h..2h"]
     done = subprocess.run(
         [sys.executable, str(tool), *args], capture_output=True, text=True, timeout=220
     )
@@ -35,5 +37,8 @@ def test_the_messages_due_at_one_time_are_ready_within_a_second_and_drained(
     assert (drain["consumers"], drain["procs"]) == (3, procs)
     assert drain["takes"] >= 50 + 3  # 100 a take, and one empty take per consumer at the end
     assert 0 < drain["take_p50_ms"] <= drain["take_p99_ms"] <= drain["take_max_ms"]
-    assert "| 5,000 |" in done.stdout
+    if depth:
+        filled = next(x["depth_filled"] for x in lines if "depth_filled" in x)
+        assert filled["depth"] == depth
+    assert f"| {depth:,} | 5,000 |" in done.stdout
     assert list(tmp_path.iterdir()) == []  # its data directory went with it
