@@ -180,7 +180,9 @@ def fill_depth(server: EvqServe, args: argparse.Namespace) -> dict[str, Any]:
 
 async def run(args: argparse.Namespace, server: EvqServe) -> dict[str, Any]:
     base = f"{server.url}/v1/queues/mailing"
-    async with aiohttp.ClientSession() as s, s.put(base, json={}) as r:
+    # the deferred messages must outlive their delays (the default retention is 4 days)
+    settings = {"retention": int(args.depth_spread[1]) + 86_400} if args.depth else {}
+    async with aiohttp.ClientSession() as s, s.put(base, json=settings) as r:
         if r.status not in (200, 201):
             raise RuntimeError(f"creating the queue answered {r.status}")
     deep: dict[str, Any] = {"depth": 0}
