@@ -410,6 +410,8 @@ def _relink(s: QueueState) -> None:
             continue
         run, i = found
         if run.mid(i) == m.id and run.at_ms == m.enqueued_at_ms:
+            if not run.mat:
+                s.mat_runs.append(run)
             run.mat.append(m)
             s.in_mats += 1
 

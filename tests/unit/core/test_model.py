@@ -30,6 +30,7 @@ from hypothesis.stateful import (
 
 from actors.core import browse, decide
 from actors.core import commands as c
+from actors.core import state as state_module
 from actors.core.decide import execute
 from actors.core.events import BodiesMoved, Event
 from actors.core.runs import Contents, moved_contents
@@ -497,6 +498,8 @@ class QueueMachine(RuleBasedStateMachine):
                 m.receive_count,
             ), mid
             assert view.lease_expires_at_ms == (m.deadline if m.state == "reserved" else None)
+        listed = {id(r) for r in self.state.mat_runs}  # every run holding materialized ones
+        assert all(id(r) in listed for r in self.state.by_id if r.mat)
         due = self.state.next_due_ms()
         assert due is None or due > self.now  # advance left nothing overdue
         waiting = [act for act, _, run in self.state.later if run.left]
@@ -688,8 +691,10 @@ def test_long_seeded_walk_matches_the_reference(
     """3000 steps per queue variant (VARIANTS: the last five spill, with server ids and with
     client ids, standard and FIFO); rerun a failure with EVQ_SEED=<seed from the test id>.
     Takes hand out at most 12 bytes of bodies here (two or three of the 4-5 byte bodies), so
-    the bound on a take's bytes is walked too."""
+    the bound on a take's bytes is walked too; the state's sweeps of stale entries run
+    every few steps (a slack of 8, not 4096)."""
     monkeypatch.setattr(decide, "MAX_TAKE_BYTES", 12)
+    monkeypatch.setattr(state_module, "_COMPACT_SLACK", 8)  # every sweep, often
     rng = random.Random(seed * 8 + variant)
     server, fifo, spills, return_min = VARIANTS[variant]
     m = SpillingQueueMachine() if spills else QueueMachine()
