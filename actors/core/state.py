@@ -1100,8 +1100,11 @@ class QueueState:
             self.delayed = _sweep(self.delayed, DELAYED, _ACTIVATE)
         if len(self.reserved) > 2 * self.n_reserved + _COMPACT_SLACK:
             self.reserved = _sweep(self.reserved, RESERVED, _DEADLINE)
-        if len(self.later) > 2 * self.deferred + _COMPACT_SLACK:
-            # stale entries of runs whose time moved (a scattered run takes one a reschedule)
+        if len(self.later) > 2 * self.n_delayed + _COMPACT_SLACK:
+            # stale entries of runs whose time moved (a scattered run takes one a reschedule);
+            # a live entry has a delayed message at least (a FIFO queue's waiting runs count
+            # theirs in n_delayed, not in deferred: against deferred, 10k of them made every
+            # command sweep them all)
             later = list({id(e[2]): e for e in self.later if _waits(e)}.values())
             heapq.heapify(later)
             self.later = later
