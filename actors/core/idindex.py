@@ -119,9 +119,14 @@ class IdIndex:
 
     @classmethod
     def loaded(
-        cls, key: bytes, level: int, split: int, buckets: Sequence[tuple[bytes, bytes]]
+        cls,
+        key: bytes,
+        level: int,
+        split: int,
+        buckets: Sequence[tuple[bytes, bytes]],
+        runs: int,
     ) -> IdIndex:
-        """The index :meth:`record` gave.
+        """The index :meth:`record` gave, its locations naming run numbers below ``runs``.
 
         Raises:
             ValueError: the record is not one an index gives (a damaged snapshot).
@@ -143,6 +148,8 @@ class IdIndex:
         if sys.byteorder != "little":
             for a in locs:
                 a.byteswap()
+        if max((max(a) for a in locs if a), default=0) >> SLOT_BITS >= max(runs, 1):
+            raise ValueError(f"an id index names a run past the {runs} it has")
         index.tags, index.locs = tags, locs
         index.count = sum(len(a) for a in locs)
         return index

@@ -307,6 +307,13 @@ def _restore_runs(s: QueueState, snap: Snapshot) -> None:
         else:
             s.runs.append(run)
             s.spilled += run.left
+    if snap.id_index is not None:  # the loaded index holds what the runs hold, no less
+        held_ids = sum(run.left for run in held if (run.src or run).cids is not None)
+        if held_ids != len(s.cindex or ()):
+            raise DataError(
+                f"undecodable snapshot: its id index holds {len(s.cindex or ())} ids, "
+                f"its runs {held_ids}"
+            )
     s.runs.sort(key=_take_key)  # woken delayed runs after the ready runs put before them
     _relink(s)
     heapq.heapify(s.later)
@@ -384,7 +391,7 @@ def _load_index(
         if no < 0:
             s.number_run(run)
     try:
-        index = IdIndex.loaded(key, level, split, buckets)
+        index = IdIndex.loaded(key, level, split, buckets, top)
     except ValueError as exc:
         raise DataError(f"undecodable snapshot: {exc}") from exc
     s.cindex = index if index else None

@@ -202,7 +202,11 @@ def test_a_damaged_index_in_a_snapshot_is_refused() -> None:
     assert snap.id_index is not None
     key, level, split, numbers = snap.id_index
     good = msgspec.msgpack.decode(encode_snapshot(snap), type=type(snap)).id_buckets
+    b = next(i for i, (tags, _) in enumerate(good) if tags)
+    far = (7 << 10).to_bytes(4, "little") + good[b][1][4:]  # its first entry in run 7 of 2
     damaged = [
+        {"id_buckets": [*good[:b], (good[b][0], far), *good[b + 1 :]]},
+        {"id_buckets": [*good[:b], (b"", b""), *good[b + 1 :]]},  # ids lost: put again twice
         {"id_buckets": good[:-1]},  # a bucket short of its level
         {"id_buckets": [(good[0][0][:-4], good[0][1]), *good[1:]]},  # tags without places
         {"id_buckets": [(good[0][0][:-1], good[0][1][:-1]), *good[1:]]},  # not 4-byte entries
