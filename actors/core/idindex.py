@@ -148,7 +148,7 @@ class IdIndex:
         if sys.byteorder != "little":
             for a in locs:
                 a.byteswap()
-        if max((max(a) for a in locs if a), default=0) >> SLOT_BITS >= max(runs, 1):
+        if max((max(a) >> SLOT_BITS for a in locs if a), default=-1) >= runs:
             raise ValueError(f"an id index names a run past the {runs} it has")
         index.tags, index.locs = tags, locs
         index.count = sum(len(a) for a in locs)
