@@ -15,7 +15,7 @@ from actors.core.runs import RunRecord, group_names, pack_names
 from actors.core.snapshot import decode_snapshot, encode_snapshot, logical, restore, snapshot
 from actors.core.state import QueueState
 from actors.errors import DataError
-from tests.unit.core.test_runs import Shell
+from tests.unit.core.test_runs import Shell, calls_to
 
 GROUPS = 10
 
@@ -270,9 +270,7 @@ def test_waiting_fifo_runs_are_not_swept_again_at_every_command(
     delayed messages, so live waiting runs alone never set it off (against ``deferred``,
     10k of them made every command walk them all: 25 ms a take at 10M)."""
     monkeypatch.setattr(state_module, "_COMPACT_SLACK", 16)
-    seen = []
-    waits = state_module._waits
-    monkeypatch.setattr(state_module, "_waits", lambda e: seen.append(1) or waits(e))
+    seen = calls_to(monkeypatch, state_module, "_waits")
     sh = fifo()
     for _ in range(60):
         put_news(sh, [c.NewMessage(body=b"m", group=f"g{i}", delay_ms=3_600_000) for i in range(3)])

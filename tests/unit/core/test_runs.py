@@ -703,6 +703,15 @@ def test_small_puts_are_runs_only_in_a_deep_queue() -> None:
     assert [d.id for d in got][:1] == [small]  # type: ignore[attr-defined]
 
 
+def calls_to(monkeypatch: pytest.MonkeyPatch, owner: object, name: str) -> list[object]:
+    """``owner.name`` (a function of one argument) made to note each call's argument before
+    it runs, for the test's length; the list of them."""
+    seen: list[object] = []
+    real = getattr(owner, name)
+    monkeypatch.setattr(owner, name, lambda arg: seen.append(arg) or real(arg))
+    return seen
+
+
 def test_gone_materialized_messages_are_swept_from_the_runs_holding_any_alone(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -711,9 +720,7 @@ def test_gone_materialized_messages_are_swept_from_the_runs_holding_any_alone(
     (``mat_runs``), never in the runs deferred for days beside them (at 100M deferred, 100k
     runs visited made each sweep ~10 ms: take-100 p99 16 ms during a mass activation)."""
     monkeypatch.setattr(state_module, "_COMPACT_SLACK", 16)
-    sweeps = []
-    sweep = QueueState._sweep_mats
-    monkeypatch.setattr(QueueState, "_sweep_mats", lambda s: sweeps.append(1) or sweep(s))
+    sweeps = calls_to(monkeypatch, QueueState, "_sweep_mats")
     sh = Shell()
     for _ in range(50):
         sh.put(20, delay_ms=86_400_000)
