@@ -667,6 +667,23 @@ class Run:
             self.act = self.base + acts[order[k]]
         return due
 
+    def unreached(self) -> int:
+        """How many slots still spilled wait for their time: all of a waiting run's, but a
+        spread FIFO run's only past ``woke`` (the slots reached stay in it, ready, in their
+        groups)."""
+        if not self.waiting:
+            return 0
+        if self.order is None:
+            return self.left
+        return sum(1 for _ in self.spilled_by_time())
+
+    def reached(self) -> Iterator[int]:
+        """A spread run's spilled slots whose time has come (a FIFO run's), in time order."""
+        order = cast("array[int]", self.order)
+        for k in range(self.woke if self.waiting else len(order)):
+            if self.is_spilled(order[k]):
+                yield order[k]
+
     def spilled_by_time(self) -> Iterator[int]:
         """The slots still spilled, in time order (a spread run's ``order``; else slot
         order, which is time order too)."""

@@ -296,7 +296,16 @@ def _restore_runs(s: QueueState, snap: Snapshot) -> None:
     for run in held:
         if run.gnames is not None:  # a FIFO queue's: in its groups (_index_groups)
             s.grouped += run.left
-            if run.act > s.clock_ms:  # delayed still (a FIFO queue's delay)
+            if run.acts is not None:  # a spread one: past the slots already reached
+                run.waiting = True
+                run.due_slots(s.clock_ms)
+                late = run.unreached()
+                if late:
+                    s.later.append((run.act, run.seq, run))
+                    waiting_grouped += late
+                else:
+                    run.waiting = False
+            elif run.act > s.clock_ms:  # delayed still (a FIFO queue's delay)
                 run.waiting = True
                 s.later.append((run.act, run.seq, run))
                 waiting_grouped += run.left

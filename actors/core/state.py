@@ -1024,15 +1024,24 @@ class QueueState:
         order, merged where a put's time is earlier than the one before (the clock went
         back)."""
         stretches: list[list[Run]] = []
+        spread: list[Run] = []  # their slots each at its own time, those reached (ready)
         for run in self.by_id:
-            if not run.left or run.gnames is None or run.waiting:
+            if not run.left or run.gnames is None:
+                continue
+            if run.acts is not None:
+                spread.append(run)
+                continue
+            if run.waiting:
                 continue  # a waiting FIFO run's are delayed (deferred_after)
             if after is not None and (run.act, run.seq + run.count - 1) <= after:
                 continue
             if not stretches or run.act < stretches[-1][-1].act:
                 stretches.append([])
             stretches[-1].append(run)
-        keyed = heapq.merge(*(self._keys_of(stretch, after) for stretch in stretches))
+        keyed = heapq.merge(
+            *(self._keys_of(stretch, after) for stretch in stretches),
+            *(_reached_after(run, after) for run in spread),
+        )
         read: dict[int, Contents] = {}
         for _, _, i, run in keyed:
             if id(run) not in read:
@@ -1070,14 +1079,13 @@ class QueueState:
             self._drop_client_run(run)
         for held in [run, *run.live_loans()]:  # its return runs share its put time
             n = held.left
+            late = held.unreached() if held.gnames is not None else 0  # before they leave
             held.left, held.next = 0, held.count
             held.out.clear()
             if held.gnames is not None:
                 self.grouped -= n  # their group's ``rest`` passes over them
-                if held.waiting:
-                    self.n_delayed -= n
-                else:
-                    self.n_ready -= n
+                self.n_delayed -= late
+                self.n_ready -= n - late
             elif held.waiting:
                 self.deferred -= n
                 self.n_delayed -= n
@@ -1175,15 +1183,13 @@ class QueueState:
         """Whether a put can be held as a run: all its messages ready at once, either at
         the put or at one later time, or each at its own later time; server ids increasing
         past every run's; no observer (which wants each message). A FIFO queue's put is a
-        run only when all its messages are ready at the put (each with a group)."""
+        run in the same three cases, each message with a group."""
         if self.observer is not None or not e.items:
             return False
         fifo = self.settings.fifo
         at = e.at_ms
         act = e.items[0].activate_at_ms
         later = act > at
-        if later and fifo and any(it.activate_at_ms != act for it in e.items):
-            return False  # a FIFO run is due at one time (a queue's delay), not spread
         if later:
             depth = self.n_delayed
         elif act == at:
@@ -1228,7 +1234,7 @@ class QueueState:
         if acts.count(act) == len(acts):
             run = Run(self.next_seq, ids, e.at_ms, bodies, act, attrs=attrs, groups=groups)  # type: ignore[arg-type]
         else:  # a spread run: each slot at its own time
-            run = Run(self.next_seq, ids, e.at_ms, bodies, acts=acts, attrs=attrs)  # type: ignore[arg-type]
+            run = Run(self.next_seq, ids, e.at_ms, bodies, acts=acts, attrs=attrs, groups=groups)  # type: ignore[arg-type]
         n = run.count
         self.by_id.append(run)
         self.arrivals.append(run)
@@ -1357,9 +1363,19 @@ class QueueState:
         if not _waits((t, run.seq, run)):
             return
         if run.gnames is not None:  # a FIFO run: its slots in their groups are ready now
-            run.waiting = False
-            self.n_delayed -= run.left
-            self.n_ready += run.left
+            if run.acts is None:
+                run.waiting = False
+                self.n_delayed -= run.left
+                self.n_ready += run.left
+                return
+            # a spread one: those due at ``t`` are, where they stand; it waits for the next
+            n = len(run.due_slots(t))
+            self.n_delayed -= n
+            self.n_ready += n
+            if run.woke < run.count:
+                heapq.heappush(self.later, (run.act, run.seq, run))
+            else:
+                run.waiting = False
             return
         if run.acts is not None:
             due = run.due_slots(t)
@@ -1630,7 +1646,9 @@ _ACTIVATE, _DEADLINE = 0, 1
 def transient(run: Run, i: int, contents: Contents) -> QueuedMessage:
     """Slot ``i`` of ``run`` as a message, its body (and attributes) from ``contents`` (its
     put's: a return run's slot ``i`` is its put's ``run.off + i``)."""
-    state = DELAYED if run.waiting else READY
+    state = READY
+    if run.waiting and (run.acts is None or run.base + run.acts[i] >= run.act):
+        state = DELAYED  # not reached yet (a spread FIFO run's reached slots stay in it)
     attrs = contents.attrs
     slots = run.slots
     if slots is None:
@@ -1671,6 +1689,15 @@ def _keys_after(run: Run, after: tuple[int, int] | None) -> Iterator[tuple[int, 
     key order (no two slots share a key: the run is never compared)."""
     for i in run.spilled_by_time():
         key = (run.act_of(i), run.seq_of(i))
+        if after is None or key > after:
+            yield (*key, i, run)
+
+
+def _reached_after(run: Run, after: tuple[int, int] | None) -> Iterator[tuple[int, int, int, Run]]:
+    """``(activate_at, seq, slot, run)`` of a spread FIFO run's spilled slots reached (ready)
+    past ``after``, in key order."""
+    for i in run.reached():
+        key = (run.act_of(i), run.seq + i)
         if after is None or key > after:
             yield (*key, i, run)
 

@@ -142,3 +142,64 @@ def test_an_sqs_fifo_queue_with_a_delay_holds_its_batches_as_runs(
             time.sleep(0.3)
         assert (stats.ready, stats.reserved, stats.delayed) == (10_020, 10, 0)
     sqs.close()
+
+
+def test_a_fifo_put_each_message_due_at_its_own_time_spills_through_restarts(
+    make_server: ServerFactory, names: Names
+) -> None:
+    """A FIFO put whose messages are each due at a time of their own (a retry schedule per
+    tenant) is one run: only each group's head is an object; each message is ready in its
+    group at its own time, a group waits on its head; a graceful restart and a SIGKILL
+    while some are due and others not keep which is which; every message is handed out
+    once, in its group's order, none before its time."""
+    server = make_server("--shards", "1")
+    q = names("retries") + ".fifo"
+    n = 600
+    # message i due 1.5..4.5 s on, not in put order within a group
+    delays = [1.5 + ((i * 7) % 31) / 10 for i in range(n)]
+    with Client(server.url, retries=0, timeout=20) as c:
+        c.create_queue(q, fifo=True)
+        start = time.time()
+        news = [NewMessage(body=f"r{i}", group=group_of(i), delay=delays[i]) for i in range(n)]
+        ids = [r.id for r in c.put(q, news)]
+        assert spilled(server.url, q) == n - GROUPS  # one head a group is an object
+        m = c.get_message(q, ids[333])
+        assert (m.state, m.body) == ("delayed", b"r333")
+        assert abs(m.activate_at - (start + delays[333])) < 1.0
+        listed = [x.id for x in c.browse_all(q, "delayed", limit=64)]
+        assert sorted(listed) == sorted(ids)
+        want = sorted(range(n), key=lambda i: (delays[i], i))  # activation order
+        assert listed == [ids[i] for i in want]
+        assert not c.take(q, 10)  # nothing before its time
+        assert spilled(server.url, q) == n - GROUPS  # reading materializes nothing
+
+    assert server.stop() == 0  # graceful: the snapshot holds the run half woken or not
+    server.start()
+    with Client(server.url, retries=0, timeout=20) as c:
+        while time.time() < start + 2.6:
+            time.sleep(0.1)  # some due (ready in their groups), most not
+        stats = c.get_queue(q).stats
+        assert 0 < stats.ready < n
+        assert stats.ready + stats.delayed == n
+    server.kill()  # SIGKILL: replayed from the log
+    server.start()
+
+    seen: dict[str, list[int]] = {}
+    with Client(server.url, retries=0, timeout=20) as c:
+        deadline = time.time() + 60
+        while sum(len(v) for v in seen.values()) < n and time.time() < deadline:
+            taken = c.take(q, 100, visibility_timeout=600)
+            now = time.time()
+            for t in taken:
+                i = ids.index(t.id)
+                assert now >= start + delays[i] - 0.05, i  # not before its time
+                seen.setdefault(group_of(i), []).append(i)
+                assert t.body == f"r{i}".encode()
+            if taken:
+                c.ack(q, *taken)
+            else:
+                time.sleep(0.2)
+        stats = c.get_queue(q).stats
+        assert (stats.ready, stats.reserved, stats.delayed) == (0, 0, 0)
+    for g in range(GROUPS):
+        assert seen[group_of(g)] == list(range(g, n, GROUPS)), g  # in order, each once

@@ -5,6 +5,8 @@ queues) checks that nothing a client sees changes; these check the representatio
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import msgspec
 import pytest
 
@@ -281,3 +283,87 @@ def test_waiting_fifo_runs_are_not_swept_again_at_every_command(
         sh.run(c.Take(max=10))
     assert len(seen) < 60  # not a sweep of the 60 waiting runs a command
     assert sh.run(c.Stats()).delayed == 180  # type: ignore[attr-defined]
+
+
+def spread_fifo(sh: Shell, n: int, groups: int, delay: Callable[[int], int]) -> list[str]:
+    """``n`` messages, message ``i`` in group ``g<i % groups>``, due ``delay(i)`` ms on."""
+    news = [
+        c.NewMessage(body=b"m%d" % i, group=f"g{i % groups}", delay_ms=delay(i)) for i in range(n)
+    ]
+    return put_news(sh, news)
+
+
+def test_a_fifo_put_each_message_due_at_its_own_time_is_one_run_its_slots_ready_in_place() -> None:
+    """A FIFO put whose messages are each due at a later time of their own is one spread
+    run: its members join their groups at the put, only the heads are messages; a slot whose
+    time came is ready where it stands (a take's stretch reaches it), one still to come
+    stops the stretch. A snapshot restores which are which; retention ends the lot."""
+    sh = Shell("q.fifo", fifo=True, retention_ms=60_000)
+    # g0: due at 3, 1, 2 s (in put order); g1: 1, 2, 3 s
+    times = [3000, 1000, 1000, 2000, 2000, 3000]
+    ids = spread_fifo(sh, 6, 2, times.__getitem__)
+    s = sh.state
+    assert (len(s.by_id), s.grouped, len(s.messages)) == (1, 4, 2)  # one run, two heads
+    assert s.by_id[0].acts is not None
+    assert s.by_id[0].gnames == ["g0", "g1"]
+    stats = sh.run(c.Stats())
+    assert (stats.ready, stats.delayed) == (0, 6)  # type: ignore[attr-defined]
+    sh.now += 1000  # g1's head and g0's second are due: only g1's head can go
+    stats = sh.run(c.Stats())
+    assert (stats.ready, stats.delayed) == (2, 4)  # type: ignore[attr-defined]
+    page = sh.run(c.Browse(state="ready", limit=10))
+    assert [m.id for m in page.messages] == [ids[1], ids[2]]  # type: ignore[attr-defined]
+    page = sh.run(c.Browse(state="delayed", limit=10))
+    assert [m.id for m in page.messages] == [ids[3], ids[4], ids[0], ids[5]]  # type: ignore[attr-defined]
+    assert [d.id for d in sh.run(c.Take(max=10))] == [ids[1]]  # g1's next is due at 2 s
+    before = logical(s)
+    sh.state = restored(sh)  # half woken: what is reached stays ready in the run
+    assert logical(sh.state) == before
+    assert sh.state.grouped == 4
+    assert sh.state.by_id[0].unreached() == 3
+    sh.now += 2000  # everything due; g1 is busy until its lease runs out
+    got = sh.run(c.Take(max=10))
+    assert [d.id for d in got] == [ids[0], ids[2], ids[4]]  # g0 in put order, all ready
+    assert sh.state.grouped == 2  # g1: ids 3 and 5
+    assert not sh.state.by_id[0].waiting
+    sh.now += 60_000  # past retention
+    sh.run(c.Stats())
+    assert (sh.state.total, sh.state.n_ready, sh.state.n_delayed) == (0, 0, 0)
+
+
+def test_a_spread_fifo_run_restored_at_every_step_counts_what_is_ready_and_what_waits() -> None:
+    """A restore between any two of its times holds the same queue (its counts, its
+    groups, what a take would hand out) as the state it was taken from."""
+    for step in range(0, 6000, 500):
+        sh = fifo()
+        spread_fifo(sh, 40, 4, lambda i: 1000 + (i * 7919) % 5000)
+        sh.now += step
+        sh.run(c.Stats())
+        live = sh.state
+        again = restored(sh)
+        assert (again.n_ready, again.n_delayed, again.grouped) == (
+            live.n_ready,
+            live.n_delayed,
+            live.grouped,
+        ), step
+        assert logical(again) == logical(live)
+        sh.state = again
+        taken = [d.id for d in sh.run(c.Take(max=40))]
+        sh.state = live
+        assert [d.id for d in sh.run(c.Take(max=40))] == taken
+
+
+def test_retention_ends_a_spread_fifo_run_reached_or_not() -> None:
+    """Retention ends a spread FIFO run whatever its slots are (times are refused past
+    retention, so all were reached by then: counted ready, blocked behind their heads)."""
+    sh = Shell("q.fifo", fifo=True, retention_ms=60_000)
+    spread_fifo(sh, 8, 2, lambda i: [10, 55, 50, 58, 20, 30, 57, 40][i] * 1000)
+    sh.now += 35_000  # three reached (g0's head among them), five to come (g1's head too)
+    stats = sh.run(c.Stats())
+    assert (stats.ready, stats.delayed) == (3, 5)  # type: ignore[attr-defined]
+    assert sh.state.by_id[0].unreached() == 4  # the heads are messages
+    sh.state = restored(sh)
+    sh.now += 25_000
+    stats = sh.run(c.Stats())
+    assert (stats.ready, stats.delayed, stats.total) == (0, 0, 0)  # type: ignore[attr-defined]
+    assert (sh.state.n_ready, sh.state.n_delayed, sh.state.grouped) == (0, 0, 0)

@@ -114,6 +114,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.most_grouped = 0  # slots of a FIFO queue's runs
         self.spread_runs = 0  # spread runs seen waiting, summed over the checks
         self.waiting_fifo = 0  # FIFO runs seen waiting (a put due later), summed
+        self.spread_fifo = 0  # FIFO runs each slot at its own time, holding slots, summed
         self.attr_runs = 0  # runs with attributes seen holding slots, summed over the checks
         self.loans = 0  # return runs seen holding slots, summed over the checks
         self.scattered = 0  # scattered ones (Run.scatter) among them
@@ -414,6 +415,14 @@ class QueueMachine(RuleBasedStateMachine):
         """A put whose messages are all ready at one later time (a delayed run)."""
         self.do_put([{**_plain(spec), "delay": delay} for spec in specs])
 
+    @rule(
+        specs=st.lists(put_specs, min_size=1, max_size=4),
+        delays=st.lists(st.integers(1, 25_000), min_size=4, max_size=4),
+    )
+    def put_spread(self, specs: list[dict], delays: list[int]) -> None:
+        """A put whose messages are each due at a later time of its own (a spread run)."""
+        self.do_put([{**_plain(spec), "delay": d} for spec, d in zip(specs, delays, strict=False)])
+
     @rule(limit=st.integers(1, 4), vt=st.none() | durations)
     def take(self, limit: int, vt: int | None) -> None:
         self.do_take(limit, vt)
@@ -512,6 +521,9 @@ class QueueMachine(RuleBasedStateMachine):
         self.waiting_fifo += sum(
             r.gnames is not None and r.waiting and r.left > 0 for r in self.state.by_id
         )
+        self.spread_fifo += sum(
+            r.gnames is not None and r.acts is not None and r.left > 0 for r in self.state.by_id
+        )
         self.loans += sum(len(r.live_loans()) for r in self.state.by_id)
         self.scattered += sum(
             loan.slots is not None for r in self.state.by_id for loan in r.live_loans()
@@ -590,6 +602,11 @@ def _random_specs(rng: random.Random) -> list[dict]:
     if rng.random() < 0.15:  # all ready at one later time: a delayed run, where it spills
         delay = rng.choice([5, 1_500, 12_000, rng.randint(1, 25_000)])
         return [{**_plain(spec), "delay": delay} for spec in _random_specs(rng)]
+    if rng.random() < 0.1:  # each ready at a later time of its own: a spread run
+        return [
+            {**_plain(spec), "delay": rng.choice([5, 1_500, rng.randint(1, 25_000)])}
+            for spec in _random_specs(rng)
+        ]
     specs = []
     for _ in range(rng.randint(1, 4)):
         spec = {
@@ -726,6 +743,7 @@ def test_long_seeded_walk_matches_the_reference(
     assert variant != 6 or m.loans > 0 or m.ref.settings.max_receives == 1
     assert not (spills and fifo) or m.most_grouped > 0  # the spilling FIFO queues held runs
     assert variant != 5 or m.waiting_fifo > 0  # and FIFO runs due later (a queue's delay)
+    assert variant != 5 or m.spread_fifo > 0  # and FIFO runs each slot at its own time
     assert not spills or fifo or m.most_spilled > 0  # and the standard ones
 
 
