@@ -44,6 +44,7 @@ from actors.core.events import (
     MessagesPut,
     MessagesReleased,
     MessagesTaken,
+    MessageUpdated,
     QueuePurged,
 )
 from actors.core.ids import IdSource
@@ -203,7 +204,8 @@ class QueueActor:
         self._routing = False
         self._moving = False
         self._takers: deque[asyncio.Future[bool]] = deque()  # long-poll takes, oldest first
-        self._placing: deque[tuple[Batch, int, Any, Run]] = deque()  # placed once durable
+        # runs (and patches: Run.patches) placed once durable
+        self._placing: deque[tuple[Batch, int, Any, Any]] = deque()
         # the lowest LSN each kept snapshot's runs read bodies from (0: none)
         self._snapshot_floors = self._floors_unknown(self.snapshots)
 
@@ -315,7 +317,7 @@ class QueueActor:
         self._rearm = self._rearm or _may_bring_forward(events)
         self._last_batch = batch
         self.log_bytes += size
-        if self.state.unplaced:
+        if self.state.unplaced or self.state.unpatched:
             self._to_place(events, batch)
         self.next_seq += len(events)
         if self._takers and self.state.n_ready:
@@ -363,17 +365,32 @@ class QueueActor:
         """The runs the events just made (a put) or moved (compaction) go in the log with
         ``batch``: placed there once it is durable (without a reader, their bodies stay in
         memory)."""
-        runs = self.state.unplaced
+        runs, patches = self.state.unplaced, self.state.unpatched
         if self.host.bodies is not None:
-            i, event = next((i, e) for i, e in enumerate(events) if type(e) in _WITH_BODIES)
-            for run in runs:
-                self._placing.append((batch, self.next_seq + i, event, run))
+            if runs:
+                i, event = next((i, e) for i, e in enumerate(events) if type(e) in _WITH_BODIES)
+                for run in runs:
+                    self._placing.append((batch, self.next_seq + i, event, run))
+            for patch in patches:  # a body an update changed: where the update's record is
+                body = patch[2]
+                i, event = next(
+                    (i, e)
+                    for i, e in enumerate(events)
+                    if type(e) is MessageUpdated and e.body is body
+                )
+                self._placing.append((batch, self.next_seq + i, event, patch))
         runs.clear()
+        patches.clear()
 
     def _place(self) -> None:
         placing, bodies = self._placing, self.host.bodies
         while placing and placing[0][0].released is None:  # durable, with all before it
             batch, seq, event, run = placing.popleft()
+            if type(run) is tuple:  # a patch: (put's run, slot, body)
+                at = (batch.segment, batch.offset, batch.length, seq, batch.first_lsn)
+                put, i, body = run
+                self.state.place_patch(put, i, body, at)
+                continue
             place = place_of(
                 batch.segment, batch.offset, batch.length, seq, batch.first_lsn, event, run.ref
             )

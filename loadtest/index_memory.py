@@ -11,6 +11,9 @@ allocation, so numpy's buffers too) and the process's RSS:
   the bodies (a body reference would cost at least this);
 - ``runs``: the engine as a shard on a local log runs it (``spill``: each put a run,
   actors/core/runs.py), every run placed, so its bodies are in the log, not here;
+- ``runs-updated``: ``runs`` with every message's body then changed by an update
+  (``MessageUpdated``), each placed where its record is, as a shard does (runs.py,
+  ``Patches``: the slot stays in its run);
 - ``columns``: a columnar sketch of the same index (numpy arrays indexed by arrival
   sequence: activation time, state, receive count, body segment, offset and length; the
   put time once per put; ready messages as a FIFO of sequence numbers), the shape the issue
@@ -38,7 +41,7 @@ BATCH = 1000
 BODY = b"x" * 100
 
 
-def _engine(n: int, body: bytes, spill: bool = False) -> object:
+def _engine(n: int, body: bytes, spill: bool = False, update: bool = False) -> object:
     from actors.core import events as ev
     from actors.core.state import QueueState
 
@@ -54,6 +57,14 @@ def _engine(n: int, body: bytes, spill: bool = False) -> object:
         for run in state.unplaced:  # as a shard does once the put is durable
             state.place(run, ("wal/0000/00000000000000000001.seg", first, 0, first, first))
         state.unplaced.clear()
+    if update:
+        segment = "wal/0000/00000000000000000002.seg"
+        for i in range(1, n + 1):
+            new = body[:-8] + (n + i).to_bytes(8, "little")  # its own, as decoding gives
+            state.apply(ev.MessageUpdated(at_ms=3, id=i, body=new))
+            for put, slot, held in state.unpatched:
+                state.place_patch(put, slot, held, (segment, 4096 * i, 4096, n + i, n + i))
+            state.unpatched.clear()
     return state
 
 
@@ -114,6 +125,7 @@ def measure(kind: str, n: int) -> dict[str, float]:
         "engine": lambda: _engine(n, BODY),
         "engine-nobody": lambda: _engine(n, b""),
         "runs": lambda: _engine(n, BODY, spill=True),
+        "runs-updated": lambda: _engine(n, BODY, spill=True, update=True),
         "columns": lambda: _columns(n),
     }[kind]
     kept = build()
@@ -127,7 +139,7 @@ def measure(kind: str, n: int) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--messages", type=int, nargs=2, default=[1_000_000, 2_000_000])
-    kinds = ["engine", "engine-nobody", "runs", "columns"]
+    kinds = ["engine", "engine-nobody", "runs", "runs-updated", "columns"]
     parser.add_argument("--kinds", nargs="+", default=kinds)
     parser.add_argument("--one", nargs=2, help=argparse.SUPPRESS)  # child: kind, n
     args = parser.parse_args()

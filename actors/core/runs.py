@@ -37,7 +37,15 @@ import msgspec
 
 from actors.core.events import BodiesMoved
 
-__all__ = ["BodyReader", "Contents", "LoanRecord", "Run", "RunRecord", "moved_contents"]
+__all__ = [
+    "BodyReader",
+    "Contents",
+    "LoanRecord",
+    "Patches",
+    "Run",
+    "RunRecord",
+    "moved_contents",
+]
 
 Attributes = dict[str, Any]
 
@@ -107,6 +115,9 @@ class RunRecord(msgspec.Struct, array_like=True, gc=False):
     id_ends: bytes = b""
     # ids all of one UTF-8 length (the common case: UUIDs, hex): that length, and no ends
     id_width: int = 0
+    # Bodies updates changed (Patches): ``[slot, place]`` once the update's record is
+    # placed, ``[slot, None, body]`` before; None: none
+    patches: list[list[Any]] | None = None
 
     def malformed(self) -> str | None:
         """What is wrong with the record's arrays, if anything (a damaged snapshot)."""
@@ -125,6 +136,20 @@ class RunRecord(msgspec.Struct, array_like=True, gc=False):
             return f"a run of {n} with {len(self.bodies)} bodies"
         if self.attrs is not None and len(self.attrs) != n:
             return f"a run of {n} with {len(self.attrs)} attributes"
+        if not all(_patch_fits(p, n) for p in self.patches or ()):
+            return f"a run of {n} with malformed patches"
+        if self.group_of:
+            names = group_names(self.groups)
+            if (
+                names is None
+                or len(self.group_of) != 2 * n
+                or max(_little(_frombytes("H", self.group_of))) >= len(names)
+            ):
+                return f"a FIFO run of {n} with {len(self.group_of)} bytes of groups"
+        return self._ids_malformed(n)
+
+    def _ids_malformed(self, n: int) -> str | None:
+        """:meth:`malformed` for a client-id run's packed ids."""
         if self.id_width and (self.id_ends or len(self.client_ids) != n * self.id_width):
             return f"a run of {n} with {len(self.client_ids)} bytes of ids {self.id_width} wide"
         if self.id_ends:
@@ -135,15 +160,25 @@ class RunRecord(msgspec.Struct, array_like=True, gc=False):
                 or any(b <= a for a, b in zip([0, *ends], ends, strict=False))
             ):
                 return f"a run of {n} with {len(self.id_ends)} bytes of client id ends"
-        if self.group_of:
-            names = group_names(self.groups)
-            if (
-                names is None
-                or len(self.group_of) != 2 * n
-                or max(_little(_frombytes("H", self.group_of))) >= len(names)
-            ):
-                return f"a FIFO run of {n} with {len(self.group_of)} bytes of groups"
         return None
+
+
+def _patch_fits(entry: Any, n: int) -> bool:
+    """Whether ``entry`` is a patch of a run of ``n`` as RunRecord.patches holds them:
+    ``[slot, place]`` (a place of five) or ``[slot, None, body]``."""
+    if not isinstance(entry, list) or len(entry) not in (2, 3):
+        return False
+    slot, place = entry[0], entry[1]
+    if type(slot) is not int or not 0 <= slot < n:
+        return False
+    if len(entry) == 3:
+        return place is None and isinstance(entry[2], bytes)
+    return (
+        isinstance(place, list)
+        and len(place) == 5
+        and isinstance(place[0], str)
+        and all(type(v) is int for v in place[1:])
+    )
 
 
 class LoanRecord(msgspec.Struct, array_like=True, gc=False):
@@ -190,6 +225,94 @@ class LoanRecord(msgspec.Struct, array_like=True, gc=False):
         if any(not self.next < i < n for i in self.out):
             return f"a return run of {n} with slots {self.out} out"
         return None
+
+
+class Patches:
+    """The bodies updates changed, of slots of one put's run (by slot in the put): each
+    held in memory until the update's record is durable, then as that record's place in
+    the log (the shell places it, as a put's), in arrays: 8 bytes for the segment's name
+    (shared) and 36 for where (block offset and length, record number, block LSN) and
+    which slot, instead of a message object. The run's contents are read with them
+    (``QueueState.contents_of``); a compaction that writes the run's bodies again writes
+    the changed ones, and they go (``QueueState._apply_moved``)."""
+
+    __slots__ = ("held", "lens", "lsns", "offs", "segs", "seqs", "slots")
+
+    def __init__(self) -> None:
+        self.held: dict[int, bytes] = {}  # not placed yet
+        self.slots = array("I")
+        self.segs: list[Any] = []
+        self.offs = array("q")
+        self.lens = array("q")
+        self.seqs = array("q")
+        self.lsns = array("q")
+
+    def __len__(self) -> int:
+        return len(self.held) + len(self.slots)
+
+    def set(self, i: int, body: bytes) -> None:
+        """Slot ``i``'s body is ``body`` now (held until :meth:`place`)."""
+        self._unplace(i)
+        self.held[i] = body
+
+    def place(self, i: int, body: bytes, place: Sequence[Any]) -> None:
+        """The update that made slot ``i``'s body ``body`` is durable at ``place``: read
+        from there from now on (unless a later update, or a move, replaced it)."""
+        if self.held.get(i) is not body:
+            return
+        del self.held[i]
+        self._append(i, place)
+
+    def _append(self, i: int, place: Sequence[Any]) -> None:
+        self.slots.append(i)
+        self.segs.append(place[0])
+        self.offs.append(place[1])
+        self.lens.append(place[2])
+        self.seqs.append(place[3])
+        self.lsns.append(place[4])
+
+    def _unplace(self, i: int) -> None:
+        try:
+            k = self.slots.index(i)
+        except ValueError:
+            return
+        for column in (self.slots, self.segs, self.offs, self.lens, self.seqs, self.lsns):
+            del column[k]
+
+    def places(self) -> Iterator[tuple[int, tuple[Any, ...]]]:
+        """``(slot, place)`` of the placed ones."""
+        for k, i in enumerate(self.slots):
+            yield i, (self.segs[k], self.offs[k], self.lens[k], self.seqs[k], self.lsns[k])
+
+    def bodies(self, read: BodyReader | None) -> Iterator[tuple[int, bytes]]:
+        """``(slot, body)`` of each, placed ones read back through ``read``."""
+        yield from self.held.items()
+        for i, place in self.places():
+            if read is None:
+                raise RuntimeError("a placed patch, and no reader to read its body")
+            yield i, read(place).bodies[0]
+
+    def inline(self, read: Callable[[tuple[Any, ...]], bytes]) -> None:
+        """Hold every body in memory again (``read``: a placed one's body)."""
+        for i, place in list(self.places()):
+            self.held[i] = read(place)
+            self._unplace(i)
+
+    def record(self) -> list[list[Any]]:
+        return [[i, list(place)] for i, place in self.places()] + [
+            [i, None, body] for i, body in self.held.items()
+        ]
+
+    @classmethod
+    def from_record(cls, entries: list[list[Any]]) -> Patches:
+        patches = cls()
+        for entry in entries:
+            if entry[1] is None:
+                patches.held[entry[0]] = entry[2]
+            else:
+                place = entry[1]
+                patches._append(entry[0], [sys.intern(place[0]), *place[1:]])
+        return patches
 
 
 class Slots:
@@ -295,6 +418,7 @@ class Run:
         "off",
         "order",
         "out",
+        "patches",
         "place",
         "rc",
         "rcs",
@@ -372,6 +496,7 @@ class Run:
 
     def _no_loans(self) -> None:
         """A put's run: it lends nothing yet, and its place holds every body."""
+        self.patches: Patches | None = None  # bodies updates changed
         self.src: Run | None = None  # a return run's: the put's run it lends from
         self.off = 0  # a return run's first slot in ``src``
         self.rc = 0  # a return run's messages' receive count
@@ -415,6 +540,7 @@ class Run:
         run.src, run.off, run.rc, run.first = src, off, rc, first
         run.lent, run.loans, run.floor = 0, None, 0
         run.slots, run.rcs, run.firsts = None, None, None
+        run.patches = None  # a return run's are its put's
         run.gnames, run.gidx = None, None  # a FIFO run lends nothing (no return runs)
         src.lent += count
         if src.loans is None:
@@ -788,6 +914,7 @@ class Run:
             self.cids or b"",
             b"" if self.cends is None else _little(self.cends).tobytes(),
             self.cwidth,
+            None if not self.patches else self.patches.record(),
         )
 
     @classmethod
@@ -820,6 +947,8 @@ class Run:
         run.mat = deque()
         run._no_loans()
         run.floor = r.floor if r.floor >= 0 else r.next
+        if r.patches:
+            run.patches = Patches.from_record(r.patches)
         run.gnames, run.gidx = None, None
         if r.group_of:  # checked against ``groups`` by decode_snapshot (RunRecord.malformed)
             run.gnames = group_names(r.groups)

@@ -42,7 +42,7 @@ import msgspec
 from actors.core import events as ev
 from actors.core import replies as rp
 from actors.core.idindex import MAX_RUNS, SLOT_BITS, IdIndex
-from actors.core.runs import BodyReader, Contents, Run
+from actors.core.runs import BodyReader, Contents, Patches, Run
 from actors.settings import QueueSettings
 
 __all__ = [
@@ -217,6 +217,7 @@ class QueueState:
         "spilled",
         "transitions",
         "unheaded",
+        "unpatched",
         "unplaced",
     )
 
@@ -266,6 +267,9 @@ class QueueState:
         self.deferred = 0  # slots of the delayed runs
         self.by_id: list[Run] = []  # every run, in put (= id) order; dead ones swept
         self.unplaced: list[Run] = []  # new runs, for the shell to place once written
+        # bodies updates changed in runs (Run.patches): (put's run, slot, body), for the
+        # shell to place once the update is written (place_patch)
+        self.unpatched: list[tuple[Run, int, bytes]] = []
         self.in_mats = 0  # entries in the runs' lists of materialized messages, gone ones too
         # the runs whose lists of materialized messages (Run.mat) are not empty, for their
         # sweep (a run may be listed twice, or with an empty list: the sweep drops those)
@@ -583,11 +587,14 @@ class QueueState:
                 heapq.heappush(self.reserved, (deadline, m.seq, m))
 
     def _apply_updated(self, e: ev.MessageUpdated) -> None:
+        if e.body is not None and self._patch(e.id, e.body) and e.activate_at_ms is None:
+            return  # a spilled message's body: changed where it is, in its put's run
         m = self.find(e.id)
         if m is None:
             return
-        if e.body is not None:
+        if e.body is not None and m.body is not e.body:
             m.body = e.body
+            self._patched_message(m, e.body, e.at_ms, e.activate_at_ms is None)
         if e.activate_at_ms is not None:
             if m.state == RESERVED:
                 self._end_lease(m)
@@ -608,6 +615,49 @@ class QueueState:
                 self._lend_untouched(
                     slot[0], span, contents, act, m.receive_count, m.first_taken_ms, at
                 )
+
+    def _patch(self, mid: ev.MessageId, body: bytes) -> bool:
+        """Spilled message ``mid``'s body is ``body`` now: a patch of its put's run (the
+        slot stays where it is). False: ``mid`` is not spilled."""
+        if mid in self.messages:
+            return False
+        found = self._run_of(mid)
+        if found is None:
+            return False
+        run, i = found
+        self._patch_slot(run.src or run, run.put_slot(i), body)
+        return True
+
+    def _patch_slot(self, put: Run, i: int, body: bytes) -> None:
+        if put.patches is None:
+            put.patches = Patches()
+        put.patches.set(i, body)
+        self.unpatched.append((put, i, body))
+
+    def _patched_message(self, m: QueuedMessage, body: bytes, at: int, back: bool) -> None:
+        """Message ``m``'s body was changed to ``body``: if its put's run can lend it out
+        again, the run's slot is patched too, so that given back (released, its lease run
+        out) it goes back into the run as an untouched one; and with ``back`` (its time
+        stays), a delayed one goes back now (into the run's scattered return run)."""
+        slot = self._slot_of(m) if self._gives_back() else None
+        if slot is None:
+            return
+        run, i = slot
+        self._patch_slot(run, i, body)
+        if not back or m.state != DELAYED or m.activate_at_ms <= at:
+            return
+        contents = self._readable(run)
+        if contents is not None:
+            self.n_delayed -= 1  # in no state count, as _lend_untouched wants it
+            self._lend_untouched(
+                run, [(i, m)], contents, m.activate_at_ms, m.receive_count, m.first_taken_ms, at
+            )
+
+    def place_patch(self, put: Run, i: int, body: bytes, place: object) -> None:
+        """The shell wrote the update that made slot ``i`` of ``put``'s run ``body``: read
+        from ``place`` from now on (not an event, as :meth:`place`)."""
+        if put.patches is not None:
+            put.patches.place(i, body, cast(Any, place))
 
     def _apply_deleted(self, e: ev.MessagesDeleted) -> None:
         for mid in e.ids:
@@ -642,11 +692,15 @@ class QueueState:
 
     def _apply_moved(self, e: ev.BodiesMoved) -> None:
         # the same bodies, further on in the log: for the shell to place the runs again
-        for mid, first in zip(e.ids, e.firsts, strict=True):
+        for k, (mid, first) in enumerate(zip(e.ids, e.firsts, strict=True)):
             run = self.run_at(mid)
             if run is not None:
                 self._unlend_below(run, first)
                 run.floor = first  # the copy holds the slots from there on
+                if run.patches is not None:  # with the bodies updates changed
+                    if run.bodies is not None:  # not placed (yet): the copy's, in memory
+                        run.bodies = [*run.bodies[:first], *e.bodies[k]]
+                    run.patches = None
                 self.unplaced.append(run)
 
     def _unlend_below(self, run: Run, first: int) -> None:
@@ -1451,10 +1505,17 @@ class QueueState:
         if run.src is not None:
             run = run.src
         if run.bodies is not None:
-            return Contents(run.bodies, run.attrs)
-        if self.read is None:
+            contents = Contents(run.bodies, run.attrs)
+        elif self.read is None:
             raise RuntimeError("a placed run, and no reader to read its bodies")
-        return self.read(run.place)
+        else:
+            contents = self.read(run.place)
+        if run.patches:  # bodies updates changed
+            bodies = list(contents.bodies)
+            for i, body in run.patches.bodies(self.read):
+                bodies[i] = body
+            return Contents(bodies, contents.attrs)
+        return contents
 
     def front_run(self) -> Run | None:
         """The first run with spilled slots: the next ones ``take`` reaches among runs."""
@@ -1582,6 +1643,7 @@ class QueueState:
                 run.left, run.next = 0, run.count
                 run.out.clear()
             put.place, put.bodies, put.attrs, put.lent, put.loans = None, None, None, 0, None
+            put.patches = None
         heapq.heapify(self.ready)
         heapq.heapify(self.delayed)
         self.runs, self.run_front, self.spilled = [], 0, 0

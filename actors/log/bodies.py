@@ -26,7 +26,7 @@ from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol, runtime_checkable
 
-from actors.core.events import BodiesMoved, Event, MessagesPut
+from actors.core.events import BodiesMoved, Event, MessagesPut, MessageUpdated
 from actors.core.runs import Contents, moved_contents
 from actors.core.state import QueueState
 from actors.errors import DataError
@@ -181,6 +181,8 @@ def contents_in(groups: list[Group], queue: str, place: Any) -> Contents:
                     [it.body for it in event.items],
                     attrs if any(a is not None for a in attrs) else None,
                 )
+            elif type(event) is MessageUpdated and event.body is not None:
+                return Contents([event.body], None)  # a body it changed (Run.patches)
             break
     raise DataError(f"{place[0]} at {place[1]} holds no bodies of record {seq} of queue {queue}")
 
@@ -207,13 +209,20 @@ async def inline_runs(
         DataError: a segment is gone or damaged. StoreError: the store failed.
     """
     segments: dict[str, bytes] = {}
-    for run in state.live_runs():
-        if run.place is None:
-            continue
-        segment, offset, length = run.place[0], run.place[1], run.place[2]
+
+    async def block(place: Any) -> bytes:
+        segment, offset, length = place[0], place[1], place[2]
         if segment not in segments:
             segments.clear()  # runs come in log order, mostly: one segment at a time
             segments[segment] = await read(segment)
-        data = segments[segment][offset : offset + length]
-        run.bodies, run.attrs = bodies_in(data, queue, run.place)
-        run.place = None
+        return segments[segment][offset : offset + length]
+
+    for run in state.live_runs():
+        if run.place is not None:
+            run.bodies, run.attrs = bodies_in(await block(run.place), queue, run.place)
+            run.place = None
+        if run.patches is not None:  # bodies updates changed, in their records
+            found = {}
+            for _, place in run.patches.places():
+                found[place] = bodies_in(await block(place), queue, place).bodies[0]
+            run.patches.inline(found.__getitem__)

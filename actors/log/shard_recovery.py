@@ -422,7 +422,10 @@ class _Recovery:
             segment, offset, length, lsn = self._where
             for run in state.unplaced:
                 state.place(run, place_of(segment, offset, length, seq, lsn, event, run.ref))
+            for put, i, body in state.unpatched:  # a body an update changed (Run.patches)
+                state.place_patch(put, i, body, (segment, offset, length, seq, lsn))
         state.unplaced.clear()
+        state.unpatched.clear()
 
     def _apply(self, queue: QueueRecovered, first_seq: int, events: list[Event]) -> None:
         for offset, event in enumerate(events):
@@ -437,7 +440,7 @@ class _Recovery:
                 self._gap(queue, queue.next_seq)
                 return
             queue.state.apply(event)
-            if queue.state.unplaced:
+            if queue.state.unplaced or queue.state.unpatched:
                 self._place_runs(queue.state, seq, event)
             queue.next_seq = seq + 1
             queue.report.records_replayed += 1

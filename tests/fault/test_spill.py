@@ -264,10 +264,14 @@ async def test_an_object_store_shard_keeps_run_bodies_in_memory(tmp_path: Path) 
     assert shard.bodies is None
     assert state.spilled == 300  # runs all the same: the index stays small
     assert all(run.place is None and run.bodies is not None for run in state.runs)
+    await run(shard, cmd.Update(id=ids[7], body=b"seven"))  # held in memory: no place
+    assert state.runs[0].patches is not None
+    assert state.runs[0].patches.held == {7: b"seven"}
     await shard.close()
     shard = await open_shard(store, clock)
     try:
-        assert await take_all(shard) == [(ids[i], body(i)) for i in range(300)]
+        want = [(ids[i], b"seven" if i == 7 else body(i)) for i in range(300)]
+        assert await take_all(shard) == want
     finally:
         await shard.close()
         await store.close()
@@ -296,6 +300,9 @@ async def test_an_object_store_shard_with_a_segment_cache_reads_bodies_locally(
         [taken] = await run(shard, cmd.Take(max=150))
         assert [d.body for d in taken] == [body(i) for i in range(150)]
         assert store.calls["get"] == gets  # read from the copy
+        await run(shard, cmd.Update(id=ids[444], body=b"changed"))  # read from the copy too
+        [view] = await run(shard, cmd.Peek(ids[444]))
+        assert view.body == b"changed"
     finally:
         await shard.close(snapshot=snapshot)
     shutil.rmtree(cache)
@@ -306,7 +313,7 @@ async def test_an_object_store_shard_with_a_segment_cache_reads_bodies_locally(
         assert all(run.place is not None and run.bodies is None for run in state.runs if run.left)
         gets = store.calls["get"]
         rest = await take_all(shard)
-        assert rest == [(ids[i], body(i)) for i in range(150, 500)]
+        assert rest == [(ids[i], b"changed" if i == 444 else body(i)) for i in range(150, 500)]
         assert store.calls["get"] == gets
     finally:
         await shard.close()
@@ -747,14 +754,17 @@ async def test_an_object_store_shard_restores_attributes_with_the_bodies_it_read
         assert (run_.with_attrs, run_.place is not None) == (True, True)
         [view] = await run(shard, cmd.Peek(ids[7]))
         assert view.attributes == attrs(7)
-        await shard.close()  # snapshots that say where the bodies are
+        await run(shard, cmd.Update(id=ids[9], body=b"nine"))  # a patch, placed
+        await shard.close()  # snapshots that say where the bodies are (and the patch)
 
         shard = await open_shard(store, clock)  # no cache: read into memory
         [run_] = shard.queues[Q].state.runs
         assert (run_.place, run_.attrs is not None) == (None, True)
+        assert run_.patches is not None
+        assert run_.patches.held == {9: b"nine"}  # read into memory too
         [taken] = await run(shard, cmd.Take(max=100))
         assert [(d.id, d.body, d.attributes) for d in taken] == [
-            (mid, body(i), attrs(i)) for i, mid in enumerate(ids)
+            (mid, b"nine" if i == 9 else body(i), attrs(i)) for i, mid in enumerate(ids)
         ]
     finally:
         await shard.close()
@@ -814,3 +824,95 @@ async def test_a_batch_given_back_reads_its_put_through_a_compaction_and_a_repla
     _, held = read  # the return run read back (unspilled) from the moved record
     counts = {m.id: (m.body, m.receive_count) for m in held.messages.values()}
     assert counts == {int(stale[i]): (body(i), int(i < 20)) for i in range(50)}
+
+
+# ---------------------------------------------------------------- bodies updates changed
+
+
+@pytest.mark.parametrize("snapshot", [True, False], ids=["graceful", "no-snapshot"])
+async def test_an_updated_body_stays_in_its_run_read_from_the_updates_record(
+    local: ObjectStore, snapshot: bool
+) -> None:
+    """An update of a spilled message's body leaves it in its run (runs.py, ``Patches``):
+    once the update is durable its body is read from the update's record; a snapshot holds
+    where (the restore reads it there), and without one the replay places it again."""
+    clock = ManualClock()
+    shard = await open_shard(local, clock)
+    ids = await fill(shard, 3)
+    changed = {ids[i]: b"changed %d" % i for i in (5, 150, 299)}
+    await run(shard, *[cmd.Update(id=mid, body=b) for mid, b in changed.items()])
+    await run(shard, cmd.Update(id=ids[150], body=b"again"))  # its first patch replaced
+    changed[ids[150]] = b"again"
+    await settle(shard)
+    state = shard.queues[Q].state
+    assert (state.spilled, len(state.messages)) == (300, 0)  # no message objects
+    places = [place for run_ in state.runs for _, place in (run_.patches or _none()).places()]
+    assert len(places) == 3
+    on_disk = await segments_of(shard)
+    assert all(place[0] in on_disk for place in places)
+    [view] = await run(shard, cmd.Peek(ids[150]))
+    assert view.body == b"again"
+    await shard.close(snapshot=snapshot)
+
+    shard = await open_shard(local, clock)
+    try:
+        state = shard.queues[Q].state
+        assert sum(len(run_.patches or ()) for run_ in state.runs) == 3
+        assert not any(run_.patches and run_.patches.held for run_ in state.runs)  # placed
+        got = dict(await take_all(shard))
+        assert {mid: got[mid] for mid in changed} == changed
+        assert all(got[ids[i]] == body(i) for i in range(300) if ids[i] not in changed)
+    finally:
+        await shard.close()
+
+
+@pytest.mark.parametrize("snapshot", [True, False], ids=["graceful", "no-snapshot"])
+async def test_a_compaction_writes_the_updated_bodies_and_their_records_can_go(
+    local: ObjectStore, snapshot: bool
+) -> None:
+    """Bodies updates changed, in the oldest segments with their put: the compaction that
+    moves the put's bodies writes the changed ones (the patches go), and the segments go."""
+    clock = ManualClock()
+    shard = await open_shard(local, clock)
+    await shard.create(STALE, SERVER_IDS, [])
+    [put] = await on(shard, STALE, cmd.Put([cmd.NewMessage(body=body(i)) for i in range(50)]))
+    stale = [r.id for r in put]
+    await on(
+        shard,
+        STALE,
+        cmd.Update(id=stale[3], body=b"three"),
+        cmd.Update(id=stale[30], body=b"thirty"),
+    )
+    await settle(shard)
+    [run_] = shard.queues[STALE].state.runs
+    assert run_.patches is not None
+    oldest = shard._segments[0].key
+    assert {place[0] for _, place in run_.patches.places()} == {oldest}
+    await fill(shard, 40)  # churned: taken and acked, the oldest segments hold STALE's alone
+    while True:
+        [taken] = await run(shard, cmd.Take(max=500))
+        if not taken:
+            break
+        await run(shard, cmd.Ack([cmd.LeaseRef(d.id, d.lease) for d in taken]))
+    await snapshot_both(shard)
+    assert shard.compactions == 1
+    assert run_.patches is None  # the move wrote them
+    assert oldest not in await segments_of(shard)
+    expected = [(mid, body(i)) for i, mid in enumerate(stale)]
+    expected[3], expected[30] = (stale[3], b"three"), (stale[30], b"thirty")
+    [peeked] = await on(shard, STALE, cmd.Peek(stale[30]))
+    assert peeked.body == b"thirty"
+    await shard.close(snapshot=snapshot)
+
+    shard = await open_shard(local, clock)
+    try:
+        assert await stale_bodies(shard) == expected[:50]
+    finally:
+        await shard.close()
+
+
+def _none() -> Any:
+    """An empty Patches, for runs with none."""
+    from actors.core.runs import Patches
+
+    return Patches()

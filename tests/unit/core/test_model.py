@@ -15,6 +15,7 @@ import random
 import zlib
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import hypothesis.strategies as st
 import msgspec
@@ -115,6 +116,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.spread_runs = 0  # spread runs seen waiting, summed over the checks
         self.waiting_fifo = 0  # FIFO runs seen waiting (a put due later), summed
         self.spread_fifo = 0  # FIFO runs each slot at its own time, holding slots, summed
+        self.patches = 0  # bodies updates changed, held by runs (Run.patches), summed
         self.attr_runs = 0  # runs with attributes seen holding slots, summed over the checks
         self.loans = 0  # return runs seen holding slots, summed over the checks
         self.scattered = 0  # scattered ones (Run.scatter) among them
@@ -134,8 +136,13 @@ class QueueMachine(RuleBasedStateMachine):
         """``state``, spilling if this machine spills (as a shell sets it up)."""
         state.spill, state.run_min_put = self.spill, self.run_min_put
         state.return_min = self.return_min
-        state.read = self.log.__getitem__
+        state.read = self.read
         return state
+
+    def read(self, place: Any) -> Contents:
+        """A run's contents at its place (a number here), or a patch's (a place shaped as
+        the shell's: its second item the number)."""
+        return self.log[place[1] if isinstance(place, (tuple, list)) else place]
 
     def place_runs(self) -> None:
         """What a shell does once a put is durable: the run's bodies are read back from
@@ -158,6 +165,10 @@ class QueueMachine(RuleBasedStateMachine):
                 self.log[len(self.log)] = contents
                 self.state.place(run, len(self.log) - 1)
         self.state.unplaced.clear()
+        for put, i, body in self.state.unpatched:  # bodies updates changed (Run.patches)
+            self.log[len(self.log)] = Contents([body], None)
+            self.state.place_patch(put, i, body, ("log", len(self.log) - 1, 0, 0, 0))
+        self.state.unpatched.clear()
 
     def canonical(self, state: QueueState) -> bytes:
         """The state's snapshot with every run's bodies in it, wherever they were read; the
@@ -168,6 +179,11 @@ class QueueMachine(RuleBasedStateMachine):
         for r in snap.runs:
             if r.place is not None:
                 (r.bodies, r.attrs), r.place = self.log[r.place], None
+            if r.patches:  # wherever they are read from: in the bodies
+                bodies = list(cast(list[bytes], r.bodies))
+                for p in r.patches:
+                    bodies[p[0]] = p[2] if p[1] is None else self.log[p[1][1]].bodies[0]
+                r.bodies, r.patches = bodies, None
             if r.bodies is not None:
                 r.bodies = [b"" if i < r.next else body for i, body in enumerate(r.bodies)]
             if r.attrs is not None:
@@ -524,6 +540,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.spread_fifo += sum(
             r.gnames is not None and r.acts is not None and r.left > 0 for r in self.state.by_id
         )
+        self.patches += sum(len(r.patches or ()) for r in self.state.by_id)
         self.loans += sum(len(r.live_loans()) for r in self.state.by_id)
         self.scattered += sum(
             loan.slots is not None for r in self.state.by_id for loan in r.live_loans()
@@ -651,6 +668,9 @@ def _walk_step(m: QueueMachine, rng: random.Random) -> None:
         )
     elif op in ("update", "delete") and m.known:
         mid = rng.choice(m.known)
+        if rng.random() < 0.5:  # one still queued, most often spilled (Run.patches)
+            live = [k for k in m.known[-60:] if m.ref.find(k) is not None]
+            mid = rng.choice(live) if live else mid
         lease = rng.choice(m.lease_choices(mid))
         if op == "delete":
             m.do_delete(mid, lease)
@@ -744,6 +764,7 @@ def test_long_seeded_walk_matches_the_reference(
     assert not (spills and fifo) or m.most_grouped > 0  # the spilling FIFO queues held runs
     assert variant != 5 or m.waiting_fifo > 0  # and FIFO runs due later (a queue's delay)
     assert variant != 5 or m.spread_fifo > 0  # and FIFO runs each slot at its own time
+    assert not spills or m.patches > 0  # and bodies updates changed, in their runs
     assert not spills or fifo or m.most_spilled > 0  # and the standard ones
 
 

@@ -119,14 +119,19 @@ def test_a_release_with_gaps_makes_a_return_run_of_each_stretch_long_enough() ->
     assert [d.id for d in got] == [ids[13]] + [i for n, i in enumerate(ids) if n not in (9, 13)]
 
 
-def test_a_message_whose_body_was_changed_is_given_back_as_a_message() -> None:
+def test_a_message_whose_body_was_changed_in_flight_is_given_back_with_the_others() -> None:
+    """Its put's run holds the new body as a patch (Run.patches), so the batch goes back as
+    one return run, not as a message and two runs."""
     sh = lending()
     ids = sh.put(10)
     taken = sh.run(c.Take(max=10))
     sh.run(c.Update(id=ids[4], lease=taken[4].lease, body=b"edited"))
+    put = sh.state.by_id[0]
+    assert put.patches is not None
+    assert len(put.patches) == 1
     give_back(sh, taken, 10_000)
-    assert list(sh.state.messages) == [int(ids[4])]
-    assert sorted((e[2].off, e[2].count) for e in sh.state.later) == [(0, 4), (5, 5)]
+    assert list(sh.state.messages) == []
+    assert sorted((e[2].off, e[2].count) for e in sh.state.later) == [(0, 10)]
     sh.now += 10_000
     assert [d.body for d in sh.run(c.Take(max=10))] == [
         b"edited" if n == 4 else b"m%d" % n for n in range(10)

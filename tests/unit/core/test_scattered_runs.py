@@ -109,15 +109,19 @@ def test_a_reschedule_of_a_taken_message_starts_its_receive_count_again() -> Non
     assert (d.id, d.receive_count, d.first_taken_ms) == (ids[1], 1, T0)
 
 
-def test_changed_bodies_and_messages_due_now_stay_messages() -> None:
+def test_messages_due_now_stay_messages_and_changed_bodies_go_back_as_patches() -> None:
     sh = Shell()
     ids = sh.put(3)
-    sh.run(c.Update(id=ids[0], body=b"edited", delay_ms=10_000))  # body no longer the put's
     sh.run(c.Update(id=ids[1], delay_ms=0))  # ready at once: taken soon
-    assert sorted(sh.state.messages) == [int(ids[0]), int(ids[1])]
+    assert sorted(sh.state.messages) == [int(ids[1])]
     assert not scattered(sh.state)
-    sh.run(c.Update(id=ids[2], body=b"m2", delay_ms=5_000))  # the same body: untouched
-    assert len(scattered(sh.state)) == 1
+    # a new body and a later time: the body a patch of the put's run, the slot scattered
+    sh.run(c.Update(id=ids[0], body=b"edited", delay_ms=10_000))
+    sh.run(c.Update(id=ids[2], body=b"m2", delay_ms=5_000))  # the same body
+    assert sorted(sh.state.messages) == [int(ids[1])]
+    [loan] = scattered(sh.state)
+    assert loan.left == 2
+    assert len(sh.state.by_id[0].patches or ()) == 2
     sh.now += 10_000
     assert [d.body for d in sh.run(c.Take(max=3))] == [b"m1", b"m2", b"edited"]
 
