@@ -801,6 +801,8 @@ class Run:
             return 0
         if self.order is None:
             return self.left
+        if self.left == self.count:  # untouched (a restore's common case): no walk
+            return self.count - self.woke
         return sum(1 for _ in self.spilled_by_time())
 
     def reached(self) -> Iterator[int]:

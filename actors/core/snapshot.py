@@ -479,8 +479,12 @@ def _rest_of(s: QueueState, run: Run) -> None:
         slots = range(run.next, run.count)
         ks = set(gidx[run.next :])
     appends: list[Any] = [None] * len(names)
-    for k in ks:  # only groups that still have members here
-        appends[k] = s.group_named(names[k], names, k).rest.append
+    groups = s.groups
+    for k in ks:  # only groups that still have members here (names shared: _runs)
+        group = groups.get(names[k])
+        if group is None:
+            group = s.group_named(names[k], names, k)
+        appends[k] = group.rest.append
     seq = run.seq
     for i in slots:  # 100M slots: this loop is most of a big FIFO queue's restore
         appends[gidx[i]](seq + i)
