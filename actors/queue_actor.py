@@ -371,14 +371,13 @@ class QueueActor:
                 i, event = next((i, e) for i, e in enumerate(events) if type(e) in _WITH_BODIES)
                 for run in runs:
                     self._placing.append((batch, self.next_seq + i, event, run))
-            for patch in patches:  # a body an update changed: where the update's record is
-                body = patch[2]
-                i, event = next(
-                    (i, e)
-                    for i, e in enumerate(events)
-                    if type(e) is MessageUpdated and e.body is body
+            if patches:  # a body an update changed: where the update's record is
+                found = next(
+                    ((i, e) for i, e in enumerate(events) if type(e) is MessageUpdated), None
                 )
-                self._placing.append((batch, self.next_seq + i, event, patch))
+                if found is not None:  # (an Update's one event)
+                    for patch in patches:
+                        self._placing.append((batch, self.next_seq + found[0], found[1], patch))
         runs.clear()
         patches.clear()
 
@@ -388,8 +387,8 @@ class QueueActor:
             batch, seq, event, run = placing.popleft()
             if type(run) is tuple:  # a patch: (put's run, slot, body)
                 at = (batch.segment, batch.offset, batch.length, seq, batch.first_lsn)
-                put, i, body = run
-                self.state.place_patch(put, i, body, at)
+                put, i, token = run
+                self.state.place_patch(put, i, token, at)
                 continue
             place = place_of(
                 batch.segment, batch.offset, batch.length, seq, batch.first_lsn, event, run.ref
@@ -749,6 +748,10 @@ def spilling(state: QueueState, host: QueueHost, name: str) -> QueueState:
     messages back)."""
     state.read = host.bodies.reader(name) if host.bodies is not None else None
     state.spill = host.log_settings.spill
+    # what a state made by another path left to place (a v1 log's replay places nothing):
+    # those runs and patches keep their bodies in memory; the next put's record is not theirs
+    state.unplaced.clear()
+    state.unpatched.clear()
     if not state.spill and state.by_id:
         state.unspill_all()
     return state

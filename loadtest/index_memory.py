@@ -62,8 +62,8 @@ def _engine(n: int, body: bytes, spill: bool = False, update: bool = False) -> o
         for i in range(1, n + 1):
             new = body[:-8] + (n + i).to_bytes(8, "little")  # its own, as decoding gives
             state.apply(ev.MessageUpdated(at_ms=3, id=i, body=new))
-            for put, slot, held in state.unpatched:
-                state.place_patch(put, slot, held, (segment, 4096 * i, 4096, n + i, n + i))
+            for put, slot, token in state.unpatched:
+                state.place_patch(put, slot, token, (segment, 4096 * i, 4096, n + i, n + i))
             state.unpatched.clear()
     return state
 

@@ -177,7 +177,7 @@ def _patch_fits(entry: Any, n: int) -> bool:
         isinstance(place, list)
         and len(place) == 5
         and isinstance(place[0], str)
-        and all(type(v) is int for v in place[1:])
+        and all(type(v) is int and 0 <= v < 1 << 63 for v in place[1:])
     )
 
 
@@ -236,10 +236,13 @@ class Patches:
     (``QueueState.contents_of``); a compaction that writes the run's bodies again writes
     the changed ones, and they go (``QueueState._apply_moved``)."""
 
-    __slots__ = ("held", "lens", "lsns", "offs", "segs", "seqs", "slots")
+    __slots__ = ("held", "lens", "lsns", "offs", "segs", "seqs", "slots", "tokens")
 
     def __init__(self) -> None:
         self.held: dict[int, bytes] = {}  # not placed yet
+        # the update each held one waits to be placed by (a number the state gives each
+        # update: a body's identity would not do, CPython shares b"" and one-byte bodies)
+        self.tokens: dict[int, int] = {}
         self.slots = array("I")
         self.segs: list[Any] = []
         self.offs = array("q")
@@ -250,18 +253,25 @@ class Patches:
     def __len__(self) -> int:
         return len(self.held) + len(self.slots)
 
-    def set(self, i: int, body: bytes) -> None:
-        """Slot ``i``'s body is ``body`` now (held until :meth:`place`)."""
+    def set(self, i: int, body: bytes, token: int) -> None:
+        """Slot ``i``'s body is ``body`` now, by update ``token`` (held until :meth:`place`)."""
         self._unplace(i)
         self.held[i] = body
+        self.tokens[i] = token
 
-    def place(self, i: int, body: bytes, place: Sequence[Any]) -> None:
-        """The update that made slot ``i``'s body ``body`` is durable at ``place``: read
+    def place(self, i: int, token: int, place: Sequence[Any]) -> None:
+        """Update ``token``, which changed slot ``i``'s body, is durable at ``place``: read
         from there from now on (unless a later update, or a move, replaced it)."""
-        if self.held.get(i) is not body:
+        if self.tokens.get(i) != token:
             return
-        del self.held[i]
+        del self.held[i], self.tokens[i]
         self._append(i, place)
+
+    def drop(self, i: int) -> None:
+        """Slot ``i``'s message is gone: its body is never read again."""
+        self._unplace(i)
+        self.held.pop(i, None)
+        self.tokens.pop(i, None)
 
     def _append(self, i: int, place: Sequence[Any]) -> None:
         self.slots.append(i)
@@ -295,7 +305,7 @@ class Patches:
     def inline(self, read: Callable[[tuple[Any, ...]], bytes]) -> None:
         """Hold every body in memory again (``read``: a placed one's body)."""
         for i, place in list(self.places()):
-            self.held[i] = read(place)
+            self.held[i] = read(place)  # no token: never placed again
             self._unplace(i)
 
     def record(self) -> list[list[Any]]:

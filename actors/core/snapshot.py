@@ -266,6 +266,8 @@ def _restore(snap: Snapshot) -> QueueState:
     s.arrivals = deque(s.messages.values())
     if snap.runs:
         _restore_runs(s, snap)
+        if any(run.patches for run in s.by_id):
+            s.patching = 1  # patches to drop with their messages (QueueState._remove)
     if s.settings.fifo:
         _index_groups(s)
     for heap in (s.ready, s.delayed, s.reserved):
@@ -480,10 +482,12 @@ def _rest_of(s: QueueState, run: Run) -> None:
         ks = set(gidx[run.next :])
     appends: list[Any] = [None] * len(names)
     groups = s.groups
-    for k in ks:  # only groups that still have members here (names shared: _runs)
+    for k in ks:  # only groups that still have members here
         group = groups.get(names[k])
         if group is None:
             group = s.group_named(names[k], names, k)
+        elif group.name is not None:
+            names[k] = group.name  # the group's copy, one for all (it may be a message's)
         appends[k] = group.rest.append
     seq = run.seq
     for i in slots:  # 100M slots: this loop is most of a big FIFO queue's restore

@@ -204,6 +204,7 @@ class QueueState:
         "next_seq",
         "observer",
         "outbox",
+        "patching",
         "purged_total",
         "read",
         "ready",
@@ -267,9 +268,10 @@ class QueueState:
         self.deferred = 0  # slots of the delayed runs
         self.by_id: list[Run] = []  # every run, in put (= id) order; dead ones swept
         self.unplaced: list[Run] = []  # new runs, for the shell to place once written
-        # bodies updates changed in runs (Run.patches): (put's run, slot, body), for the
-        # shell to place once the update is written (place_patch)
-        self.unpatched: list[tuple[Run, int, bytes]] = []
+        # bodies updates changed in runs (Run.patches): (put's run, slot, update's token),
+        # for the shell to place once the update is written (place_patch)
+        self.unpatched: list[tuple[Run, int, int]] = []
+        self.patching = 0  # the last update's token (0: no run was ever patched)
         self.in_mats = 0  # entries in the runs' lists of materialized messages, gone ones too
         # the runs whose lists of materialized messages (Run.mat) are not empty, for their
         # sweep (a run may be listed twice, or with an empty list: the sweep drops those)
@@ -631,8 +633,9 @@ class QueueState:
     def _patch_slot(self, put: Run, i: int, body: bytes) -> None:
         if put.patches is None:
             put.patches = Patches()
-        put.patches.set(i, body)
-        self.unpatched.append((put, i, body))
+        self.patching += 1
+        put.patches.set(i, body, self.patching)
+        self.unpatched.append((put, i, self.patching))
 
     def _patched_message(self, m: QueuedMessage, body: bytes, at: int, back: bool) -> None:
         """Message ``m``'s body was changed to ``body``: if its put's run can lend it out
@@ -653,11 +656,14 @@ class QueueState:
                 run, [(i, m)], contents, m.activate_at_ms, m.receive_count, m.first_taken_ms, at
             )
 
-    def place_patch(self, put: Run, i: int, body: bytes, place: object) -> None:
-        """The shell wrote the update that made slot ``i`` of ``put``'s run ``body``: read
-        from ``place`` from now on (not an event, as :meth:`place`)."""
-        if put.patches is not None:
-            put.patches.place(i, body, cast(Any, place))
+    def place_patch(self, put: Run, i: int, token: int, place: object) -> None:
+        """The shell wrote update ``token``, which changed the body of slot ``i`` of
+        ``put``'s run: read from ``place`` from now on (not an event, as :meth:`place`).
+        A run held in memory (a snapshot written before its put was durable) keeps its
+        patches in memory too: a patch's place must never be before its run's, which the
+        body floor and compaction count on (queue_actor.py ``spilled_floor``)."""
+        if put.patches is not None and put.place is not None:
+            put.patches.place(i, token, cast(Any, place))
 
     def _apply_deleted(self, e: ev.MessagesDeleted) -> None:
         for mid in e.ids:
@@ -940,6 +946,10 @@ class QueueState:
             self._end_lease(m)
         m.state = GONE
         del self.messages[m.id]
+        if self.patching:  # its put's run may hold its body as a patch: never read again
+            found = self.holding(m.seq)
+            if found is not None and found[0].patches:
+                found[0].patches.drop(found[1])
         if self.settings.fifo:
             self._refresh_group(m)
 

@@ -422,8 +422,8 @@ class _Recovery:
             segment, offset, length, lsn = self._where
             for run in state.unplaced:
                 state.place(run, place_of(segment, offset, length, seq, lsn, event, run.ref))
-            for put, i, body in state.unpatched:  # a body an update changed (Run.patches)
-                state.place_patch(put, i, body, (segment, offset, length, seq, lsn))
+            for put, i, token in state.unpatched:  # a body an update changed (Run.patches)
+                state.place_patch(put, i, token, (segment, offset, length, seq, lsn))
         state.unplaced.clear()
         state.unpatched.clear()
 

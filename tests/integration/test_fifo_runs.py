@@ -60,9 +60,9 @@ def test_a_fifo_queue_holds_its_groups_in_runs_through_restarts_and_kills(
     assert server.stop() == 0  # graceful: the snapshot holds the runs and the groups
     server.start()
     with Client(server.url, retries=0, timeout=20) as c:
-        # gone: five acked, one deleted; objects: the heads, one updated and one rescheduled
-        # out of turn, and tenant-1's two released behind its head
-        assert spilled(server.url, q) == n - 5 - 1 - GROUPS - 2 - 2
+        # gone: five acked, one deleted; objects: the heads, one rescheduled out of turn,
+        # and tenant-1's two released behind its head (the one updated stays: a patch)
+        assert spilled(server.url, q) == n - 5 - 1 - GROUPS - 1 - 2
         assert c.get_message(q, ids[101]).body == b"changed"
         # tenant-1's head came back at its release: later than tenant-2's, put with it
         taken = c.take(q, 3, visibility_timeout=600)
@@ -172,29 +172,38 @@ def test_a_fifo_put_each_message_due_at_its_own_time_spills_through_restarts(
         assert listed == [ids[i] for i in want]
         assert not c.take(q, 10)  # nothing before its time
         assert spilled(server.url, q) == n - GROUPS  # reading materializes nothing
+        due = {i: start + delays[i] for i in range(n)}
+        # commands on spilled members: an edit (stays spilled), a delete, a reschedule
+        assert c.update_message(q, ids[109], body=b"edited").body == b"edited"
+        c.delete_message(q, ids[107])
+        due[108] = c.update_message(q, ids[108], delay=4.0).activate_at
+        assert spilled(server.url, q) == n - GROUPS - 2  # the deleted and rescheduled
 
     assert server.stop() == 0  # graceful: the snapshot holds the run half woken or not
     server.start()
     with Client(server.url, retries=0, timeout=20) as c:
         while time.time() < start + 2.6:
-            time.sleep(0.1)  # some due (ready in their groups), most not
+            time.sleep(0.1)  # some due (ready in their groups), most not (if the restart
+        # was quick): each counted ready once its time came, blocked behind its head or not
+        lo = sum(t <= time.time() - 0.05 for i, t in due.items() if i != 107)
         stats = c.get_queue(q).stats
-        assert 0 < stats.ready < n
-        assert stats.ready + stats.delayed == n
+        hi = sum(t <= time.time() + 0.05 for i, t in due.items() if i != 107)
+        assert lo <= stats.ready <= hi
+        assert stats.ready + stats.delayed == n - 1
     server.kill()  # SIGKILL: replayed from the log
     server.start()
 
     seen: dict[str, list[int]] = {}
     with Client(server.url, retries=0, timeout=20) as c:
         deadline = time.time() + 60
-        while sum(len(v) for v in seen.values()) < n and time.time() < deadline:
+        while sum(len(v) for v in seen.values()) < n - 1 and time.time() < deadline:
             taken = c.take(q, 100, visibility_timeout=600)
             now = time.time()
             for t in taken:
                 i = ids.index(t.id)
-                assert now >= start + delays[i] - 0.05, i  # not before its time
+                assert now >= due[i] - 0.05, i  # not before its time
                 seen.setdefault(group_of(i), []).append(i)
-                assert t.body == f"r{i}".encode()
+                assert t.body == (b"edited" if i == 109 else f"r{i}".encode())
             if taken:
                 c.ack(q, *taken)
             else:
@@ -202,4 +211,5 @@ def test_a_fifo_put_each_message_due_at_its_own_time_spills_through_restarts(
         stats = c.get_queue(q).stats
         assert (stats.ready, stats.reserved, stats.delayed) == (0, 0, 0)
     for g in range(GROUPS):
-        assert seen[group_of(g)] == list(range(g, n, GROUPS)), g  # in order, each once
+        want = [i for i in range(g, n, GROUPS) if i != 107]
+        assert seen[group_of(g)] == want, g  # in order, each once

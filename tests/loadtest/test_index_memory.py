@@ -28,10 +28,10 @@ def test_the_table_ranks_the_indexes_by_bytes_per_message() -> None:
         timeout=120,
     )
     rows = dict(re.findall(r"^\| ([a-z-]+) \| (\d+) \|", done.stdout, re.MULTILINE))
-    assert set(rows) == {"engine", "engine-nobody", "runs", "columns"}, done.stdout
-    engine, nobody, runs, columns = (
-        int(rows[k]) for k in ("engine", "engine-nobody", "runs", "columns")
-    )
+    kinds = ("engine", "engine-nobody", "runs", "runs-updated", "columns")
+    assert set(rows) == set(kinds), done.stdout
+    engine, nobody, runs, updated, columns = (int(rows[k]) for k in kinds)
+    assert runs < updated < engine // 4  # a patch: the update record's place, no object
     assert engine - nobody >= 100  # each 100-B body is an object of its own
     assert nobody > 3 * columns > 0
     assert runs < 10  # a placed run: a 4-byte length a message, its bodies in the log

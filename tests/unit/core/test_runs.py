@@ -66,10 +66,13 @@ class Shell:
                 self.log[len(self.log)] = moved_contents(moved, moved.ids.index(run.ref))
             self.state.place(run, len(self.log) - 1)
         self.state.unplaced.clear()
-        for put, i, body in self.state.unpatched:  # an update's record, "durable"
+        for put, i, token in self.state.unpatched:  # an update's record, "durable"
+            body = put.patches.held.get(i) if put.patches is not None else None
+            if body is None:
+                continue  # moved since, or dropped (its message is gone)
             at = max(self.log, default=-1) + 1  # (a test may have dropped places)
             self.log[at] = Contents([body], None)
-            self.state.place_patch(put, i, body, ("log", at, 0, 0, 0))
+            self.state.place_patch(put, i, token, ("log", at, 0, 0, 0))
         self.state.unpatched.clear()
 
     def put(self, n: int, **kw: object) -> list[str]:

@@ -63,12 +63,28 @@ def _snapshot_with(record: RunRecord) -> bytes:
         {"times": b"\x00" * 5, "order": b"\x00" * 2},
         {"acts": b"\x00" * 7},
         {"attrs": [None, None], "bodies": [b"x"]},
+        {"patches": [[0, ["seg", 1 << 63, 0, 0, 0]]]},  # a place past what an array holds
+        {"patches": [[1, None, b"y"]]},  # a slot past the run's one
+        {"patches": [[0, ["seg", 1, 2]]]},  # a place of three
+        {"patches": [[0, None]]},  # held, without its body
     ],
-    ids=["lengths", "order", "times", "acts", "attrs"],
+    ids=[
+        "lengths",
+        "order",
+        "times",
+        "acts",
+        "attrs",
+        "patch-range",
+        "patch-slot",
+        "place",
+        "held",
+    ],
 )
 def test_a_snapshot_whose_run_arrays_do_not_match_its_count_is_damage(fields: dict) -> None:
     good = RunRecord(1, 1, T, 1, 0, [], b"\x01\x00\x00\x00", None, [b"x"])
     assert decode_snapshot(_snapshot_with(good)).runs == [good]
+    patched = msgspec.structs.replace(good, patches=[[0, ["seg", 1, 2, 3, 4]], [0, None, b"y"]])
+    assert decode_snapshot(_snapshot_with(patched)).runs == [patched]
     bad = RunRecord(**{**{f: getattr(good, f) for f in good.__struct_fields__}, **fields})
     with pytest.raises(DataError):
         decode_snapshot(_snapshot_with(bad))
