@@ -385,7 +385,7 @@ class QueueActor:
         placing, bodies = self._placing, self.host.bodies
         while placing and placing[0][0].released is None:  # durable, with all before it
             batch, seq, event, run = placing.popleft()
-            if type(run) is tuple:  # a patch: (put's run, slot, body)
+            if type(run) is tuple:  # a patch: (put's run, slot, update's token)
                 at = (batch.segment, batch.offset, batch.length, seq, batch.first_lsn)
                 put, i, token = run
                 self.state.place_patch(put, i, token, at)

@@ -818,7 +818,12 @@ class Run:
     def reached(self) -> Iterator[int]:
         """A spread run's spilled slots whose time has come (a FIFO run's), in time order."""
         order = cast("array[int]", self.order)
-        for k in range(self.woke if self.waiting else len(order)):
+        return self._spilled_in(0, self.woke if self.waiting else len(order))
+
+    def _spilled_in(self, lo: int, hi: int) -> Iterator[int]:
+        """The spilled slots of ``order[lo:hi]``, in that order."""
+        order = cast("array[int]", self.order)
+        for k in range(lo, hi):
             if self.is_spilled(order[k]):
                 yield order[k]
 
@@ -828,10 +833,7 @@ class Run:
         if self.order is None:
             yield from self.spilled()
             return
-        order = self.order
-        for k in range(self.woke, len(order)):
-            if self.is_spilled(order[k]):
-                yield order[k]
+        yield from self._spilled_in(self.woke, len(self.order))
 
     def mid(self, i: int) -> Any:
         """The id of slot ``i`` (an int; a str in a client-id queue's run)."""
