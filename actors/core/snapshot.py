@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterator
 from typing import Any, cast
 
 import msgspec
+import numpy as np
 
 from actors.core import events as ev
 from actors.core import replies as rp
@@ -349,13 +350,25 @@ def _runs(records: list[RunRecord]) -> list[Run]:
     names a run decodes are dropped before the next is made (millions of names alive at
     once would leave the allocator's memory fragmented after a restart)."""
     runs = []
-    names: dict[str, str] = {}
+    names = _Names()
+    one = names.__getitem__  # the first copy of each name, looked up at C speed (map)
     for r in records:
         run = Run.from_record(r)
         if run.gnames is not None:
-            run.gnames = [names.setdefault(name, name) for name in run.gnames]
+            run.gnames = list(map(one, run.gnames))
         runs.append(run)
     return runs
+
+
+class _Names(dict[Any, Any]):
+    """A table that holds each key it is asked for, the first copy (names) or the next
+    number (:func:`_rests`)."""
+
+    numbered = False
+
+    def __missing__(self, key: Any) -> Any:
+        value = self[key] = len(self) if self.numbered else key
+        return value
 
 
 def _client_indexed(s: QueueState, snap: Snapshot) -> list[Run]:
@@ -458,9 +471,7 @@ def _index_groups(s: QueueState) -> None:
         group = s.group_named(m.group)
         group.msgs.append(m)
         group.busy += m.state == RESERVED
-    for run in s.by_id:
-        if run.gnames is not None and run.left:
-            _rest_of(s, run)
+    _rests(s, [run for run in s.by_id if run.gnames is not None and run.left])
     for group in groups.values():
         msgs = group.msgs
         if msgs and (not group.rest or msgs[0].seq < group.rest[0]):
@@ -471,27 +482,56 @@ def _index_groups(s: QueueState) -> None:
             s.unheaded = True
 
 
-def _rest_of(s: QueueState, run: Run) -> None:
-    """The slots ``run`` still holds, into their groups' ``rest`` (groups made as needed)."""
-    names, gidx = cast(list[str], run.gnames), cast("array[int]", run.gidx)
-    if run.out:
-        slots: list[int] | range = list(run.spilled())
-        ks = {gidx[i] for i in slots}
-    else:  # the common case: the slots from ``next`` on, read at C speed
-        slots = range(run.next, run.count)
-        ks = set(gidx[run.next :])
-    appends: list[Any] = [None] * len(names)
-    groups = s.groups
-    for k in ks:  # only groups that still have members here
-        group = groups.get(names[k])
-        if group is None:
-            group = s.group_named(names[k], names, k)
-        elif group.name is not None:
-            names[k] = group.name  # the group's copy, one for all (it may be a message's)
-        appends[k] = group.rest.append
-    seq = run.seq
-    for i in slots:  # 100M slots: this loop is most of a big FIFO queue's restore
-        appends[gidx[i]](seq + i)
+_CHUNK = 1 << 23  # slots sorted into their groups at once: bounds a restore's extra memory
+
+
+def _rests(s: QueueState, runs: list[Run]) -> None:
+    """The slots ``runs`` still hold, into their groups' ``rest`` (groups made as needed), in
+    order. 100M slots are most of a big FIFO queue's restore, so they are sorted by group at
+    C speed (numpy, a chunk of runs at a time), not appended one by one."""
+    numbers = _Names()
+    numbers.numbered = True
+    number = numbers.__getitem__  # a group's number, from its (shared) name
+    seqs: list[np.ndarray] = []
+    gids: list[np.ndarray] = []
+    held = 0
+    for run in runs:
+        gidx = np.frombuffer(cast("array[int]", run.gidx), np.uint16)
+        if run.out:
+            slots = np.fromiter(run.spilled(), np.int64, run.left)
+            of = gidx[slots]
+        else:  # the common case: the slots from ``next`` on
+            slots = np.arange(run.next, run.count, dtype=np.int64)
+            of = gidx[run.next :]
+        local = np.fromiter(map(number, cast(list[str], run.gnames)), np.int64)
+        seqs.append(slots + run.seq)
+        gids.append(local[of])
+        held += len(slots)
+        if held >= _CHUNK:
+            _into_groups(s, numbers, seqs, gids)
+            seqs, gids, held = [], [], 0
+    if seqs:
+        _into_groups(s, numbers, seqs, gids)
+
+
+def _into_groups(
+    s: QueueState, numbers: dict[str, int], seqs: list[np.ndarray], gids: list[np.ndarray]
+) -> None:
+    """Append each slot of ``seqs`` (in order) to the ``rest`` of its group, ``gids``."""
+    of = np.concatenate(gids)
+    order = np.argsort(of, kind="stable")  # within a group, still in order
+    ordered = np.concatenate(seqs)[order]
+    counts = np.bincount(of, minlength=len(numbers))
+    names = list(numbers)
+    ends = np.cumsum(counts).tolist()
+    start = 0
+    for k, end in enumerate(ends):
+        if end > start:
+            group = s.group_named(names[k])
+            if group.name is not None:
+                group.name = names[k]  # the runs' copy, one for all
+            group.rest.frombytes(ordered[start:end].tobytes())
+            start = end
 
 
 def _seq(m: QueuedMessage | Run) -> int:

@@ -100,6 +100,47 @@ def test_a_snapshot_holds_the_groups_in_their_runs_and_a_restore_takes_the_same(
     assert [d.id for d in theirs] == [d.id for d in mine]  # type: ignore[attr-defined]
 
 
+@pytest.mark.parametrize("chunk", [1, 7, 1 << 23])
+def test_a_restore_sorts_every_runs_slots_into_their_groups_in_order(
+    chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A restore sorts the slots of a chunk of runs into their groups at once (numpy): each
+    group's ``rest`` is what the live state's holds, whatever the chunks, runs with slots
+    taken out of turn among them, and the runs share the groups' names."""
+    from actors.core import snapshot as snapshot_module
+
+    monkeypatch.setattr(snapshot_module, "_CHUNK", chunk)
+    sh = fifo()
+    ids = put(sh, 300)
+    put(sh, 90, groups=7)  # groups of another put's table, some new (g7, g8, g9 shared)
+    put(sh, 40, groups=13)
+    sh.run(c.Take(max=5))
+    sh.run(c.Delete(ids[150]))  # slots out of turn: the run's ``out``
+    sh.run(c.Update(id=ids[270], body=b"moved"))
+    assert sh.state.total == 300 + 90 + 40 - 1
+    assert any(run.out for run in sh.state.by_id)
+    state = restored(sh)
+
+    def rests(s: QueueState) -> dict[str | None, list[int]]:
+        """Each group's members still in runs (the live state passes over ones that left)."""
+        held = {
+            name: [seq for seq in g.rest[g.start :] if s._grouped_slot(seq) is not None]
+            for name, g in s.groups.items()
+        }
+        return {name: seqs for name, seqs in held.items() if seqs}
+
+    live = rests(sh.state)
+    assert rests(state) == live
+    assert sum(map(len, live.values())) == state.grouped
+    assert len(live) == 13
+    names = {id(g.name) for g in state.groups.values()}
+    assert all(id(name) in names for run in state.by_id for name in run.gnames or ())
+    take = c.Take(max=1000)
+    _, mine = execute(sh.state, take, sh.now, sh.ids)
+    _, theirs = execute(state, take, sh.now, sh.ids)
+    assert [d.id for d in theirs] == [d.id for d in mine]  # type: ignore[attr-defined]
+
+
 def test_a_restored_group_whose_head_is_still_in_a_run_gets_it_at_the_first_advance() -> None:
     sh = fifo()
     ids = put(sh, 40, groups=2)
