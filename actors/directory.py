@@ -12,22 +12,25 @@ import asyncio
 import functools
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from actors.channel import ChannelClient
 from actors.core import commands as cmd
 from actors.core import replies as rp
-from actors.errors import InternalError, QueueError, Unavailable
+from actors.errors import InternalError, QueueError, Unavailable, WrongShard
 from actors.keyspace import home_of
+from actors.log.placement import MAX_HOPS, Placement, refused_to
 from actors.log.store import ObjectStore
 from actors.metrics import QueueMetrics
 from actors.settings import LogSettings, QueueSettings
-from actors.shard import QueueShard, placement
+from actors.shard import QueueShard
 from actors.status import ShardStatus
 
 __all__ = ["ChannelDirectory", "Directory", "LocalDirectory", "RayDirectory"]
 
 log = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 class Directory(Protocol):
@@ -37,6 +40,11 @@ class Directory(Protocol):
 
     def shard_of(self, queue: str) -> int:
         """The index of the shard that holds ``queue``."""
+        ...
+
+    def reroute(self, queue: str, refusal: WrongShard) -> bool:
+        """Learn from a shard's refusal where ``queue`` is; True if its route changed (then
+        resend the refused commands)."""
         ...
 
     async def run_batch(self, shard: int, items: list[tuple[str, object]]) -> list[Any]:
@@ -74,6 +82,10 @@ class Directory(Protocol):
         """Every queue, sorted."""
         ...
 
+    async def names_by_shard(self) -> list[list[str] | None]:
+        """Each shard's queues, sorted (None: the shard could not answer)."""
+        ...
+
     async def status(self, brief: bool = False) -> list[ShardStatus]:
         """Every shard's readiness (``brief``: without each queue's recovery report, for
         probes and scrapes)."""
@@ -88,7 +100,61 @@ class Directory(Protocol):
         ...
 
 
-class LocalDirectory:
+class _Routes:
+    """Where each queue is, as a gateway knows it: the placement map it was given (the hash
+    over the shard count until then) and the queues shards' refusals (WrongShard) taught it
+    are elsewhere. A refused command had no effect, so it is resent where the refusal says,
+    up to ``MAX_HOPS`` times."""
+
+    count: int
+
+    def _init_routes(self, count: int) -> None:
+        self.count = count
+        self.placement = Placement(count=count)
+        self.routes: dict[str, int] = {}  # queues learned to be elsewhere than the map says
+
+    def shard_of(self, queue: str) -> int:
+        shard = self.routes.get(queue)
+        return self.placement.shard_of(queue) if shard is None else shard
+
+    def reroute(self, queue: str, refusal: WrongShard) -> bool:
+        shard = refusal.fields.get("shard")
+        if not isinstance(shard, int) or not 0 <= shard < self.count:
+            return False
+        if shard == self.shard_of(queue):
+            return False
+        if shard == self.placement.shard_of(queue):
+            self.routes.pop(queue, None)
+        else:
+            self.routes[queue] = shard
+        return True
+
+    def placed(self, placement: Placement) -> None:
+        """Route by ``placement`` from now on (a newer map)."""
+        if placement.generation >= self.placement.generation and placement.count == self.count:
+            self.placement = placement
+            self.routes.clear()
+
+    async def _routed(self, queue: str, call: Callable[[int], Awaitable[T]]) -> T:
+        """``call(shard)`` on ``queue``'s shard, resent after refusals (raised, returned, or
+        a list of them)."""
+        for hop in range(MAX_HOPS):
+            last = hop == MAX_HOPS - 1
+            try:
+                result = await call(self.shard_of(queue))
+            except WrongShard as exc:
+                if last or not self.reroute(queue, exc):
+                    raise
+                continue
+            refusal = result if isinstance(result, WrongShard) else None
+            if isinstance(result, list) and refused_to(result) is not None:
+                refusal = result[0]
+            if refusal is None or last or not self.reroute(queue, refusal):
+                return result
+        raise AssertionError("unreachable")  # pragma: no cover
+
+
+class LocalDirectory(_Routes):
     """Shards in this process, over one store."""
 
     def __init__(
@@ -99,7 +165,7 @@ class LocalDirectory:
         log_settings: LogSettings | None = None,
         **shard_options: Any,
     ) -> None:
-        self.count = count
+        self._init_routes(count)
         self.store = store
         self.shards = [
             QueueShard(
@@ -108,12 +174,6 @@ class LocalDirectory:
             for i in range(count)
         ]
         self._started: asyncio.Future[Any] | None = None
-
-    def _shard(self, queue: str) -> QueueShard:
-        return self.shards[placement(queue, self.count)]
-
-    def shard_of(self, queue: str) -> int:
-        return placement(queue, self.count)
 
     async def run_batch(self, shard: int, items: list[tuple[str, object]]) -> list[Any]:
         return await self.shards[shard].run_batch(items)
@@ -133,33 +193,40 @@ class LocalDirectory:
         return await self.execute_many(target, commands)
 
     async def execute_many(self, queue: str, commands: list[object]) -> list[Any]:
-        return await self._shard(queue).execute_many(queue, commands)
+        return await self._routed(queue, lambda i: self.shards[i].execute_many(queue, commands))
 
     async def take(self, queue: str, command: cmd.Take, wait_s: float) -> Any:
-        try:
-            return await self._shard(queue).take(queue, command, wait_s)
-        except QueueError as exc:
-            return exc
+        async def take(i: int) -> Any:
+            try:
+                return await self.shards[i].take(queue, command, wait_s)
+            except QueueError as exc:
+                return exc
+
+        return await self._routed(queue, take)
 
     async def create(
         self, name: str, settings: QueueSettings, given: list[str]
     ) -> tuple[bool, QueueSettings]:
-        return await self._shard(name).create(name, settings, given)
+        return await self._routed(name, lambda i: self.shards[i].create(name, settings, given))
 
     async def watch_key(self, key: str, version: int) -> rp.KeyView:
-        return await self._shard(home_of(key)).watch_key(key, version)
+        home = home_of(key)
+        return await self._routed(home, lambda i: self.shards[i].watch_key(key, version))
 
     async def metrics(self) -> list[QueueMetrics]:
         return [m for s in self.shards for m in await s.metrics()]
 
     async def delete(self, name: str) -> None:
-        await self._shard(name).delete(name)
+        await self._routed(name, lambda i: self.shards[i].delete(name))
 
     async def names(self) -> list[str]:
         names: list[str] = []
         for shard in self.shards:
             names.extend(await shard.names())
         return sorted(names)
+
+    async def names_by_shard(self) -> list[list[str] | None]:
+        return [await shard.names() for shard in self.shards]
 
     async def status(self, brief: bool = False) -> list[ShardStatus]:
         return [s.status(brief) for s in self.shards]
@@ -173,21 +240,15 @@ class LocalDirectory:
         await self.store.close()
 
 
-class ChannelDirectory:
+class ChannelDirectory(_Routes):
     """Shards reached over their data channels (:mod:`actors.channel`); where a shard
     listens is asked of ``address(index)`` (again after every broken connection)."""
 
     def __init__(
         self, count: int, secret: str, address: Callable[[int], Awaitable[tuple[str, int]]]
     ) -> None:
-        self.count = count
+        self._init_routes(count)
         self.channels = [ChannelClient(functools.partial(address, i), secret) for i in range(count)]
-
-    def _channel(self, queue: str) -> ChannelClient:
-        return self.channels[placement(queue, self.count)]
-
-    def shard_of(self, queue: str) -> int:
-        return placement(queue, self.count)
 
     async def run_batch(self, shard: int, items: list[tuple[str, object]]) -> list[Any]:
         return await self.channels[shard].run_batch(items)
@@ -199,13 +260,14 @@ class ChannelDirectory:
         return self.channels[shard].start_batch(items, then)
 
     async def execute_many(self, queue: str, commands: list[object]) -> list[Any]:
-        return await self._channel(queue).execute_many(queue, commands)
+        return await self._routed(queue, lambda i: self.channels[i].execute_many(queue, commands))
 
     async def take(self, queue: str, command: cmd.Take, wait_s: float) -> Any:
-        return await self._channel(queue).take(queue, command, wait_s)
+        return await self._routed(queue, lambda i: self.channels[i].take(queue, command, wait_s))
 
     async def watch_key(self, key: str, version: int) -> rp.KeyView:
-        return await self._channel(home_of(key)).watch_key(key, version)
+        home = home_of(key)
+        return await self._routed(home, lambda i: self.channels[i].watch_key(key, version))
 
     async def metrics(self) -> list[QueueMetrics]:
         results = await asyncio.gather(
@@ -222,14 +284,23 @@ class ChannelDirectory:
     async def create(
         self, name: str, settings: QueueSettings, given: list[str]
     ) -> tuple[bool, QueueSettings]:
-        return await self._channel(name).create(name, settings, given)
+        return await self._routed(name, lambda i: self.channels[i].create(name, settings, given))
 
     async def delete(self, name: str) -> None:
-        await self._channel(name).delete(name)
+        await self._routed(name, lambda i: self.channels[i].delete(name))
 
     async def names(self) -> list[str]:
         lists = await asyncio.gather(*(c.names() for c in self.channels))
         return sorted(n for names in lists for n in names)
+
+    async def names_by_shard(self) -> list[list[str] | None]:
+        lists = await asyncio.gather(*(c.names() for c in self.channels), return_exceptions=True)
+        out: list[list[str] | None] = []
+        for names in lists:
+            if isinstance(names, BaseException) and not isinstance(names, QueueError):
+                raise names
+            out.append(None if isinstance(names, BaseException) else sorted(names))
+        return out
 
     async def status(self, brief: bool = False) -> list[ShardStatus]:
         calls = (c.status(brief) for c in self.channels)

@@ -33,6 +33,7 @@ __all__ = [
     "TooLarge",
     "Unauthorized",
     "Unavailable",
+    "WrongShard",
 ]
 
 
@@ -171,6 +172,14 @@ class Unavailable(QueueError):
 
     kind = ErrorKind.UNAVAILABLE
     code = "Unavailable"
+
+
+class WrongShard(QueueError):
+    """This shard does not hold the queue (the placement map names another, ``shard``, at
+    ``generation``); refused before any effect, so the caller resends it there."""
+
+    kind = ErrorKind.UNAVAILABLE
+    code = "WrongShard"
 
 
 class Fenced(QueueError):

@@ -37,7 +37,7 @@ from actors.core import replies as rp
 from actors.core.decide import execute
 from actors.core.ids import IdSource
 from actors.core.state import QueueState
-from actors.errors import Overloaded, QueueError, QueueNotFound, Unavailable
+from actors.errors import Overloaded, QueueError, QueueNotFound, Unavailable, WrongShard
 from actors.keyspace import is_partition
 from actors.log.shardlog import Batch, ShardLog
 from actors.settings import validate_queue_name
@@ -199,6 +199,10 @@ class FlowShard(Protocol):
         """Application keys were set durably: tell their watchers."""
         ...
 
+    def elsewhere(self, name: str) -> WrongShard | None:
+        """The refusal of a command for queue ``name`` when another shard holds it."""
+        ...
+
     async def get(self, name: str) -> Any:
         """The queue ``name`` (created on first use for a key partition). Raises: QueueError."""
         ...
@@ -228,7 +232,7 @@ class Flow:
             if queue is None or not queue.state.created:
                 if is_partition(name) and queue is None:
                     return None  # created on first use (await shard.get())
-                error = _missing(name, queue)
+                error = _missing(name, queue, shard)
                 if error is not None:
                     call.settle(index, error)
                     continue
@@ -377,7 +381,7 @@ class Flow:
                 self.decide(entry)
 
 
-def _missing(name: str, queue: object | None) -> QueueError | None:
+def _missing(name: str, queue: object | None, shard: FlowShard) -> QueueError | None:
     """Why ``name`` cannot take commands (None: it is being created; they wait)."""
     if queue is not None:
         return None
@@ -385,7 +389,7 @@ def _missing(name: str, queue: object | None) -> QueueError | None:
         validate_queue_name(name, internal=True)
     except QueueError as exc:
         return exc
-    return QueueNotFound("no such queue", queue=name)
+    return shard.elsewhere(name) or QueueNotFound("no such queue", queue=name)
 
 
 def unavailable(queue: str) -> Unavailable:

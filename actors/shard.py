@@ -7,7 +7,9 @@ after a failed write, pruning, compaction) are this module's; what one queue doe
 commands is :mod:`actors.queue_actor`'s.
 
 A Ray actor is a whole process (~50 MiB here), so queues share a few shard processes; a
-queue lives on shard ``placement(name, count)``. A shard is a plain asyncio class: Ray wraps
+queue lives on the shard the placement map names (:mod:`actors.log.placement`; by default
+``placement(name, count)``, a hash), and a shard refuses a queue it does not hold
+(``WrongShard``) before any effect. A shard is a plain asyncio class: Ray wraps
 it only where it is spawned (:mod:`actors.spawn`), and the tests use it directly.
 
 The shard owns the log its queues write to (:mod:`actors.log.shardlog`: one group commit,
@@ -47,6 +49,7 @@ from actors.errors import (
     QueueExists,
     QueueNotFound,
     Unavailable,
+    WrongShard,
 )
 from actors.flow import Call, Entry, Flow, unavailable
 from actors.ids import RandomIds
@@ -55,6 +58,7 @@ from actors.log import keys
 from actors.log.archive import Archive
 from actors.log.bodies import Bodies, Readable
 from actors.log.device import LogDevice, ObjectLogDevice, open_device
+from actors.log.placement import Placement
 from actors.log.shard_recovery import (
     SHARD_STREAM,
     OpenedShard,
@@ -132,6 +136,9 @@ class QueueShard:
             self.memory.shed = self.bodies.clear
         self.memory.held = self._messages_held
         self.queues: dict[str, QueueActor] = {}
+        # Which shard holds each queue (the store's map, read at start): a queue held elsewhere
+        # is refused with WrongShard, before any effect.
+        self.placement = Placement(count=count)
         self.wal: ShardLog = ShardLog(self.device, 0, 1)  # replaced by start()
         self.log_ready = asyncio.Event()
         self.report: ShardReport | None = None
@@ -237,6 +244,7 @@ class QueueShard:
         """Serve from ``opened``: its queues' states, its log."""
         self.report = opened.report
         self.reports = opened.reports
+        self.placement = opened.placement
         wal = opened.wal
         wal.on_durable = self.flow.durable
         wal.on_broken = self._on_broken
@@ -296,6 +304,7 @@ class QueueShard:
             ),
             self._log_failed,
             self.device.full(),
+            self.placement.generation,
         )
 
     async def close(self, *, snapshot: bool = True) -> None:
@@ -483,7 +492,21 @@ class QueueShard:
                 await self.archive.keep(key, data)
 
     def _owns(self, queue: str) -> bool:
-        return placement(queue, self.count) == self.index
+        return self.placement.shard_of(queue) == self.index
+
+    def elsewhere(self, name: str) -> WrongShard | None:
+        """The refusal of a command for queue ``name`` when the map puts it on another shard
+        (None: it is this shard's)."""
+        shard = self.placement.shard_of(name)
+        if shard == self.index:
+            return None
+        return WrongShard(
+            f"queue {name} is on shard {shard}, not {self.index} "
+            f"(placement generation {self.placement.generation})",
+            queue=name,
+            shard=shard,
+            generation=self.placement.generation,
+        )
 
     def _refresh(self, end_lsn: int) -> None:
         """Queues whose kept snapshots alone read bodies before ``end_lsn`` (taken or moved
@@ -594,6 +617,8 @@ class QueueShard:
         settings.validate(name)
         self._check_open()
         queue = self.queues.get(name)
+        if queue is None and (wrong := self.elsewhere(name)) is not None:
+            raise wrong
         if queue is not None and queue.state.created:
             # Asked through the queue, so the answer waits until its creation is durable.
             existing = (await queue.execute(cmd.Describe())).settings
@@ -669,6 +694,8 @@ class QueueShard:
         if not self._ready:
             raise NotReady(f"shard {self.index} is still recovering", queue=name)
         validate_queue_name(name, internal=True)
+        if queue is None and (wrong := self.elsewhere(name)) is not None:
+            raise wrong
         if is_partition(name):  # key partitions come into being when first used
             await self.create(name, QueueSettings(), [])
             return self.queues[name]
@@ -784,7 +811,7 @@ class QueueShard:
             QueueError: ``target`` does not exist or cannot be reached.
         """
         put = cmd.Put(messages, redelivery=True)
-        if placement(target, self.count) == self.index or self.forward is None:
+        if self._owns(target) or self.forward is None:
             [result] = await self.execute_many(target, [put])
         else:
             [result] = await self.forward(target, [put])

@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import hmac
 import logging
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 import ray
@@ -27,13 +27,13 @@ import ray
 from actors.channel import IN_FLIGHT_PER_CONNECTION, ChannelServer
 from actors.core import commands as cmd
 from actors.errors import QueueError
+from actors.log.placement import MAX_HOPS, refused_to
 from actors.log.stores import open_store
 from actors.logsetup import LogConfig, configure
 from actors.settings import LogSettings, QueueSettings
 from actors.shard import (
     SHARD_COLLECTOR_THRESHOLDS,
     QueueShard,
-    placement,
     tune_allocator,
     tune_collector,
 )
@@ -192,11 +192,19 @@ class ShardActor:
         return os.getpid()
 
     async def _forward(self, target: str, commands: list[object]) -> list[Any]:
-        index = placement(target, self.spec.count)
-        handle = self._handles.get(index)
-        if handle is None:
-            handle = self._handles[index] = ray.get_actor(shard_name(index), namespace=NAMESPACE)
-        return await handle.execute_many.remote(target, commands)
+        index = self.shard.placement.shard_of(target)
+        for _ in range(MAX_HOPS):
+            handle = self._handles.get(index)
+            if handle is None:
+                handle = self._handles[index] = ray.get_actor(
+                    shard_name(index), namespace=NAMESPACE
+                )
+            results = await handle.execute_many.remote(target, commands)
+            moved = refused_to(results)
+            if moved is None or moved == index:
+                break
+            index = moved  # the map moved it: the shard that refused names its holder
+        return cast(list[Any], results)
 
 
 def spawn_shards(

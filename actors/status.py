@@ -81,3 +81,4 @@ class ShardStatus(msgspec.Struct):
     # Appended with defaults: a gateway and shards of different versions still agree.
     log_failed: str | None = None  # why the log is not written any more (a failed fsync)
     disk_full: str | None = None  # why puts are refused (the log's disk is full)
+    generation: int = 0  # of the placement map the shard serves by

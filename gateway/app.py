@@ -11,7 +11,7 @@ import msgspec
 from aiohttp import web
 
 from actors.directory import Directory
-from gateway import dashboard, limits, metrics, native, planned, sqs, watches
+from gateway import dashboard, limits, metrics, native, planned, shards, sqs, watches
 from gateway.auth import AUTH, Auth, Token, auth_middleware, retry_after
 from gateway.batcher import Batchers
 from gateway.errors import MAX_BODY, error_middleware, error_response, wants_msgpack
@@ -95,6 +95,7 @@ def make_app(directory: Directory, options: AppOptions | None = None) -> web.App
         directory.run_batch,
         directory.shard_of,
         start=getattr(directory, "start_batch", None),  # the channel's and the local ones
+        reroute=getattr(directory, "reroute", None),  # a directory that never refuses has none
         max_in_flight=options.batch_in_flight,
         split_at=options.batch_split_at,
         max_waiting=options.max_waiting_per_shard,
@@ -110,6 +111,7 @@ def make_app(directory: Directory, options: AppOptions | None = None) -> web.App
     app[FAST_CONNECTIONS] = set()
     app[LIMITS] = Limits(max_requests=options.max_requests, max_connections=options.max_connections)
     app.add_routes(native.routes)
+    app.add_routes(shards.routes)  # GET /v1/admin/shards
     app.add_routes(planned.routes)  # the contract's routes not built yet: 501
     if options.fast_path:
         app[FAST] = Fast(app)

@@ -27,7 +27,8 @@ from typing import Any
 
 from actors.channel import CALLS_IN_FLIGHT, PUT_BYTES_PER_CALL
 from actors.core import commands as cmd
-from actors.errors import Overloaded, QueueError, Unavailable
+from actors.errors import Overloaded, QueueError, Unavailable, WrongShard
+from actors.log.placement import MAX_HOPS
 
 __all__ = ["BatchStats", "Batcher", "Batchers"]
 
@@ -214,9 +215,11 @@ class Batchers:
         send: Callable[[int, list[tuple[str, object]]], Awaitable[list[Any]]],
         shard_of: Callable[[str], int],
         start: Callable[[int, list[tuple[str, object]], Callable[[Any], None]], bool] | None = None,
+        reroute: Callable[[str, WrongShard], bool] | None = None,
         **options: Any,
     ) -> None:
         self._send = send
+        self._reroute = reroute  # learns from a refusal where a queue is (Directory.reroute)
         self._start = start  # see Start: sends without a task where the directory can
         self._shard_of = shard_of
         self._options = options
@@ -228,11 +231,21 @@ class Batchers:
         return len(self._batchers)
 
     async def submit(self, queue: str, command: object) -> Any:
-        """Run ``command`` on ``queue`` through its shard's batcher.
+        """Run ``command`` on ``queue`` through its shard's batcher; a command a shard
+        refused because the queue is elsewhere (no effect) is resent there.
 
         Raises:
             QueueError: the command's error.
         """
+        for hop in range(MAX_HOPS):
+            try:
+                return await self._submit(queue, command)
+            except WrongShard as exc:
+                if hop == MAX_HOPS - 1 or self._reroute is None or not self._reroute(queue, exc):
+                    raise
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    async def _submit(self, queue: str, command: object) -> Any:
         shard = self._shard_of(queue)
         put = type(command) is cmd.Put
         if put and shard in self._shedding:

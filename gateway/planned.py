@@ -22,7 +22,6 @@ PLANNED: dict[tuple[str, str], str] = {
     ("GET", "/v1/tasks"): "tasks",
     ("GET", "/v1/tasks/{id}"): "tasks",
     ("DELETE", "/v1/tasks/{id}"): "cancelling a task",
-    ("GET", "/v1/admin/shards"): "shard administration",
     ("POST", "/v1/admin/shards"): "resizing the shards of a running server",
     ("POST", "/v1/admin/shards/restart"): "a rolling restart of the shards",
 }

@@ -27,7 +27,6 @@ import asyncio
 import logging
 import secrets
 import time
-import zlib
 from collections.abc import Callable
 
 import msgspec
@@ -39,7 +38,8 @@ from actors.errors import DataError, QueueError, Unavailable
 from actors.log import keys
 from actors.log.bodies import Bodies, Readable, inline_runs, place_of
 from actors.log.device import LogDevice
-from actors.log.layout import claim_layout
+from actors.log.layout import LayoutMismatch, claim_layout
+from actors.log.placement import Placement, placement, read_placement
 from actors.log.replay import replay
 from actors.log.shardlog import ShardLog
 from actors.log.snapshots import encode_state, write_snapshot
@@ -55,6 +55,7 @@ __all__ = [
     "ShardReport",
     "StoredReport",
     "open_shard_log",
+    "placement",
     "read_shard",
 ]
 
@@ -68,11 +69,6 @@ READ_AHEAD_PER_SLOT = 4
 
 Progress = Callable[[int, int, int], None]  # (segments done, segments total, records done)
 Prepare = Callable[[str, QueueState], object]  # sets up a queue's state before records apply
-
-
-def placement(name: str, count: int) -> int:
-    """The shard that owns queue ``name`` among ``count`` shards (stable across processes)."""
-    return zlib.crc32(name.encode()) % count
 
 
 class QueueRecovered:
@@ -127,7 +123,9 @@ class OpenedShard:
         report: ShardReport,
         reports: list[RecoveryReport],
         tombstoned: list[str],
+        placed: Placement,
     ) -> None:
+        self.placement = placed  # the map it recovered by
         self.queues = queues
         self.wal = wal
         self.segments = segments
@@ -149,10 +147,12 @@ async def open_shard_log(
     max_batch_bytes: int = 16 * 1024 * 1024,
     prepare: Prepare | None = None,
 ) -> OpenedShard:
-    """Recover shard ``shard`` of ``count`` and take ownership of its log.
+    """Recover shard ``shard`` of ``count`` (the queues the placement map gives it) and take
+    ownership of its log.
 
     Raises:
-        LayoutMismatch: the store's shard logs were written with another shard count.
+        LayoutMismatch: the store's shard logs (or its placement map) were written with
+            another shard count.
         Unavailable: the store failed, another process holds the log, or other incarnations
             kept winning the claim.
     """
@@ -161,7 +161,8 @@ async def open_shard_log(
     last_error: QueueError | None = None
     for attempt in range(_CLAIM_ATTEMPTS):
         started = time.perf_counter()  # a duration for the report; state time is in events
-        recovery = _Recovery(store, device, shard, count, progress, prepare)
+        placed = await _placement(store, count)
+        recovery = _Recovery(store, device, shard, count, progress, prepare, placed.shard_of)
         await recovery.run()
         epoch = max(recovery.max_epoch, epoch_floor) + 1
         report = recovery.report
@@ -198,6 +199,7 @@ async def open_shard_log(
             report,
             recovery.reports,
             recovery.tombstoned,
+            placed,
         )
     raise Unavailable(
         f"shard {shard}: could not claim its log in {_CLAIM_ATTEMPTS} attempts: {last_error}"
@@ -218,11 +220,28 @@ async def read_shard(
     def readable(name: str, state: QueueState) -> None:  # runs of snapshots read back
         state.read = bodies.reader(name) if bodies is not None else None
 
-    recovery = _Recovery(store, device, shard, count, None, readable)
+    placed = await _placement(store, count)
+    recovery = _Recovery(store, device, shard, count, None, readable, placed.shard_of)
     await recovery.run()
     recovery.report.epoch = recovery.max_epoch
     queues = {n: q for n, q in recovery.queues.items() if q.state.created}
     return queues, recovery.report
+
+
+async def _placement(store: ObjectStore, count: int) -> Placement:
+    """The store's placement map, of ``count`` shards.
+
+    Raises:
+        LayoutMismatch: the map is of another count.
+    """
+    placed = await read_placement(store, count)
+    if placed.count != count:
+        raise LayoutMismatch(
+            f"the placement map (generation {placed.generation}) is of {placed.count} "
+            f"shard(s), not {count}",
+            shards=placed.count,
+        )
+    return placed
 
 
 class _Recovery:
@@ -236,9 +255,11 @@ class _Recovery:
         count: int,
         progress: Progress | None,
         prepare: Prepare | None = None,
+        owner: Callable[[str], int] | None = None,
     ) -> None:
         self.store = store
         self.prepare = prepare
+        self.owner = owner or (lambda name: placement(name, count))
         self._where: tuple[str, int, int, int] = ("", 0, 0, 0)  # the block being applied
         self.device = device
         self.shard = shard
@@ -273,7 +294,7 @@ class _Recovery:
         by_queue: dict[str, list[str]] = {}
         for key in await self.store.list(keys.ROOT):
             name = key[len(keys.ROOT) :].split("/", 1)[0]
-            if placement(name, self.count) == self.shard:
+            if self.owner(name) == self.shard:
                 by_queue.setdefault(name, []).append(key)
         for name, listing in sorted(by_queue.items()):
             if f"{keys.queue_prefix(name)}DELETED" in listing:
@@ -402,7 +423,7 @@ class _Recovery:
     def _queue(self, name: str) -> QueueRecovered | None:
         queue = self.queues.get(name)
         if queue is None:
-            if placement(name, self.count) != self.shard:
+            if self.owner(name) != self.shard:
                 log.warning("shard %d: records of queue %s, which is not ours", self.shard, name)
                 return None
             queue = self.queues[name] = QueueRecovered(

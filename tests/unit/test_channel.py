@@ -471,3 +471,56 @@ async def test_a_key_s_watchers_are_told_before_the_reply_of_the_call_that_set_i
     [state] = seen
     assert state.value == "blue"
     assert state.version > before.version
+
+
+async def test_a_refusal_crosses_the_channel_and_the_directory_resends_where_it_says(
+    tmp_path: Path,
+) -> None:
+    """Two shards behind their channels, a map that moves one queue: a ChannelDirectory
+    routing by the hash is refused (WrongShard, with the shard and generation, over the
+    wire), learns the way and resends, for creation, hot commands and a waiting take."""
+    from actors.directory import ChannelDirectory
+    from actors.errors import WrongShard
+    from actors.log.placement import read_placement, write_placement
+    from actors.log.shard_recovery import placement
+
+    store = LocalDirStore(tmp_path)
+    name = "moved"
+    target = 1 - placement(name, 2)
+    start = await read_placement(store, 2)
+    await write_placement(store, start, start.moved({name: target}))
+    shards = [QueueShard(i, 2, store) for i in range(2)]
+    servers = [ChannelServer(shard, SECRET) for shard in shards]
+    for shard in shards:
+        await shard.start()
+    addresses = [await server.start("127.0.0.1") for server in servers]
+
+    async def where(index: int) -> tuple[str, int]:
+        return addresses[index]
+
+    directory = ChannelDirectory(2, SECRET, where)
+    client = ChannelClient(lambda: where(1 - target), SECRET)
+    try:
+        [refused] = await client.execute_many(name, [cmd.Stats()])
+        assert isinstance(refused, WrongShard)
+        assert refused.fields == {"queue": name, "shard": target, "generation": 1}
+        created, _ = await directory.create(name, QueueSettings(), [])
+        assert created
+        assert directory.shard_of(name) == target
+        assert await shards[target].names() == [name]
+        directory.routes.clear()
+        waiting = asyncio.ensure_future(directory.take(name, cmd.Take(1), 5.0))
+        await asyncio.sleep(0.05)
+        [put] = await directory.execute_many(name, [cmd.Put([cmd.NewMessage(body=b"x")])])
+        assert isinstance(put[0], rp.PutResult)
+        taken = await asyncio.wait_for(waiting, 5)
+        assert [d.body for d in taken] == [b"x"]
+        assert await directory.names_by_shard() == [[name] if i == target else [] for i in range(2)]
+    finally:
+        await client.close()
+        await directory.close()
+        for server in servers:
+            await server.close()
+        for shard in shards:
+            await shard.close()
+        await store.close()

@@ -29,6 +29,7 @@ from actors.errors import (
     TooLarge,
     Unauthorized,
     Unavailable,
+    WrongShard,
 )
 from actors.settings import QueueSettings, validate_queue_name
 
@@ -55,6 +56,7 @@ ERRORS = [
     (Overloaded, ErrorKind.OVERLOADED, "Overloaded"),
     (NotReady, ErrorKind.UNAVAILABLE, "NotReady"),
     (Unavailable, ErrorKind.UNAVAILABLE, "Unavailable"),
+    (WrongShard, ErrorKind.UNAVAILABLE, "WrongShard"),
     (Fenced, ErrorKind.FENCED, "Fenced"),
     (DataError, ErrorKind.DATA, "DataError"),
     (InternalError, ErrorKind.INTERNAL, "InternalError"),
