@@ -179,6 +179,8 @@ _REPLY_TYPES: dict[type, Any] = {
     cmd.SetKey: rp.KeyView,
     cmd.GetKey: rp.KeyView,
     cmd.Checkpoint: None,
+    cmd.HandOver: None,
+    cmd.TakeOver: None,
     cmd.MoveBodies: int,
     cmd.Drop: None,
     cmd.StartMove: rp.MoveTask,

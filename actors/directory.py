@@ -18,6 +18,7 @@ from actors.channel import ChannelClient
 from actors.core import commands as cmd
 from actors.core import replies as rp
 from actors.errors import InternalError, QueueError, Unavailable, WrongShard
+from actors.handover import move_queue
 from actors.keyspace import home_of
 from actors.log.placement import MAX_HOPS, Placement, refused_to
 from actors.log.store import ObjectStore
@@ -231,6 +232,13 @@ class LocalDirectory(_Routes):
     async def status(self, brief: bool = False) -> list[ShardStatus]:
         return [s.status(brief) for s in self.shards]
 
+    async def move(self, name: str, target: int) -> tuple[Placement, float]:
+        """Move queue ``name`` to shard ``target`` (:func:`actors.handover.move_queue`): the
+        map it ends at, and how long the queue had no owner (s)."""
+        placement, paused = await move_queue(self.store, _InProcess(self), self.count, name, target)
+        self.placed(placement)
+        return placement, paused
+
     async def start(self) -> None:
         if self._started is None:
             self._started = asyncio.ensure_future(asyncio.gather(*(s.start() for s in self.shards)))
@@ -238,6 +246,26 @@ class LocalDirectory(_Routes):
     async def close(self) -> None:
         await asyncio.gather(*(s.close() for s in self.shards))
         await self.store.close()
+
+
+class _InProcess:
+    """The coordinator's calls on a LocalDirectory's shards."""
+
+    def __init__(self, directory: LocalDirectory) -> None:
+        self.shards = directory.shards
+
+    async def hand_over(self, shard: int, name: str, to: int, generation: int) -> str:
+        return await self.shards[shard].hand_over(name, to, generation)
+
+    async def take_back(self, shard: int, name: str) -> None:
+        await self.shards[shard].take_back(name)
+
+    async def placed(self, placement: Placement) -> None:
+        for shard in self.shards:
+            shard.placed(placement)
+
+    async def take_over(self, shard: int, name: str) -> bool:
+        return await self.shards[shard].take_over(name)
 
 
 class ChannelDirectory(_Routes):

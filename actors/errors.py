@@ -23,6 +23,7 @@ __all__ = [
     "Forbidden",
     "InternalError",
     "MessageNotFound",
+    "Moving",
     "NotReady",
     "Overloaded",
     "QueueError",
@@ -172,6 +173,14 @@ class Unavailable(QueueError):
 
     kind = ErrorKind.UNAVAILABLE
     code = "Unavailable"
+
+
+class Moving(QueueError):
+    """The queue is being handed to another shard (a resize or a rolling restart): retry in
+    a moment, when its new shard serves it."""
+
+    kind = ErrorKind.UNAVAILABLE
+    code = "Moving"
 
 
 class WrongShard(QueueError):

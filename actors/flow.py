@@ -37,7 +37,7 @@ from actors.core import replies as rp
 from actors.core.decide import execute
 from actors.core.ids import IdSource
 from actors.core.state import QueueState
-from actors.errors import Overloaded, QueueError, QueueNotFound, Unavailable, WrongShard
+from actors.errors import Overloaded, QueueError, QueueNotFound, Unavailable
 from actors.keyspace import is_partition
 from actors.log.shardlog import Batch, ShardLog
 from actors.settings import validate_queue_name
@@ -199,7 +199,7 @@ class FlowShard(Protocol):
         """Application keys were set durably: tell their watchers."""
         ...
 
-    def elsewhere(self, name: str) -> WrongShard | None:
+    def elsewhere(self, name: str) -> QueueError | None:
         """The refusal of a command for queue ``name`` when another shard holds it."""
         ...
 

@@ -50,8 +50,9 @@ from actors.core.events import (
 from actors.core.ids import IdSource
 from actors.core.runs import Contents, Run
 from actors.core.state import QueuedMessage, QueueState
-from actors.errors import NotReady, QueueError, Unavailable
+from actors.errors import Moving, NotReady, QueueError, Unavailable
 from actors.flow import Entry, Flow
+from actors.log import keys
 from actors.log.bodies import Bodies, place_of
 from actors.log.shardlog import Batch, ShardLog
 from actors.log.snapshots import encode_state, prune_legacy, prune_snapshots, write_snapshot
@@ -551,8 +552,14 @@ class QueueActor:
         """
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait_s
+        waited = False
         while True:
-            taken = await self.execute(command)
+            try:
+                taken = await self.execute(command)
+            except Moving:
+                if waited:  # handed to another shard while it waited: an empty answer
+                    return []
+                raise
             remaining = deadline - loop.time()
             if taken or remaining <= 0:
                 return taken
@@ -564,6 +571,7 @@ class QueueActor:
             fut: asyncio.Future[bool] = loop.create_future()
             self._takers.append(fut)
             alarm = loop.call_later(remaining, _resolve, fut, False)
+            waited = True
             try:
                 await fut
             finally:
@@ -639,7 +647,7 @@ class QueueActor:
     # ---------------------------------------------------------------- snapshots
 
     def _maybe_snapshot(self, now_ms: int) -> None:
-        if self._snapshotting or self.stopped is not None:
+        if self._snapshotting or self.stopped is not None or self.state.moving is not None:
             return
         settings = self.host.log_settings
         since = self.durable_seq - (self.snapshots[-1] if self.snapshots else 0)
@@ -660,13 +668,30 @@ class QueueActor:
         except QueueError as exc:  # the log stays valid without it; the next one will retry
             log.error("queue %s: snapshot failed: %s", self.name, exc)
 
-    async def snapshot(self) -> str | None:
+    async def settled(self) -> None:
+        """Once every event decided so far is durable.
+
+        Raises:
+            QueueError: the write failed.
+        """
+        batch = self._last_batch
+        if batch is not None:
+            await batch.wait()
+
+    async def snapshot(self, *, final: bool = False) -> str | None:
         """Write a snapshot of the state as of the last decided event, once that is durable,
         verify it, and prune what it makes unnecessary; return its key (None: not written).
+        ``final`` (a handover's): after any being written, and the key even if one of that
+        record was written already.
 
         Raises:
             QueueError: the log or the store failed.
         """
+        if final:
+            await self._snapshot_idle.wait()
+            seq = self.next_seq - 1
+            if seq in self.snapshots:
+                return keys.snapshot_key(self.name, seq)
         if self._snapshotting:
             return None
         self._snapshotting = True

@@ -43,7 +43,10 @@ from actors.core import replies as rp
 from actors.core.ids import IdSource
 from actors.core.state import QueuedMessage, QueueState
 from actors.errors import (
+    Conflict,
+    DataError,
     Fenced,
+    Moving,
     NotReady,
     QueueError,
     QueueExists,
@@ -56,9 +59,10 @@ from actors.ids import RandomIds
 from actors.keyspace import ShardKeys, is_partition, partition_of
 from actors.log import keys
 from actors.log.archive import Archive
-from actors.log.bodies import Bodies, Readable
+from actors.log.bodies import Bodies, Readable, inline_runs
 from actors.log.device import LogDevice, ObjectLogDevice, open_device
 from actors.log.placement import Placement
+from actors.log.replay import replay
 from actors.log.shard_recovery import (
     SHARD_STREAM,
     OpenedShard,
@@ -139,6 +143,7 @@ class QueueShard:
         # Which shard holds each queue (the store's map, read at start): a queue held elsewhere
         # is refused with WrongShard, before any effect.
         self.placement = Placement(count=count)
+        self.arriving: set[str] = set()  # queues the map gives this shard, not yet taken over
         self.wal: ShardLog = ShardLog(self.device, 0, 1)  # replaced by start()
         self.log_ready = asyncio.Event()
         self.report: ShardReport | None = None
@@ -189,6 +194,10 @@ class QueueShard:
         for queue in self.queues.values():
             if queue.legacy:  # its own version-1 segments go once snapshots cover them
                 self._spawn(queue.checkpoint(queue.next_seq - 1))
+        for queue in list(self.queues.values()):
+            moving = queue.state.moving
+            if moving is not None and moving[1] == self.index:  # arrived before a crash
+                await queue.execute(cmd.TakeOver(moving[0], moving[2]))
         self._ready = True
         self._tidying = asyncio.ensure_future(self._tidy())
         return self.status()
@@ -271,6 +280,8 @@ class QueueShard:
         for name, queue in self.queues.items():
             if name not in opened.queues:  # created in a write that did not land
                 queue.reloaded(QueueState(), self._deleted.get(name, 0) + 1, [])
+            elif queue.state.moving is not None and queue.state.moving[1] != self.index:
+                queue.stop(_moving(queue))  # handed over, the map not yet written
         # What recovery decoded and let go (snapshots' records, between the arrays made
         # from them) goes back to the system: else it stays in the heap's holes.
         _malloc_trim()
@@ -494,11 +505,13 @@ class QueueShard:
     def _owns(self, queue: str) -> bool:
         return self.placement.shard_of(queue) == self.index
 
-    def elsewhere(self, name: str) -> WrongShard | None:
+    def elsewhere(self, name: str) -> QueueError | None:
         """The refusal of a command for queue ``name`` when the map puts it on another shard
         (None: it is this shard's)."""
         shard = self.placement.shard_of(name)
         if shard == self.index:
+            if name in self.arriving:
+                return Moving(f"queue {name} is arriving on shard {self.index}", queue=name)
             return None
         return WrongShard(
             f"queue {name} is on shard {shard}, not {self.index} "
@@ -652,6 +665,98 @@ class QueueShard:
         self._forget_report(name)
         await self._erase(name, queue.next_seq - 1)
         self.keys.queue_gone(name)
+
+    # ---------------------------------------------------------------- handover
+
+    async def hand_over(self, name: str, to: int, generation: int) -> str:
+        """Hand queue ``name`` to shard ``to`` (placement generation ``generation``): its
+        last record here (``QueueHandedOver``, durable: from then on it serves nothing, and
+        a restart replays that), then a snapshot of it holding its bodies, read by the
+        shard taking it over. Its waiting takes answer empty. Again after a crash or for a
+        second caller: the same snapshot. Returns the snapshot's key.
+
+        Raises:
+            QueueError: no such queue here, handed elsewhere already, or the log failed.
+        """
+        queue = await self.get(name)
+        moving = queue.state.moving
+        if moving is None:
+            await queue.execute(cmd.HandOver(self.index, to, generation))
+        elif moving[1:] != (to, generation):
+            raise Conflict(
+                f"queue {name} is being handed to shard {moving[1]} at generation {moving[2]}",
+                queue=name,
+            )
+        queue.stop(_moving(queue))
+        await queue.settled()
+        if queue.state.read is not None:  # bodies in this shard's log: into the snapshot
+            await inline_runs(queue.state, name, self.device.read)
+            queue.state.read = None
+        key = await queue.snapshot(final=True) or keys.snapshot_key(name, queue.next_seq - 1)
+        log.info("shard %d: queue %s handed to shard %d (%s)", self.index, name, to, key)
+        return key
+
+    async def take_back(self, name: str) -> None:
+        """Call off a handover of queue ``name`` whose map was not written: it serves here
+        again (``QueueTakenOver`` in this log).
+
+        Raises:
+            QueueError: no such queue here, or the log failed.
+        """
+        queue = self.queues.get(name)
+        if queue is None or queue.state.moving is None:
+            return
+        source, _, generation = queue.state.moving
+        queue.stopped = None
+        await queue.execute(cmd.TakeOver(source, generation))
+        queue.start()
+
+    def placed(self, placement: Placement) -> list[str]:
+        """Serve by ``placement`` (a newer map): queues it gives other shards leave (their
+        commands are refused, WrongShard), queues it gives this one that are not here yet
+        wait for :meth:`take_over` (Moving). Returns the queues that left."""
+        if placement.generation < self.placement.generation:
+            return []
+        self.placement = placement
+        gone = [n for n in self.queues if placement.shard_of(n) != self.index]
+        for name in gone:
+            queue = self.queues.pop(name)
+            if queue.stopped is None:
+                queue.stop(_moving(queue))
+            self._spawn(queue.close(snapshot=False))
+        self.arriving = {n for n in placement.queues if placement.shard_of(n) == self.index}
+        self.arriving -= set(self.queues)
+        return gone
+
+    async def take_over(self, name: str) -> bool:
+        """Serve queue ``name``, handed to this shard: from its newest snapshot (the one
+        its handover wrote), with ``QueueTakenOver`` in this log. False: here already.
+
+        Raises:
+            WrongShard: the map does not give it to this shard.
+            QueueError: its snapshot cannot be read, or the log failed.
+        """
+        queue = self.queues.get(name)
+        if queue is None:
+            wrong = self.elsewhere(name)
+            if isinstance(wrong, WrongShard):
+                raise wrong
+            replayed = await replay(self.store, name)
+            state = replayed.state
+            if state.moving is None or state.moving[1] != self.index:
+                raise Conflict(f"queue {name} was not handed to shard {self.index}", queue=name)
+            snapshots = []
+            for key in await self.store.list(keys.snapshot_prefix(name)):
+                with contextlib.suppress(DataError):
+                    snapshots.append(keys.seq_of(key))
+            queue = QueueActor(name, self, state, replayed.last_seq + 1, snapshots=snapshots)
+            self._attach(queue)
+        self.arriving.discard(name)
+        moving = queue.state.moving
+        if moving is None:
+            return False
+        await queue.execute(cmd.TakeOver(moving[0], moving[2]))
+        return True
 
     def _forget_report(self, name: str) -> None:
         self.reports = [r for r in self.reports if r.queue != name]
@@ -1032,3 +1137,9 @@ def _redelivery(source: str, m: QueuedMessage) -> cmd.NewMessage:
         group=m.group,
         attributes={**attributes, **provenance},
     )
+
+
+def _moving(queue: QueueActor) -> Moving:
+    moving = queue.state.moving
+    to = moving[1] if moving is not None else -1
+    return Moving(f"queue {queue.name} is being handed to shard {to}", queue=queue.name)

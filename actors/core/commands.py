@@ -30,6 +30,7 @@ __all__ = [
     "Drop",
     "EndMove",
     "GetKey",
+    "HandOver",
     "LeaseRef",
     "ListMoves",
     "MoveBodies",
@@ -46,6 +47,7 @@ __all__ = [
     "StartMove",
     "Stats",
     "Take",
+    "TakeOver",
     "Touch",
     "TouchItem",
     "Update",
@@ -299,6 +301,24 @@ class EndMove(msgspec.Struct, frozen=True, tag=True):
     reason: str | None = None
 
 
+class HandOver(msgspec.Struct, frozen=True, tag=True):
+    """End the queue's life on this shard: shard ``to`` holds it from placement generation
+    ``generation`` on (shard-internal: a handover; the state serves nothing more).
+    ``source``: this shard."""
+
+    source: int
+    to: int
+    generation: int
+
+
+class TakeOver(msgspec.Struct, frozen=True, tag=True):
+    """Serve the queue, handed over by shard ``source`` (on ``source`` itself: take it back,
+    the handover called off; shard-internal)."""
+
+    source: int
+    generation: int
+
+
 class Drop(msgspec.Struct, frozen=True, tag=True):
     """End the queue's history (its deletion; shard-internal: ``DELETE /v1/queues/{name}``)."""
 
@@ -327,6 +347,8 @@ Command = (
     | Checkpoint
     | MoveBodies
     | Drop
+    | HandOver
+    | TakeOver
     | StartMove
     | CancelMove
     | ListMoves

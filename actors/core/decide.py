@@ -37,6 +37,7 @@ from actors.errors import (
     BadRequest,
     Conflict,
     MessageNotFound,
+    Moving,
     Overloaded,
     QueueExists,
     QueueNotFound,
@@ -71,7 +72,7 @@ def execute(state: QueueState, command: object, now_ms: int, ids: IdSource) -> D
     """
     now_ms = max(now_ms, state.clock_ms)
     state.advance(now_ms)
-    if type(command) is cmd.Take and state.created:
+    if type(command) is cmd.Take and state.created and state.moving is None:
         # The taken messages' heap entries go stale the moment the event is applied below,
         # so there is no point in putting them back first.
         events, reply = _take(state, command, now_ms, ids, consume=True)
@@ -99,6 +100,15 @@ def decide(state: QueueState, command: object, now_ms: int, ids: IdSource) -> De
         raise BadRequest(f"unknown command {type(command).__name__}")
     if not state.created and type(command) is not cmd.Create:
         raise QueueNotFound("no such queue", queue=state.name)
+    if state.moving is not None and type(command) not in _WHILE_MOVING:
+        _, to, generation = state.moving
+        raise Moving(
+            f"queue {state.name} is being handed to shard {to} (placement generation "
+            f"{generation}); retry in a moment",
+            queue=state.name,
+            shard=to,
+            generation=generation,
+        )
     return handler(state, command, now_ms, ids)
 
 
@@ -874,6 +884,22 @@ def _drop(state: QueueState, c: cmd.Drop, now: int, ids: IdSource) -> Decision:
     return [ev.QueueDeleted(now)], None
 
 
+def _hand_over(state: QueueState, c: cmd.HandOver, now: int, ids: IdSource) -> Decision:
+    if c.to < 0 or c.source < 0 or c.to == c.source or c.generation < 1:
+        raise BadRequest(f"a handover from shard {c.source} to {c.to} at {c.generation}")
+    return [ev.QueueHandedOver(now, c.source, c.to, c.generation)], None
+
+
+def _take_over(state: QueueState, c: cmd.TakeOver, now: int, ids: IdSource) -> Decision:
+    if state.moving is None:
+        return [], None  # served already (a second call)
+    return [ev.QueueTakenOver(now, c.source, c.generation)], None
+
+
+# What a state being handed over still decides: taking it over (or back), and reading it.
+_WHILE_MOVING = {cmd.TakeOver, cmd.Stats, cmd.Describe}
+
+
 def _set_key(state: QueueState, c: cmd.SetKey, now: int, ids: IdSource) -> Decision:
     validate_key(c.key)
     version = state.keys.get(c.key, (0, None))[0] + 1
@@ -968,6 +994,8 @@ _DECIDE: dict[type, Callable[[QueueState, Any, int, IdSource], Decision]] = {
     cmd.Checkpoint: _checkpoint,
     cmd.MoveBodies: _move_bodies,
     cmd.Drop: _drop,
+    cmd.HandOver: _hand_over,
+    cmd.TakeOver: _take_over,
     cmd.StartMove: _start_move,
     cmd.CancelMove: _cancel_move,
     cmd.ListMoves: _list_moves,

@@ -45,7 +45,9 @@ __all__ = [
     "PutItem",
     "QueueCreated",
     "QueueDeleted",
+    "QueueHandedOver",
     "QueuePurged",
+    "QueueTakenOver",
     "SettingsChanged",
     "WriterStarted",
     "decode_event",
@@ -199,6 +201,24 @@ class Checkpoint(_Base, frozen=True, tag="checkpoint"):
     queue has in the shard log, so the log can be pruned behind two snapshots."""
 
 
+class QueueHandedOver(_Base, frozen=True, tag="handed_over"):
+    """The queue's last record on this shard's log: shard ``to`` holds it from generation
+    ``generation`` of the placement map on (a handover: actors/log/placement.py). The state
+    serves nothing more until a ``QueueTakenOver``."""
+
+    source: int  # this shard
+    to: int
+    generation: int
+
+
+class QueueTakenOver(_Base, frozen=True, tag="taken_over"):
+    """The queue serves again, on the shard whose log holds this record: the handover from
+    shard ``source`` is complete (on that shard itself: called off)."""
+
+    source: int
+    generation: int
+
+
 class BodiesMoved(_Base, frozen=True, tag="moved"):
     """No change to the queue: the bodies of messages it still holds in runs, written again
     further on in the log so that the segment their put was in can go (compaction,
@@ -241,6 +261,8 @@ Event = (
     | MoveTaskCancelling
     | MoveTaskEnded
     | BodiesMoved
+    | QueueHandedOver
+    | QueueTakenOver
 )
 
 _encoder = msgspec.msgpack.Encoder()

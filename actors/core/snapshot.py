@@ -63,6 +63,7 @@ class Snapshot(msgspec.Struct, array_like=True, gc=False):
     # client-id run of ``runs`` in their order (-1: none); its buckets' tags and locations
     id_index: tuple[bytes, int, int, list[int]] | None = None  # (appended field)
     id_buckets: list[tuple[bytes, bytes]] = []  # (appended field)
+    moving: tuple[int, int, int] | None = None  # handed over: from, to, generation (appended)
 
 
 def _enc_hook(value: Any) -> Any:
@@ -108,6 +109,7 @@ def snapshot(state: QueueState) -> Snapshot:
         [loan.record_loan(i) for i, run in enumerate(runs) for loan in run.live_loans()],
         id_index,
         id_buckets,
+        state.moving,
     )
 
 
@@ -279,6 +281,7 @@ def _restore(snap: Snapshot) -> QueueState:
         s.idem_order.append((at, key))
     s.keys = {key: (version, value) for key, version, value in snap.keys}
     s.move_tasks = list(snap.move_tasks)
+    s.moving = snap.moving
     s.attempts = {a: (at, ids, leases, deadline) for a, at, ids, leases, deadline in snap.attempts}
     return s
 

@@ -197,6 +197,7 @@ class QueueState:
         "mat_runs",
         "messages",
         "move_tasks",
+        "moving",
         "n_delayed",
         "n_ready",
         "n_reserved",
@@ -244,6 +245,9 @@ class QueueState:
         self.enqueued_total = self.purged_total = 0
         self.keys: dict[str, tuple[int, Any]] = {}  # watch keys of a key partition
         self.move_tasks: list[rp.MoveTask] = []  # the newest last, at most MAX_MOVE_TASKS
+        # Being handed to another shard: (from, to, the placement generation); the state
+        # decides nothing but taking it over (decide.py) until QueueTakenOver.
+        self.moving: tuple[int, int, int] | None = None
         # Takes with an attempt id (Take.attempt): id -> (taken at, ids, leases, deadline),
         # oldest first; forgotten ATTEMPT_WINDOW_MS after, or past MAX_ATTEMPTS.
         self.attempts: dict[str, Attempt] = {}
@@ -692,6 +696,12 @@ class QueueState:
 
     def _apply_key(self, e: ev.KeySet) -> None:
         self.keys[e.key] = (e.version, e.value)
+
+    def _apply_handed_over(self, e: ev.QueueHandedOver) -> None:
+        self.moving = (e.source, e.to, e.generation)
+
+    def _apply_taken_over(self, e: ev.QueueTakenOver) -> None:
+        self.moving = None
 
     def _apply_writer(self, e: ev.WriterStarted | ev.Checkpoint) -> None:
         pass  # markers (fencing, checkpoints): only their timestamps (applied by advance) matter
@@ -1826,6 +1836,8 @@ _APPLY: dict[type, Callable[[QueueState, Any], None]] = {
     ev.KeySet: QueueState._apply_key,
     ev.QueueDeleted: QueueState._apply_dropped,
     ev.Checkpoint: QueueState._apply_writer,
+    ev.QueueHandedOver: QueueState._apply_handed_over,
+    ev.QueueTakenOver: QueueState._apply_taken_over,
     ev.MoveTaskStarted: QueueState._apply_move_started,
     ev.MoveTaskProgressed: QueueState._apply_move_progress,
     ev.MoveTaskCancelling: QueueState._apply_move_cancelling,

@@ -296,6 +296,8 @@ NOT_CREATED_COMMANDS = [
     c.Checkpoint(),
     c.MoveBodies([1]),
     c.Drop(),
+    c.HandOver(0, 1, 1),
+    c.TakeOver(0, 1),
     c.StartMove("t"),
     c.CancelMove("t"),
     c.ListMoves(),

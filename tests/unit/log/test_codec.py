@@ -111,6 +111,8 @@ def samples() -> list[ev.Event]:
         ev.MoveTaskEnded(T + 21, "task-2", "CANCELLED"),
         ev.MoveTaskEnded(T + 22, "task-1", "FAILED", "QueueNotFound"),
         ev.BodiesMoved(T + 23, [5, 9], [0, 998], [[b"a", b""], [compressible(3000), b"z"]]),
+        ev.QueueHandedOver(T + 24, 0, 3, 2),
+        ev.QueueTakenOver(T + 25, 0, 2),
     ]
 
 

@@ -102,6 +102,15 @@ ADDED_IN_V2: dict[type, tuple[ev.Event, str]] = {
         ev.BodiesMoved(T, [7, 1_700_000_000_123_456], [2, 0], [[b"x", b""], [b"yz"]]),
         "95a56d6f766564cf0000018bcfe568009207cf00060a24182022409202009292c40178c40091c402797a",
     ),
+    # a queue handed from one shard to another (issue 34)
+    ev.QueueHandedOver: (
+        ev.QueueHandedOver(T, 0, 3, 12),
+        "95ab68616e6465645f6f766572cf0000018bcfe5680000030c",
+    ),
+    ev.QueueTakenOver: (
+        ev.QueueTakenOver(T, 0, 12),
+        "94aa74616b656e5f6f766572cf0000018bcfe56800000c",
+    ),
 }
 
 

@@ -1,0 +1,93 @@
+"""Moving one queue to another shard while the server runs (docs/DESIGN-NOTES.md, "Handover
+of one queue"; issue 34).
+
+1. **Fence on the source.** The queue's shard writes its last record there
+   (``QueueHandedOver``: from then on it decides nothing, also after a restart, which
+   replays the record) and a snapshot of it that holds its bodies. Its commands are answered
+   ``Moving`` (503, retried by every client), its waiting takes answer empty.
+2. **Publish.** The next generation of the placement map names the target; it is created
+   only if absent, so a second coordinator loses (``PlacementConflict``) and the handover is
+   called off on the source (``QueueTakenOver`` there: it serves again).
+3. **Take over on the target.** The target loads the queue from that snapshot (messages,
+   leases, idempotency keys, FIFO groups, spilled messages with their bodies) and writes
+   ``QueueTakenOver``; the source lets go of it. Gateways learn the way from the source's
+   ``WrongShard``.
+
+Each step can be run again, so a coordinator that dies is resumed by running the move
+again: before 2 the source still holds the queue fenced (the rerun hands it over again,
+the same snapshot); after 2 the map names the target (the rerun, or the target's own
+restart, takes it over). Only one queue is unavailable, from 1 to 3.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Protocol
+
+from actors.log.placement import Placement, PlacementConflict, read_placement, write_placement
+from actors.log.store import ObjectStore
+
+__all__ = ["ShardCalls", "move_queue"]
+
+log = logging.getLogger(__name__)
+
+
+class ShardCalls(Protocol):
+    """What a coordinator asks of the shards (in process, or over Ray)."""
+
+    async def hand_over(self, shard: int, name: str, to: int, generation: int) -> str:
+        """Step 1 on ``shard``: the snapshot's key."""
+        ...
+
+    async def take_back(self, shard: int, name: str) -> None:
+        """Call a handover off on ``shard``."""
+        ...
+
+    async def placed(self, placement: Placement) -> None:
+        """Every shard serves by ``placement`` from now on."""
+        ...
+
+    async def take_over(self, shard: int, name: str) -> bool:
+        """Step 3 on ``shard``."""
+        ...
+
+
+async def move_queue(
+    store: ObjectStore, shards: ShardCalls, count: int, name: str, target: int
+) -> tuple[Placement, float]:
+    """Move queue ``name`` to shard ``target``: the map it ends at, and how long the queue
+    answered nothing (seconds).
+
+    Raises:
+        PlacementConflict: another coordinator changed the map meanwhile (called off here:
+            run it again).
+        QueueError: a shard failed (run it again).
+    """
+    current = await read_placement(store, count)
+    source = current.shard_of(name)
+    started = time.perf_counter()
+    if source == target:  # published already: a rerun, or nothing to do
+        await shards.placed(current)
+        await shards.take_over(target, name)
+        return current, time.perf_counter() - started
+    new = current.moved({name: target})
+    key = await shards.hand_over(source, name, target, new.generation)
+    try:
+        await write_placement(store, current, new)
+    except PlacementConflict:
+        await shards.take_back(source, name)
+        raise
+    await shards.placed(new)
+    await shards.take_over(target, name)
+    paused = time.perf_counter() - started
+    log.info(
+        "queue %s moved from shard %d to %d (generation %d, %s): %.1f ms without an owner",
+        name,
+        source,
+        target,
+        new.generation,
+        key,
+        paused * 1000,
+    )
+    return new, paused

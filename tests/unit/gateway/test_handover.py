@@ -1,0 +1,190 @@
+"""Handing one queue to another shard while the gateway serves it (actors/handover.py):
+nothing acknowledged is lost or comes back, leases, idempotency keys, delayed and spilled
+messages carry over, a waiting take answers empty, and a handover interrupted at each step
+is finished (or called off) by running it again or by a restart."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from actors.core import commands as cmd
+from actors.core.snapshot import decode_snapshot
+from actors.directory import LocalDirectory
+from actors.errors import Moving, WrongShard
+from actors.log.codec import decode_snapshot_object
+from actors.log.placement import Placement, PlacementConflict, read_placement, write_placement
+from actors.log.shard_recovery import placement
+from actors.settings import QueueSettings
+from gateway import native
+from tests.unit.gateway.conftest import Api, Serve
+
+Q = "handed"
+SOURCE = placement(Q, 2)
+TARGET = 1 - SOURCE
+
+
+def _directory(api: Api) -> LocalDirectory:
+    directory = api.app[native.DIRECTORY]
+    assert isinstance(directory, LocalDirectory)
+    return directory
+
+
+async def _fill(api: Api) -> dict[str, object]:
+    """A queue with a message of every kind: ready, reserved (its lease kept), delayed, put
+    with an idempotency key, and 3,000 in runs (spilled: their bodies in the source's log)."""
+    await api.create(Q)
+    many = await api.put(Q, *[f"bulk-{i}" for i in range(1000)])
+    many += await api.put(Q, *[f"bulk-{i}" for i in range(1000, 2000)])
+    many += await api.put(Q, *[f"bulk-{i}" for i in range(2000, 3000)])
+    [reserved] = await api.take(Q, max=1, visibility_timeout=600)
+    [delayed] = await api.put(Q, {"body": "later", "delay": 3600})
+    [keyed] = await api.put(Q, {"body": "once", "idempotency_key": "k-1"})
+    return {"many": many, "reserved": reserved, "delayed": delayed, "keyed": keyed}
+
+
+async def _check_carried(api: Api, filled: dict[str, object]) -> None:
+    """Everything _fill left is there, on whichever shard holds the queue now."""
+    reserved = filled["reserved"]
+    assert isinstance(reserved, dict)
+    stats = await api.stats(Q)
+    assert (stats["ready"], stats["reserved"], stats["delayed"]) == (3000, 1, 1)
+    again = await api.put(Q, {"body": "once", "idempotency_key": "k-1"})
+    assert again == [filled["keyed"]]  # the key is remembered: no second message
+    peek = await api.ok("GET", f"/v1/queues/{Q}/messages/{filled['delayed']}")
+    assert (peek["state"], peek["body"]) == ("delayed", "later")
+    assert await api.ack(Q, reserved) == ["ok"]  # the lease taken before the move holds
+    bodies: list[str] = []
+    while batch := await api.take(Q, max=1000):
+        bodies += [m["body"] for m in batch]
+        assert await api.ack(Q, *batch) == ["ok"] * len(batch)
+    expected = {f"bulk-{i}" for i in range(3000)} - {reserved["body"]} | {"once"}
+    assert sorted(bodies) == sorted(expected)  # the bodies read back from the snapshot
+    assert (await api.stats(Q))["total"] == 1  # the delayed one
+
+
+async def test_a_queue_moves_with_everything_it_holds_and_the_gateway_follows(
+    serve: Serve,
+) -> None:
+    api = await serve()
+    filled = await _fill(api)
+    directory = _directory(api)
+    placed, paused = await directory.move(Q, TARGET)
+    assert (placed.generation, placed.shard_of(Q)) == (1, TARGET)
+    assert paused < 10
+    assert await directory.shards[TARGET].names() == [Q]
+    assert await directory.shards[SOURCE].names() == []
+    with pytest.raises(WrongShard):
+        await directory.shards[SOURCE].create(Q, QueueSettings(), [])
+    directory.routes.clear()  # a gateway that has not seen the move: sent on by a refusal
+    directory.placement = Placement(count=2)
+    await _check_carried(api, filled)
+    doc = await api.ok("GET", "/v1/admin/shards")
+    assert doc["generation"] == 1
+    assert doc["shards"][TARGET]["queues"] == [Q]
+
+
+async def test_a_moved_queue_stays_on_its_new_shard_after_a_restart(serve: Serve) -> None:
+    first = await serve()
+    filled = await _fill(first)
+    await _directory(first).move(Q, TARGET)
+    await first.put(Q, "after the move")
+    await first.client.close()
+    again = await serve()
+    directory = _directory(again)
+    assert await directory.shards[TARGET].names() == [Q]
+    assert await directory.shards[SOURCE].names() == []
+    assert (await again.stats(Q))["ready"] == 3001
+    [extra] = await again.take(Q, max=1)  # the oldest first: a bulk one, then the rest
+    assert await again.ack(Q, extra) == ["ok"]
+    assert (await again.stats(Q))["ready"] == 3000
+    del filled
+
+
+async def test_a_waiting_take_answers_empty_when_its_queue_is_handed_over(api: Api) -> None:
+    await api.create(Q)
+    waiting = asyncio.ensure_future(api.call("POST", f"/v1/queues/{Q}/take", {"max": 1, "wait": 5}))
+    await asyncio.sleep(0.2)
+    await _directory(api).move(Q, TARGET)
+    reply = await asyncio.wait_for(waiting, 5)
+    assert (reply.status, reply.doc["messages"]) == (200, [])
+    [mid] = await api.put(Q, "next")
+    assert [m["id"] for m in await api.take(Q, max=1)] == [mid]
+
+
+async def test_a_handover_cut_before_the_map_keeps_the_queue_fenced_until_it_is_run_again(
+    serve: Serve,
+) -> None:
+    """The coordinator dies after the source's record: the queue answers Moving (503), also
+    after a restart of the source; running the move again finishes it."""
+    first = await serve()
+    filled = await _fill(first)
+    directory = _directory(first)
+    key = await directory.shards[SOURCE].hand_over(Q, TARGET, 1)
+    _, _, body = decode_snapshot_object(await directory.store.get(key))
+    snap = decode_snapshot(body)
+    assert snap.moving == (SOURCE, TARGET, 1)
+    assert snap.runs  # spilled: the 3,000 in runs, and their bodies in the snapshot
+    assert all(r.place is None and r.bodies for r in snap.runs)
+    refused = await first.call("GET", f"/v1/queues/{Q}")
+    assert (refused.status, refused.code) == (503, "Moving")
+    await first.client.close()
+    again = await serve()
+    refused = await again.call("POST", f"/v1/queues/{Q}/take", {"max": 1})
+    assert (refused.status, refused.code) == (503, "Moving")
+    assert "Retry-After" in refused.headers
+    placed, _ = await _directory(again).move(Q, TARGET)
+    assert placed.shard_of(Q) == TARGET
+    await _check_carried(again, filled)
+
+
+async def test_a_handover_cut_after_the_map_is_finished_by_the_targets_restart(
+    serve: Serve,
+) -> None:
+    first = await serve()
+    filled = await _fill(first)
+    directory = _directory(first)
+    await directory.shards[SOURCE].hand_over(Q, TARGET, 1)
+    start = await read_placement(directory.store, 2)
+    await write_placement(directory.store, start, start.moved({Q: TARGET}))
+    await first.client.close()  # the coordinator never told the target
+    again = await serve()
+    assert await _directory(again).shards[TARGET].names() == [Q]
+    await _check_carried(again, filled)
+
+
+async def test_a_handover_that_loses_the_map_is_called_off_and_the_queue_serves_again(
+    api: Api,
+) -> None:
+    filled = await _fill(api)
+    directory = _directory(api)
+    store = directory.store
+    start = await read_placement(store, 2)
+    real = directory.shards[SOURCE].hand_over
+
+    async def racing(name: str, to: int, generation: int) -> str:
+        key = await real(name, to, generation)
+        # another coordinator writes that generation first (another queue's move)
+        await write_placement(store, start, start.moved({"other": 1 - placement("other", 2)}))
+        return key
+
+    directory.shards[SOURCE].hand_over = racing  # type: ignore[method-assign]
+    with pytest.raises(PlacementConflict):
+        await directory.move(Q, TARGET)
+    del directory.shards[SOURCE].hand_over
+    assert await directory.shards[SOURCE].names() == [Q]
+    await _check_carried(api, filled)
+
+
+async def test_the_engine_refuses_every_client_command_while_its_queue_is_handed_over(
+    api: Api,
+) -> None:
+    await api.create(Q)
+    [mid] = await api.put(Q, "x")
+    shard = _directory(api).shards[SOURCE]
+    await shard.hand_over(Q, TARGET, 1)
+    for command in (cmd.Take(1), cmd.Peek(mid), cmd.Put([cmd.NewMessage(body=b"y")])):
+        [result] = await shard.execute_many(Q, [command])
+        assert isinstance(result, Moving)
+    assert shard.queues[Q].state.n_ready == 1  # nothing was decided
