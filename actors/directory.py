@@ -17,10 +17,10 @@ from typing import Any, Protocol, TypeVar
 from actors.channel import ChannelClient
 from actors.core import commands as cmd
 from actors.core import replies as rp
-from actors.errors import InternalError, QueueError, Unavailable, WrongShard
+from actors.errors import InternalError, Moving, QueueError, Unavailable, WrongShard
 from actors.handover import move_queue
 from actors.keyspace import home_of
-from actors.log.placement import MAX_HOPS, Placement, refused_to
+from actors.log.placement import MAX_HOPS, MOVING_WAIT_S, Placement, moving_pause, refused_to
 from actors.log.store import ObjectStore
 from actors.metrics import QueueMetrics
 from actors.settings import LogSettings, QueueSettings
@@ -138,21 +138,43 @@ class _Routes:
 
     async def _routed(self, queue: str, call: Callable[[int], Awaitable[T]]) -> T:
         """``call(shard)`` on ``queue``'s shard, resent after refusals (raised, returned, or
-        a list of them)."""
-        for hop in range(MAX_HOPS):
-            last = hop == MAX_HOPS - 1
+        a list of them): where a WrongShard says, or, while the queue is moving, in a
+        moment (up to ``MOVING_WAIT_S``)."""
+        hops = waits = 0
+        slept = 0.0
+        while True:
             try:
-                result = await call(self.shard_of(queue))
+                result: Any = await call(self.shard_of(queue))
             except WrongShard as exc:
-                if last or not self.reroute(queue, exc):
+                hops += 1
+                if hops == MAX_HOPS or not self.reroute(queue, exc):
                     raise
                 continue
+            except Moving as exc:
+                result = exc
+            moving = isinstance(result, Moving) or (
+                isinstance(result, list)
+                and bool(result)
+                and all(isinstance(r, Moving) for r in result)
+            )
+            if moving:
+                if slept < MOVING_WAIT_S:
+                    pause = moving_pause(waits)
+                    await asyncio.sleep(pause)
+                    slept += pause
+                    waits += 1
+                    continue
+                if isinstance(result, Moving):
+                    raise result
+                return result
             refusal = result if isinstance(result, WrongShard) else None
             if isinstance(result, list) and refused_to(result) is not None:
                 refusal = result[0]
-            if refusal is None or last or not self.reroute(queue, refusal):
+            if refusal is None:
                 return result
-        raise AssertionError("unreachable")  # pragma: no cover
+            hops += 1
+            if hops == MAX_HOPS or not self.reroute(queue, refusal):
+                return result
 
 
 class LocalDirectory(_Routes):

@@ -717,14 +717,22 @@ class QueueShard:
         wait for :meth:`take_over` (Moving). Returns the queues that left."""
         if placement.generation < self.placement.generation:
             return []
-        self.placement = placement
+        before, self.placement = self.placement, placement
+        # the queues it gives this shard that the last did not (one moved back to its hash's
+        # shard leaves the map's table: compare both maps' answers)
+        named = set(before.queues) | set(placement.queues)
+        self.arriving |= {
+            n
+            for n in named
+            if placement.shard_of(n) == self.index and before.shard_of(n) != self.index
+        }
         gone = [n for n in self.queues if placement.shard_of(n) != self.index]
         for name in gone:
             queue = self.queues.pop(name)
             if queue.stopped is None:
                 queue.stop(_moving(queue))
             self._spawn(queue.close(snapshot=False))
-        self.arriving = {n for n in placement.queues if placement.shard_of(n) == self.index}
+        self.arriving = {n for n in self.arriving if placement.shard_of(n) == self.index}
         self.arriving -= set(self.queues)
         return gone
 

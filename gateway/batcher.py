@@ -27,8 +27,8 @@ from typing import Any
 
 from actors.channel import CALLS_IN_FLIGHT, PUT_BYTES_PER_CALL
 from actors.core import commands as cmd
-from actors.errors import Overloaded, QueueError, Unavailable, WrongShard
-from actors.log.placement import MAX_HOPS
+from actors.errors import Moving, Overloaded, QueueError, Unavailable, WrongShard
+from actors.log.placement import MAX_HOPS, MOVING_WAIT_S, moving_pause
 
 __all__ = ["BatchStats", "Batcher", "Batchers"]
 
@@ -232,18 +232,28 @@ class Batchers:
 
     async def submit(self, queue: str, command: object) -> Any:
         """Run ``command`` on ``queue`` through its shard's batcher; a command a shard
-        refused because the queue is elsewhere (no effect) is resent there.
+        refused because the queue is elsewhere (no effect) is resent there, one refused
+        because the queue is moving there is sent again in a moment.
 
         Raises:
             QueueError: the command's error.
         """
-        for hop in range(MAX_HOPS):
+        hops = waits = 0
+        slept = 0.0
+        while True:
             try:
                 return await self._submit(queue, command)
             except WrongShard as exc:
-                if hop == MAX_HOPS - 1 or self._reroute is None or not self._reroute(queue, exc):
+                hops += 1
+                if hops == MAX_HOPS or self._reroute is None or not self._reroute(queue, exc):
                     raise
-        raise AssertionError("unreachable")  # pragma: no cover
+            except Moving:  # being handed over (no effect): its new shard serves it soon
+                if slept >= MOVING_WAIT_S:
+                    raise
+                pause = moving_pause(waits)
+                await asyncio.sleep(pause)
+                slept += pause
+                waits += 1
 
     async def _submit(self, queue: str, command: object) -> Any:
         shard = self._shard_of(queue)

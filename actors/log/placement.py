@@ -30,9 +30,11 @@ from actors.log.store import KeyNotFound, ObjectStore
 __all__ = [
     "KEPT_GENERATIONS",
     "MAX_HOPS",
+    "MOVING_WAIT_S",
     "Placement",
     "PlacementConflict",
     "generation_key",
+    "moving_pause",
     "placement",
     "prune_placements",
     "read_placement",
@@ -49,6 +51,18 @@ def placement(name: str, count: int) -> int:
 
 PLACEMENT_FORMAT = 1
 MAX_HOPS = 4  # a command follows this many refusals (WrongShard), then answers the last
+# A command refused because its queue is being handed over (Moving: no effect) is sent
+# again for this long by the gateway before the client sees the 503: a handover takes tens
+# of milliseconds, so clients do not notice it.
+MOVING_WAIT_S = 2.0
+
+
+def moving_pause(attempt: int) -> float:
+    """Seconds to wait before sending a command refused ``Moving`` again (its ``attempt``-th
+    time): 5 ms, doubling up to 100 ms."""
+    return min(0.005 * (1 << min(attempt, 5)), 0.1)
+
+
 KEPT_GENERATIONS = 8  # older generations are pruned past this many
 _WIDTH = 20
 

@@ -188,3 +188,50 @@ async def test_the_engine_refuses_every_client_command_while_its_queue_is_handed
         [result] = await shard.execute_many(Q, [command])
         assert isinstance(result, Moving)
     assert shard.queues[Q].state.n_ready == 1  # nothing was decided
+
+
+async def test_clients_see_no_refusal_while_their_queue_moves_back_and_forth(api: Api) -> None:
+    """The gateway sends a command refused Moving (no effect) again in a moment: producers
+    and consumers working through six handovers all get answers, and every message put is
+    taken exactly once."""
+    await api.create(Q)
+    directory = _directory(api)
+    stop = asyncio.Event()
+    statuses: list[int] = []
+    put_ids: list[str] = []
+    taken_ids: list[str] = []
+
+    async def producer(n: int) -> None:
+        i = 0
+        while not stop.is_set():
+            reply = await api.call(
+                "POST", f"/v1/queues/{Q}/messages", {"messages": [{"body": f"{n}-{i}"}]}
+            )
+            statuses.append(reply.status)
+            if reply.status == 200:
+                put_ids.extend(r["id"] for r in reply.doc["results"])
+            i += 1
+
+    async def consumer() -> None:
+        while not stop.is_set() or len(taken_ids) < len(put_ids):
+            reply = await api.call("POST", f"/v1/queues/{Q}/take", {"max": 10, "wait": 0.05})
+            statuses.append(reply.status)
+            if reply.status == 200 and reply.doc["messages"]:
+                got = reply.doc["messages"]
+                taken_ids.extend(m["id"] for m in got)
+                acked = await api.items(
+                    Q, "ack", *({"id": m["id"], "lease": m["lease"]} for m in got)
+                )
+                statuses.append(200 if all(r["status"] == "ok" for r in acked) else 500)
+
+    workers = [asyncio.ensure_future(producer(n)) for n in range(3)]
+    workers += [asyncio.ensure_future(consumer()) for _ in range(2)]
+    for move in range(6):
+        await asyncio.sleep(0.1)
+        await directory.move(Q, TARGET if move % 2 == 0 else SOURCE)
+    await asyncio.sleep(0.1)
+    stop.set()
+    await asyncio.wait_for(asyncio.gather(*workers), 20)
+    assert set(statuses) == {200}
+    assert len(put_ids) > 20
+    assert sorted(taken_ids) == sorted(put_ids)  # each once: none lost, none twice
