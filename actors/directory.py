@@ -406,6 +406,14 @@ class RayDirectory(ChannelDirectory):
         for h in self.handles:
             h.start.remote()  # recovery runs in the shards; status() reports its progress
 
+    async def move(self, name: str, target: int) -> tuple[Placement, float]:
+        """Move queue ``name`` to shard ``target``, coordinated by the shard that holds the
+        map's writes here, shard 0 (:meth:`ShardActor.move_queue`): the map it ends at, and
+        how long the queue had no owner (s)."""
+        placement, paused = await self._call(self.handles[0].move_queue.remote(name, target))
+        self.placed(placement)
+        return placement, paused
+
     async def close(self) -> None:
         """Close the shards when this gateway owns them: finish writes, snapshot (graceful
         shutdown of the server); else only let go of them."""

@@ -27,7 +27,8 @@ import ray
 from actors.channel import IN_FLIGHT_PER_CONNECTION, ChannelServer
 from actors.core import commands as cmd
 from actors.errors import QueueError
-from actors.log.placement import MAX_HOPS, refused_to
+from actors.handover import move_queue
+from actors.log.placement import MAX_HOPS, Placement, refused_to
 from actors.log.stores import open_store
 from actors.logsetup import LogConfig, configure
 from actors.settings import LogSettings, QueueSettings
@@ -185,6 +186,40 @@ class ShardActor:
         await self._channel.close()
         await self.shard.close()
 
+    # ---------------------------------------------------------------- handover
+
+    async def hand_over(self, name: str, to: int, generation: int) -> str:
+        """See :meth:`QueueShard.hand_over` (raises)."""
+        await self.start()
+        return await self.shard.hand_over(name, to, generation)
+
+    async def take_back(self, name: str) -> None:
+        """See :meth:`QueueShard.take_back` (raises)."""
+        await self.start()
+        await self.shard.take_back(name)
+
+    async def placed(self, placement: Placement) -> list[str]:
+        """See :meth:`QueueShard.placed`."""
+        await self.start()
+        return self.shard.placed(placement)
+
+    async def take_over(self, name: str) -> bool:
+        """See :meth:`QueueShard.take_over` (raises)."""
+        await self.start()
+        return await self.shard.take_over(name)
+
+    async def move_queue(self, name: str, target: int) -> tuple[Placement, float]:
+        """Coordinate the move of queue ``name`` to shard ``target`` from this shard, which
+        reaches the others over Ray (:func:`actors.handover.move_queue`, raises)."""
+        await self.start()
+        return await move_queue(self.shard.store, _ActorCalls(self), self.spec.count, name, target)
+
+    def _handle(self, index: int) -> Any:
+        handle = self._handles.get(index)
+        if handle is None:
+            handle = self._handles[index] = ray.get_actor(shard_name(index), namespace=NAMESPACE)
+        return handle
+
     async def pid(self) -> int:
         """The process id (tests kill it to prove restarts)."""
         import os
@@ -194,17 +229,43 @@ class ShardActor:
     async def _forward(self, target: str, commands: list[object]) -> list[Any]:
         index = self.shard.placement.shard_of(target)
         for _ in range(MAX_HOPS):
-            handle = self._handles.get(index)
-            if handle is None:
-                handle = self._handles[index] = ray.get_actor(
-                    shard_name(index), namespace=NAMESPACE
-                )
-            results = await handle.execute_many.remote(target, commands)
+            results = await self._handle(index).execute_many.remote(target, commands)
             moved = refused_to(results)
             if moved is None or moved == index:
                 break
             index = moved  # the map moved it: the shard that refused names its holder
         return cast(list[Any], results)
+
+
+class _ActorCalls:
+    """A coordinator's calls (actors.handover.ShardCalls) from one shard actor: on itself
+    directly, on the others over Ray."""
+
+    def __init__(self, actor: ShardActor) -> None:
+        self.actor = actor
+
+    async def hand_over(self, shard: int, name: str, to: int, generation: int) -> str:
+        if shard == self.actor.index:
+            return await self.actor.shard.hand_over(name, to, generation)
+        return cast(str, await self.actor._handle(shard).hand_over.remote(name, to, generation))
+
+    async def take_back(self, shard: int, name: str) -> None:
+        if shard == self.actor.index:
+            await self.actor.shard.take_back(name)
+        else:
+            await self.actor._handle(shard).take_back.remote(name)
+
+    async def placed(self, placement: Placement) -> None:
+        for shard in range(self.actor.spec.count):
+            if shard == self.actor.index:
+                self.actor.shard.placed(placement)
+            else:
+                await self.actor._handle(shard).placed.remote(placement)
+
+    async def take_over(self, shard: int, name: str) -> bool:
+        if shard == self.actor.index:
+            return await self.actor.shard.take_over(name)
+        return cast(bool, await self.actor._handle(shard).take_over.remote(name))
 
 
 def spawn_shards(

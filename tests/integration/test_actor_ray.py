@@ -27,6 +27,7 @@ from actors.errors import (
     QueueNotFound,
     Unavailable,
 )
+from actors.log.placement import Placement
 from actors.settings import QueueSettings
 from actors.shard import placement
 from actors.spawn import NAMESPACE, ShardActor, ShardSpec, spawn_shards
@@ -182,6 +183,47 @@ def test_errors_keep_type_and_fields_across_ray(ray_runtime: Any, directory: Ray
 
         taken = await directory.take("no-such-queue", cmd.Take(max=1), 0.1)
         assert type(taken) is QueueNotFound
+
+    run_on(directory, scenario())
+
+
+def test_a_queue_moves_between_shard_actors_with_its_messages_and_leases(
+    ray_runtime: Any, directory: RayDirectory
+) -> None:
+    """The handover over Ray, coordinated by shard 0: the queue's messages, a lease taken
+    before the move, and its place in the map carry over; the source refuses it after."""
+    name = "moved-over-ray"
+    source = placement(name, COUNT)
+    target = 1 - source
+
+    async def scenario() -> None:
+        await directory.create(name, QueueSettings(), [])
+        puts = await directory.execute_many(
+            name,
+            [
+                cmd.Put([cmd.NewMessage(body=b"m%d" % i) for i in range(first, first + 750)])
+                for first in (0, 750)
+            ],
+        )
+        assert [len(put) for put in puts] == [750, 750]
+        [taken] = await directory.execute_many(name, [cmd.Take(max=1)])
+        placed, paused = await directory.move(name, target)
+        assert placed.shard_of(name) == target
+        assert paused < 30
+        by_shard = await directory.names_by_shard()
+        assert name in (by_shard[target] or [])
+        assert name not in (by_shard[source] or [])
+        [acked] = await directory.execute_many(
+            name, [cmd.Ack([cmd.LeaseRef(taken[0].id, taken[0].lease)])]
+        )
+        assert [r.status for r in acked] == ["ok"]
+        [rest] = await directory.execute_many(name, [cmd.Take(max=1000)])
+        [more] = await directory.execute_many(name, [cmd.Take(max=1000)])
+        bodies = sorted(d.body for d in rest + more)
+        assert bodies == sorted(b"m%d" % i for i in range(1, 1500))
+        directory.placement = Placement(count=COUNT)  # a stale gateway: refused, sent on
+        [stats] = await directory.execute_many(name, [cmd.Stats()])
+        assert (stats.ready, stats.reserved) == (0, 1499)
 
     run_on(directory, scenario())
 
