@@ -9,10 +9,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, cast
 
 from actors.channel import ChannelClient
 from actors.core import commands as cmd
@@ -23,6 +24,7 @@ from actors.keyspace import home_of
 from actors.log.placement import MAX_HOPS, MOVING_WAIT_S, Placement, moving_pause, refused_to
 from actors.log.store import ObjectStore
 from actors.metrics import QueueMetrics
+from actors.resize import Progress, resize
 from actors.settings import LogSettings, QueueSettings
 from actors.shard import QueueShard
 from actors.status import ShardStatus
@@ -118,9 +120,14 @@ class _Routes:
         shard = self.routes.get(queue)
         return self.placement.shard_of(queue) if shard is None else shard
 
+    def _reach(self, shard: int) -> bool:
+        """Whether this directory can send to shard ``shard`` (one a resize started may be
+        new to it: reached from now on where it can be)."""
+        return 0 <= shard < self.count
+
     def reroute(self, queue: str, refusal: WrongShard) -> bool:
         shard = refusal.fields.get("shard")
-        if not isinstance(shard, int) or not 0 <= shard < self.count:
+        if not isinstance(shard, int) or not self._reach(shard):
             return False
         if shard == self.shard_of(queue):
             return False
@@ -131,10 +138,23 @@ class _Routes:
         return True
 
     def placed(self, placement: Placement) -> None:
-        """Route by ``placement`` from now on (a newer map)."""
-        if placement.generation >= self.placement.generation and placement.count == self.count:
+        """Route by ``placement`` from now on (a newer map, perhaps of another count)."""
+        if placement.generation >= self.placement.generation:
             self.placement = placement
+            self.count = placement.count
             self.routes.clear()
+
+    def learn(self, statuses: list[ShardStatus]) -> None:
+        """Follow a resize another process ran, from what the shards say of the map they
+        serve by: its count (the queues it pins are learned from refusals)."""
+        newest = max(statuses, key=lambda s: s.generation, default=None)
+        if newest is None or newest.count < 1 or newest.generation <= self.placement.generation:
+            return
+        self.placed(Placement(generation=newest.generation, count=newest.count))
+        self._fit(max(newest.span, newest.count))
+
+    def _fit(self, span: int) -> None:
+        """Reach shards 0 … ``span``-1 (no more: the others were stopped by a shrink)."""
 
     async def _routed(self, queue: str, call: Callable[[int], Awaitable[T]]) -> T:
         """``call(shard)`` on ``queue``'s shard, resent after refusals (raised, returned, or
@@ -190,13 +210,23 @@ class LocalDirectory(_Routes):
     ) -> None:
         self._init_routes(count)
         self.store = store
-        self.shards = [
-            QueueShard(
-                i, count, store, log_settings=log_settings, forward=self._forward, **shard_options
-            )
-            for i in range(count)
-        ]
+        self.log_settings = log_settings
+        self.shard_options = shard_options
+        self.shards = [self._new_shard(i) for i in range(count)]
         self._started: asyncio.Future[Any] | None = None
+
+    def _new_shard(self, index: int) -> QueueShard:
+        return QueueShard(
+            index,
+            self.count,
+            self.store,
+            log_settings=self.log_settings,
+            forward=self._forward,
+            **self.shard_options,
+        )
+
+    def _reach(self, shard: int) -> bool:
+        return 0 <= shard < len(self.shards)
 
     async def run_batch(self, shard: int, items: list[tuple[str, object]]) -> list[Any]:
         return await self.shards[shard].run_batch(items)
@@ -261,6 +291,23 @@ class LocalDirectory(_Routes):
         self.placed(placement)
         return placement, paused
 
+    async def resize(
+        self,
+        count: int,
+        progress: Progress | None = None,
+        cancelled: Callable[[], bool] = lambda: False,
+    ) -> Placement:
+        """Make ``count`` the shard count (:func:`actors.resize.resize`): the map it ends at."""
+        calls = _InProcess(self)
+        try:
+            placement = await resize(
+                self.store, calls, count, progress=progress, cancelled=cancelled
+            )
+        finally:
+            if calls.last is not None:
+                self.placed(calls.last)
+        return placement
+
     async def start(self) -> None:
         if self._started is None:
             self._started = asyncio.ensure_future(asyncio.gather(*(s.start() for s in self.shards)))
@@ -274,7 +321,23 @@ class _InProcess:
     """The coordinator's calls on a LocalDirectory's shards."""
 
     def __init__(self, directory: LocalDirectory) -> None:
+        self.directory = directory
         self.shards = directory.shards
+        self.last: Placement | None = None  # the newest map given to the shards
+
+    async def run(self, span: int) -> None:
+        directory = self.directory
+        while len(self.shards) < span:
+            shard = directory._new_shard(len(self.shards))
+            self.shards.append(shard)
+            await shard.start()
+
+    async def held(self, shard: int) -> list[tuple[str, bool]]:
+        return self.shards[shard].held()
+
+    async def stop(self, count: int) -> None:
+        while len(self.shards) > count:
+            await self.shards.pop().close()
 
     async def hand_over(self, shard: int, name: str, to: int, generation: int) -> str:
         return await self.shards[shard].hand_over(name, to, generation)
@@ -282,9 +345,13 @@ class _InProcess:
     async def take_back(self, shard: int, name: str) -> None:
         await self.shards[shard].take_back(name)
 
-    async def placed(self, placement: Placement) -> None:
+    async def placed(self, placement: Placement) -> dict[str, int]:
+        strays: dict[str, int] = {}
         for shard in self.shards:
-            shard.placed(placement)
+            strays.update(dict.fromkeys(shard.placed(placement), shard.index))
+        self.last = placement
+        self.directory.placed(placement)
+        return strays
 
     async def take_over(self, shard: int, name: str) -> bool:
         return await self.shards[shard].take_over(name)
@@ -298,7 +365,25 @@ class ChannelDirectory(_Routes):
         self, count: int, secret: str, address: Callable[[int], Awaitable[tuple[str, int]]]
     ) -> None:
         self._init_routes(count)
+        self.secret = secret
+        self._address = address
         self.channels = [ChannelClient(functools.partial(address, i), secret) for i in range(count)]
+        self._gone: list[ChannelClient] = []  # of shards a shrink stopped: closed at the end
+
+    def _reach(self, shard: int) -> bool:
+        if shard < 0:
+            return False
+        self._fit(max(shard + 1, len(self.channels)))
+        return True
+
+    def _fit(self, span: int) -> None:
+        while len(self.channels) < span:
+            index = len(self.channels)
+            self.channels.append(
+                ChannelClient(functools.partial(self._address, index), self.secret)
+            )
+        while len(self.channels) > span:
+            self._gone.append(self.channels.pop())
 
     async def run_batch(self, shard: int, items: list[tuple[str, object]]) -> list[Any]:
         return await self.channels[shard].run_batch(items)
@@ -362,13 +447,14 @@ class ChannelDirectory(_Routes):
             elif isinstance(result, BaseException):
                 raise result
             statuses.append(result)
-        return statuses
+        self.learn(statuses)
+        return statuses[: len(self.channels)]
 
     async def start(self) -> None:
         """Nothing to start: the shards belong to the process that spawned them."""
 
     async def close(self) -> None:
-        for channel in self.channels:
+        for channel in self.channels + self._gone:
             await channel.close()
 
 
@@ -376,16 +462,41 @@ class RayDirectory(ChannelDirectory):
     """Shard actors on Ray (handles from :mod:`actors.spawn`): Ray places, restarts and
     locates them; every call goes over their data channels."""
 
-    def __init__(self, handles: list[Any], secret: str, *, owns_shards: bool = True) -> None:
+    def __init__(
+        self,
+        handles: list[Any],
+        secret: str,
+        *,
+        owns_shards: bool = True,
+        spawner: Spawner | None = None,
+        count: int | None = None,
+    ) -> None:
         self.handles = handles
         self.secret = secret
         # False: the shards belong to the Ray cluster (detached) and outlive this gateway.
         self.owns_shards = owns_shards
-        super().__init__(len(handles), secret, self.address)
+        self.spawner = spawner  # starts more shards (a resize); None: this gateway cannot
+        super().__init__(len(handles) if count is None else count, secret, self.address)
+        self._fit(len(handles))
+
+    def handle(self, index: int) -> Any:
+        """Shard ``index``'s actor (one a resize started since is found by its name)."""
+        while len(self.handles) <= index:
+            import ray
+
+            from actors.spawn import NAMESPACE, shard_name
+
+            try:
+                self.handles.append(
+                    ray.get_actor(shard_name(len(self.handles)), namespace=NAMESPACE)
+                )
+            except ValueError:
+                raise Unavailable(f"shard {index} does not run in this Ray cluster") from None
+        return self.handles[index]
 
     async def address(self, index: int) -> tuple[str, int]:
         """Where shard ``index`` listens now (it moves when Ray restarts it)."""
-        return await self._call(self.handles[index].address.remote())
+        return await self._call(self.handle(index).address.remote())
 
     async def _call(self, ref: Any) -> Any:
         """Await a Ray call; a dead or restarting shard becomes Unavailable."""
@@ -414,6 +525,30 @@ class RayDirectory(ChannelDirectory):
         self.placed(placement)
         return placement, paused
 
+    async def resize(
+        self,
+        count: int,
+        progress: Progress | None = None,
+        cancelled: Callable[[], bool] = lambda: False,
+    ) -> Placement:
+        """Make ``count`` the shard count, coordinated from this gateway, which starts the
+        new shards (:func:`actors.resize.resize`): the map it ends at.
+
+        Raises:
+            Unavailable: this gateway cannot start shards.
+        """
+        if self.spawner is None:
+            raise Unavailable("this gateway cannot start shards: resize from a gateway that can")
+        calls = _RayCalls(self, self.spawner)
+        store = self.spawner.open_store()
+        try:
+            return await resize(store, calls, count, progress=progress, cancelled=cancelled)
+        finally:
+            if calls.last is not None:
+                self.placed(calls.last)
+                self._fit(calls.last.span)
+            await store.close()
+
     async def close(self) -> None:
         """Close the shards when this gateway owns them: finish writes, snapshot (graceful
         shutdown of the server); else only let go of them."""
@@ -423,3 +558,73 @@ class RayDirectory(ChannelDirectory):
         await asyncio.gather(
             *(self._call(h.close.remote()) for h in self.handles), return_exceptions=True
         )
+
+
+class Spawner(Protocol):
+    """What a gateway that can start shards holds (:class:`actors.spawn.ShardSpawner`)."""
+
+    def spawn(self, span: int) -> list[Any]:
+        """The handles of shards 0 … ``span``-1, starting the missing ones."""
+        ...
+
+    def open_store(self) -> ObjectStore:
+        """The shards' store, opened here."""
+        ...
+
+
+class _RayCalls:
+    """A resize's calls on shard actors, from a gateway."""
+
+    def __init__(self, directory: RayDirectory, spawner: Spawner) -> None:
+        self.directory = directory
+        self.spawner = spawner
+        self.last: Placement | None = None
+
+    def _shard(self, index: int) -> Any:
+        return self.directory.handle(index)
+
+    async def _call(self, ref: Any) -> Any:
+        return await self.directory._call(ref)
+
+    async def run(self, span: int) -> None:
+        handles = self.spawner.spawn(span)
+        for index, handle in enumerate(handles):
+            if index >= len(self.directory.handles):
+                self.directory.handles.append(handle)
+        await asyncio.gather(*(self._call(h.start.remote()) for h in handles))
+        self.directory._fit(max(span, len(self.directory.channels)))
+
+    async def held(self, shard: int) -> list[tuple[str, bool]]:
+        held = await self._call(self._shard(shard).held.remote())
+        return [(str(name), bool(moving)) for name, moving in held]
+
+    async def stop(self, count: int) -> None:
+        import ray
+
+        directory = self.directory
+        directory._fit(count)
+        while len(directory.handles) > count:
+            handle = directory.handles.pop()
+            with contextlib.suppress(QueueError):
+                await self._call(handle.close.remote())
+            ray.kill(handle, no_restart=True)
+
+    async def hand_over(self, shard: int, name: str, to: int, generation: int) -> str:
+        return cast(
+            str, await self._call(self._shard(shard).hand_over.remote(name, to, generation))
+        )
+
+    async def take_back(self, shard: int, name: str) -> None:
+        await self._call(self._shard(shard).take_back.remote(name))
+
+    async def placed(self, placement: Placement) -> dict[str, int]:
+        span = max(placement.span, len(self.directory.handles))
+        lists = await asyncio.gather(
+            *(self._call(self._shard(i).placed.remote(placement)) for i in range(span))
+        )
+        self.last = placement
+        self.directory.placed(placement)
+        return {name: index for index, names in enumerate(lists) for name in names}
+
+    async def take_over(self, shard: int, name: str) -> bool:
+        return cast(bool, await self._call(self._shard(shard).take_over.remote(name)))

@@ -44,8 +44,9 @@ class ShardCalls(Protocol):
         """Call a handover off on ``shard``."""
         ...
 
-    async def placed(self, placement: Placement) -> None:
-        """Every shard serves by ``placement`` from now on."""
+    async def placed(self, placement: Placement) -> dict[str, int]:
+        """Every shard serves by ``placement`` from now on: the strays, queue → the shard
+        that holds it (:meth:`QueueShard.placed`)."""
         ...
 
     async def take_over(self, shard: int, name: str) -> bool:

@@ -254,6 +254,7 @@ class QueueShard:
         self.report = opened.report
         self.reports = opened.reports
         self.placement = opened.placement
+        self.count = opened.placement.count  # a resize since this shard was spawned changed it
         wal = opened.wal
         wal.on_durable = self.flow.durable
         wal.on_broken = self._on_broken
@@ -316,6 +317,8 @@ class QueueShard:
             self._log_failed,
             self.device.full(),
             self.placement.generation,
+            self.placement.count,
+            self.placement.span,
         )
 
     async def close(self, *, snapshot: bool = True) -> None:
@@ -712,12 +715,17 @@ class QueueShard:
         queue.start()
 
     def placed(self, placement: Placement) -> list[str]:
-        """Serve by ``placement`` (a newer map): queues it gives other shards leave (their
-        commands are refused, WrongShard), queues it gives this one that are not here yet
-        wait for :meth:`take_over` (Moving). Returns the queues that left."""
+        """Serve by ``placement`` (a newer map): queues handed over that it gives other
+        shards leave (their commands are refused, WrongShard), queues it gives this one that
+        are not here yet wait for :meth:`take_over` (Moving).
+
+        Returns the strays: queues held here, not handed over, that the map gives another
+        shard (created here under the map before it, while a resize wrote its first map).
+        They are still served here; the resize pins them here in its next generation."""
         if placement.generation < self.placement.generation:
-            return []
+            return self.strays()
         before, self.placement = self.placement, placement
+        self.count = placement.count
         # the queues it gives this shard that the last did not (one moved back to its hash's
         # shard leaves the map's table: compare both maps' answers)
         named = set(before.queues) | set(placement.queues)
@@ -726,7 +734,11 @@ class QueueShard:
             for n in named
             if placement.shard_of(n) == self.index and before.shard_of(n) != self.index
         }
-        gone = [n for n in self.queues if placement.shard_of(n) != self.index]
+        gone = [
+            n
+            for n, q in self.queues.items()
+            if placement.shard_of(n) != self.index and q.state.moving is not None
+        ]
         for name in gone:
             queue = self.queues.pop(name)
             if queue.stopped is None:
@@ -734,7 +746,15 @@ class QueueShard:
             self._spawn(queue.close(snapshot=False))
         self.arriving = {n for n in self.arriving if placement.shard_of(n) == self.index}
         self.arriving -= set(self.queues)
-        return gone
+        return self.strays()
+
+    def strays(self) -> list[str]:
+        """Queues held here, not handed over, that the map gives another shard (sorted)."""
+        return sorted(
+            n
+            for n, q in self.queues.items()
+            if q.state.moving is None and self.placement.shard_of(n) != self.index
+        )
 
     async def take_over(self, name: str) -> bool:
         """Serve queue ``name``, handed to this shard: from its newest snapshot (the one
@@ -788,6 +808,13 @@ class QueueShard:
             if key != tomb:
                 await self.store.delete(key)
         await self.store.delete(tomb)
+
+    def held(self) -> list[tuple[str, bool]]:
+        """Every queue this shard holds, the server's own key partitions too (what a resize
+        places), sorted, each with whether it is fenced for a handover not published yet."""
+        return sorted(
+            (n, q.state.moving is not None) for n, q in self.queues.items() if q.state.created
+        )
 
     async def names(self) -> list[str]:
         """The queues this shard serves (not the server's own key partitions)."""

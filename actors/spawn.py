@@ -43,6 +43,7 @@ from actors.status import ShardStatus
 __all__ = [
     "NAMESPACE",
     "ShardActor",
+    "ShardSpawner",
     "ShardSpec",
     "running_shards",
     "spawn_shards",
@@ -122,7 +123,7 @@ class ShardActor:
         straight from the shards (handler runtimes, ``evq.handlers``). Whoever can call
         this can already call every method of this actor through Ray, so the secret gives
         no reach beyond the cluster's own."""
-        return self.spec.count, self.spec.secret
+        return self.shard.count, self.spec.secret
 
     async def check(self, count: int, store: str, secret: str) -> str | None:
         """Why a gateway with this shard count, store and cluster secret may not use this
@@ -132,10 +133,10 @@ class ShardActor:
                 f"shard {self.index} of this Ray cluster holds another cluster secret: every "
                 "gateway of a cluster needs the same EVQ_CLUSTER_SECRET (or cluster_secret_file)"
             )
-        if count != self.spec.count:
+        if count != self.shard.count:  # the count it was spawned with, or a resize's since
             return (
-                f"the shards of this Ray cluster are {self.spec.count}, not {count}: stop them "
-                "(evq shards stop) before changing the count"
+                f"the shards of this Ray cluster are {self.shard.count}, not {count}: start "
+                "the gateway without --shards, or change the count with `evq shards resize`"
             )
         if store != self.spec.store:
             return f"shard {self.index} of this Ray cluster serves another store: {self.spec.store}"
@@ -203,6 +204,11 @@ class ShardActor:
         await self.start()
         return self.shard.placed(placement)
 
+    async def held(self) -> list[tuple[str, bool]]:
+        """See :meth:`QueueShard.held`."""
+        await self.start()
+        return self.shard.held()
+
     async def take_over(self, name: str) -> bool:
         """See :meth:`QueueShard.take_over` (raises)."""
         await self.start()
@@ -212,7 +218,7 @@ class ShardActor:
         """Coordinate the move of queue ``name`` to shard ``target`` from this shard, which
         reaches the others over Ray (:func:`actors.handover.move_queue`, raises)."""
         await self.start()
-        return await move_queue(self.shard.store, _ActorCalls(self), self.spec.count, name, target)
+        return await move_queue(self.shard.store, _ActorCalls(self), self.shard.count, name, target)
 
     def _handle(self, index: int) -> Any:
         handle = self._handles.get(index)
@@ -255,17 +261,39 @@ class _ActorCalls:
         else:
             await self.actor._handle(shard).take_back.remote(name)
 
-    async def placed(self, placement: Placement) -> None:
-        for shard in range(self.actor.spec.count):
+    async def placed(self, placement: Placement) -> dict[str, int]:
+        strays: dict[str, int] = {}
+        for shard in range(max(placement.span, self.actor.shard.placement.span)):
             if shard == self.actor.index:
-                self.actor.shard.placed(placement)
+                names = self.actor.shard.placed(placement)
             else:
-                await self.actor._handle(shard).placed.remote(placement)
+                names = await self.actor._handle(shard).placed.remote(placement)
+            strays.update(dict.fromkeys(names, shard))
+        return strays
 
     async def take_over(self, shard: int, name: str) -> bool:
         if shard == self.actor.index:
             return await self.actor.shard.take_over(name)
         return cast(bool, await self.actor._handle(shard).take_over.remote(name))
+
+
+class ShardSpawner:
+    """Starts shards like the ones a gateway started (a resize grows them)."""
+
+    def __init__(
+        self, spec: ShardSpec, *, spread: bool, resource: str | None, detached: bool
+    ) -> None:
+        self.spec = spec
+        self.options = {"spread": spread, "resource": resource, "detached": detached}
+
+    def spawn(self, span: int) -> list[Any]:
+        """Handles of shards 0 … ``span``-1, found or started (:func:`spawn_shards`)."""
+        spec = msgspec.structs.replace(self.spec, count=span)
+        return spawn_shards(spec, **self.options)  # type: ignore[arg-type]
+
+    def open_store(self) -> Any:
+        """The shards' store, opened in this process."""
+        return open_store(self.spec.store, **self.spec.store_options)
 
 
 def spawn_shards(

@@ -82,3 +82,5 @@ class ShardStatus(msgspec.Struct):
     log_failed: str | None = None  # why the log is not written any more (a failed fsync)
     disk_full: str | None = None  # why puts are refused (the log's disk is full)
     generation: int = 0  # of the placement map the shard serves by
+    count: int = 0  # that map's shard count (0: a shard of an older version)
+    span: int = 0  # the shards that map needs running (past the count: a shrink drains them)

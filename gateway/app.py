@@ -11,13 +11,14 @@ import msgspec
 from aiohttp import web
 
 from actors.directory import Directory
-from gateway import dashboard, limits, metrics, native, planned, shards, sqs, watches
+from gateway import dashboard, limits, metrics, native, planned, shards, sqs, tasks, watches
 from gateway.auth import AUTH, Auth, Token, auth_middleware, retry_after
 from gateway.batcher import Batchers
 from gateway.errors import MAX_BODY, error_middleware, error_response, wants_msgpack
 from gateway.fast import FAST, Fast
 from gateway.limits import FAST_CONNECTIONS, IN_FLIGHT, LIMITS, Limits
 from gateway.settings import MAX_BODY_BYTES, ServerSettings, is_loopback
+from gateway.tasks import TASKS, Tasks
 
 __all__ = ["AppOptions", "app_options", "make_app"]
 
@@ -111,7 +112,9 @@ def make_app(directory: Directory, options: AppOptions | None = None) -> web.App
     app[FAST_CONNECTIONS] = set()
     app[LIMITS] = Limits(max_requests=options.max_requests, max_connections=options.max_connections)
     app.add_routes(native.routes)
-    app.add_routes(shards.routes)  # GET /v1/admin/shards
+    app[TASKS] = Tasks()
+    app.add_routes(shards.routes)  # GET and POST /v1/admin/shards
+    app.add_routes(tasks.routes)  # /v1/tasks
     app.add_routes(planned.routes)  # the contract's routes not built yet: 501
     if options.fast_path:
         app[FAST] = Fast(app)
@@ -224,6 +227,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     await directory.start()
     yield
     log.info("calls toward shards: %s", app[native.BATCHERS].stats.summary())
+    await app[TASKS].close()  # a resize cut short here is resumed by asking again
     log.info("closing queues: finishing writes and taking snapshots")
     await directory.close()
     log.info("queues closed")

@@ -256,14 +256,14 @@ _RULES: dict[tuple[str, str], tuple[str, str]] = {
     ("GET", "/v1/status"): ("read", "any"),
     ("GET", "/metrics"): ("read", "any"),
     ("GET", "/v1/admin/shards"): ("read", "any"),
+    ("POST", "/v1/admin/shards"): ("admin", "cluster"),
+    ("GET", "/v1/tasks"): ("read", "any"),
+    ("GET", "/v1/tasks/{id}"): ("read", "any"),
+    ("DELETE", "/v1/tasks/{id}"): ("admin", "cluster"),
     # docs/API.md's routes not served yet (gateway/planned.py): checked as they will be
     ("POST", "/v1/queues/{name}/pause"): ("admin", "queue"),
     ("POST", "/v1/queues/{name}/resume"): ("admin", "queue"),
     ("POST", "/v1/queues/{name}/redrive"): ("admin", "queue"),
-    ("GET", "/v1/tasks"): ("read", "any"),
-    ("GET", "/v1/tasks/{id}"): ("read", "any"),
-    ("DELETE", "/v1/tasks/{id}"): ("admin", "cluster"),
-    ("POST", "/v1/admin/shards"): ("admin", "cluster"),
     ("POST", "/v1/admin/shards/restart"): ("admin", "cluster"),
 }
 _OPEN = {"/healthz", "/readyz", "/", "/favicon.ico"}

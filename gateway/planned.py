@@ -19,10 +19,6 @@ PLANNED: dict[tuple[str, str], str] = {
     ("POST", "/v1/queues/{name}/pause"): "pausing a queue",
     ("POST", "/v1/queues/{name}/resume"): "resuming a queue",
     ("POST", "/v1/queues/{name}/redrive"): "native redrive of a dead-letter queue",
-    ("GET", "/v1/tasks"): "tasks",
-    ("GET", "/v1/tasks/{id}"): "tasks",
-    ("DELETE", "/v1/tasks/{id}"): "cancelling a task",
-    ("POST", "/v1/admin/shards"): "resizing the shards of a running server",
     ("POST", "/v1/admin/shards/restart"): "a rolling restart of the shards",
 }
 

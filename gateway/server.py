@@ -41,7 +41,7 @@ from gateway.settings import (
 from gateway.workers import supervise
 
 if TYPE_CHECKING:
-    from actors.spawn import ShardSpec
+    from actors.spawn import ShardSpawner, ShardSpec
 
 __all__ = ["add_arguments", "main", "reshard_main", "run", "settle_shards"]
 
@@ -289,7 +289,7 @@ def _ray_directory(
     import ray
 
     from actors.localray import init_local
-    from actors.spawn import NAMESPACE, ShardSpec, spawn_shards
+    from actors.spawn import NAMESPACE, ShardSpawner, ShardSpec
 
     local = not settings.ray_address
     if local and os.environ.get("EVQ_UVLOOP") == "0":
@@ -322,12 +322,29 @@ def _ray_directory(
         memory_budget_bytes=settings.shard_memory_bytes(),
         log=LogConfig(settings.log_level, settings.log_format, settings.log_mode),
     )
-    handles = spawn_shards(
+    spawner = ShardSpawner(
         spec, spread=settings.shard_spread, resource=settings.shard_resource, detached=not local
     )
+    span = _span(spawner, spec.count)
+    handles = spawner.spawn(span)
     if not local:  # a local Ray is new: its shards are this server's own
         _check_shards(handles, spec)
-    return RayDirectory(handles, secret, owns_shards=local)
+    return RayDirectory(handles, secret, owns_shards=local, spawner=spawner, count=spec.count)
+
+
+def _span(spawner: ShardSpawner, count: int) -> int:
+    """The shards to run for a store of ``count`` shards: more while a shrink that stopped
+    midway still pins queues past the count (its placement map's span)."""
+    from actors.log.placement import read_placement
+
+    async def read() -> int:
+        store = spawner.open_store()
+        try:
+            return (await read_placement(store, count)).span
+        finally:
+            await store.close()
+
+    return max(count, asyncio.run(read()))
 
 
 def _check_shards(handles: list[Any], spec: ShardSpec) -> None:

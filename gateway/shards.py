@@ -1,14 +1,21 @@
 """``GET /v1/admin/shards``: the shard count, the placement map's generation, and each
-shard's state and queues (docs/API.md, "Shard administration")."""
+shard's state and queues; ``POST /v1/admin/shards``: resize the running server, queue by
+queue, as a task (docs/API.md, "Tasks and administration")."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import msgspec
 from aiohttp import web
 
+from actors.errors import BadRequest, Unavailable
 from actors.status import ShardStatus
 from gateway import native
+from gateway.tasks import TASKS, Task
+
+MAX_SHARDS = 256  # what a resize may ask for
+RESIZE = "resize"
 
 __all__ = ["routes", "shard_state"]
 
@@ -34,9 +41,37 @@ async def shards(request: web.Request) -> web.Response:
             doc["reason"] = reason
         docs.append(doc)
     generation = max((s.generation for s in statuses), default=0)
-    return native.reply(
-        request, {"count": directory.count, "generation": generation, "shards": docs}
-    )
+    doc = {"count": directory.count, "generation": generation, "shards": docs}
+    running = request.app[TASKS].running(RESIZE)
+    if running is not None:
+        doc["task"] = running.id
+        doc["moves"] = {"done": running.done, "total": running.total}
+    return native.reply(request, doc)
+
+
+class ResizeIn(msgspec.Struct, forbid_unknown_fields=True):
+    """``POST /v1/admin/shards``'s body."""
+
+    count: int
+
+
+@routes.post("/v1/admin/shards")
+async def resize(request: web.Request) -> web.Response:
+    """Start a resize to ``count`` shards: 202 with its task."""
+    asked = await native.body(request, ResizeIn)
+    if not 1 <= asked.count <= MAX_SHARDS:
+        raise BadRequest(f"count: from 1 to {MAX_SHARDS} shards, not {asked.count}")
+    directory = request.app[native.DIRECTORY]
+    run = getattr(directory, "resize", None)
+    if run is None:
+        raise Unavailable("this gateway process cannot start shards: ask the server's first one")
+
+    async def work(task: Task) -> None:
+        placement = await run(asked.count, progress=task.progress, cancelled=task.cancelled)
+        task.detail["generation"] = placement.generation
+
+    task = request.app[TASKS].start(RESIZE, work, count=asked.count, was=directory.count)
+    return native.reply(request, {"task": task.id}, 202)
 
 
 def shard_state(status: ShardStatus) -> tuple[str, str | None]:

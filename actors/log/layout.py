@@ -27,6 +27,7 @@ __all__ = [
     "claim_layout",
     "read_layout",
     "settle_layout",
+    "settled_count",
     "write_layout",
 ]
 
@@ -78,6 +79,29 @@ async def read_layout(store: ObjectStore) -> Layout | None:
 async def write_layout(store: ObjectStore, layout: Layout) -> None:
     """Write (replace) the store's layout."""
     await store.put(keys.LAYOUT, msgspec.json.encode(layout) + b"\n")
+
+
+async def settled_count(store: ObjectStore, count: int) -> int:
+    """The shard count to open the store's logs with: the placement map's once a live
+    resize (``evq shards resize``) wrote one, else ``count`` (a shard's spawn-time count is
+    older than a resize that ran since). The layout follows the map: a resize that stopped
+    between writing the map and the layout left it behind.
+
+    Raises:
+        DataError: the layout or the map does not decode.
+        StoreError: the store failed.
+    """
+    from actors.log.placement import read_placement  # the map's module reads the layout's keys
+
+    layout = await read_layout(store)
+    if layout is None or layout.resharding_to is not None:
+        return count
+    placed = await read_placement(store, layout.shards)
+    if placed.generation == 0:
+        return count
+    if placed.count != layout.shards:
+        await write_layout(store, msgspec.structs.replace(layout, shards=placed.count))
+    return placed.count
 
 
 async def claim_layout(store: ObjectStore, count: int) -> int:
@@ -147,6 +171,9 @@ async def settle_layout(store: ObjectStore, asked: int | None, default: int) -> 
         count = asked or default
         await claim_layout(store, count)
         return count
-    count = layout.shards if asked is None else asked
+    stored = await settled_count(store, layout.shards)
+    if stored != layout.shards:
+        layout = msgspec.structs.replace(layout, shards=stored)
+    count = stored if asked is None else asked
     check_layout(layout, count)
     return count

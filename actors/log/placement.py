@@ -81,18 +81,36 @@ class Placement(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen
         shard = self.queues.get(name)
         return placement(name, self.count) if shard is None else shard
 
+    @property
+    def span(self) -> int:
+        """How many shards must run: the count, and past it any a resize still drains (a
+        shrink pins the queues of the shards it removes where they are until each moves)."""
+        return max(self.count, 1 + max(self.queues.values(), default=-1))
+
     def moved(self, moves: dict[str, int], count: int | None = None) -> Placement:
         """The next generation: ``moves`` (queue → shard) applied, at ``count`` shards (the
-        same by default). A queue placed where its hash puts it leaves the table."""
+        same by default). A queue placed where its hash puts it leaves the table. A queue
+        may stay on a shard past ``count`` that still runs (one a shrink drains)."""
         count = self.count if count is None else count
         table = {name: shard for name, shard in self.queues.items() if name not in moves}
         table.update(moves)
         for name, shard in moves.items():
-            if not 0 <= shard < count:
+            if not 0 <= shard < max(count, self.span):
                 raise DataError(f"queue {name!r} placed on shard {shard} of {count}")
         for name in [name for name, shard in table.items() if shard == placement(name, count)]:
             del table[name]
         return Placement(generation=self.generation + 1, count=count, queues=table)
+
+    def resized(self, count: int, where: dict[str, int]) -> Placement:
+        """The next generation at ``count`` shards, with every queue of ``where`` (queue →
+        the shard that holds it now) pinned there: the first step of a resize, which
+        changes where new queues go and moves no queue yet."""
+        if count < 1:
+            raise DataError(f"a shard count of {count}")
+        pins = {name: shard for name, shard in where.items() if shard != placement(name, count)}
+        if any(shard < 0 for shard in pins.values()):
+            raise DataError("a queue placed on a negative shard")
+        return Placement(generation=self.generation + 1, count=count, queues=pins)
 
     def view(self) -> dict[str, object]:
         """What ``GET /v1/admin/shards`` shows of it."""

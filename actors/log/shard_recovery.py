@@ -38,7 +38,7 @@ from actors.errors import DataError, QueueError, Unavailable
 from actors.log import keys
 from actors.log.bodies import Bodies, Readable, inline_runs, place_of
 from actors.log.device import LogDevice
-from actors.log.layout import LayoutMismatch, claim_layout
+from actors.log.layout import LayoutMismatch, claim_layout, settled_count
 from actors.log.placement import Placement, placement, read_placement
 from actors.log.replay import replay
 from actors.log.shardlog import ShardLog
@@ -156,12 +156,14 @@ async def open_shard_log(
         Unavailable: the store failed, another process holds the log, or other incarnations
             kept winning the claim.
     """
+    began = time.perf_counter()  # a duration for the report; state time is in events
+    count = await settled_count(store, count)
     epoch_floor = await claim_layout(store, count)
     await device.open()
     last_error: QueueError | None = None
     for attempt in range(_CLAIM_ATTEMPTS):
-        started = time.perf_counter()  # a duration for the report; state time is in events
-        placed = await _placement(store, count)
+        started = began if attempt == 0 else time.perf_counter()
+        placed = await read_placement(store, count)  # a resize since may have changed the count
         recovery = _Recovery(store, device, shard, count, progress, prepare, placed.shard_of)
         await recovery.run()
         epoch = max(recovery.max_epoch, epoch_floor) + 1
@@ -220,7 +222,7 @@ async def read_shard(
     def readable(name: str, state: QueueState) -> None:  # runs of snapshots read back
         state.read = bodies.reader(name) if bodies is not None else None
 
-    placed = await _placement(store, count)
+    placed = await _placement(store, await settled_count(store, count))
     recovery = _Recovery(store, device, shard, count, None, readable, placed.shard_of)
     await recovery.run()
     recovery.report.epoch = recovery.max_epoch

@@ -327,10 +327,11 @@ def serve(aiohttp_client: Any, data_dir: Path) -> Iterator[Serve]:
         *,
         store: ObjectStore | None = None,
         ready: bool = True,
+        count: int = 2,
     ) -> Api:
         if isinstance(store, GatedStore):
             gated.append(store)
-        directory = LocalDirectory(store or LocalDirStore(data_dir), count=2)
+        directory = LocalDirectory(store or LocalDirStore(data_dir), count=count)
         # aiohttp's TestServer cancels the handler of a client that hangs up, as
         # gateway/door.py asks of its runner (handler_cancellation=True).
         client = await aiohttp_client(DoorTestServer(make_app(directory, options or AppOptions())))

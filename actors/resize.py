@@ -1,0 +1,139 @@
+"""Changing the shard count of a running server, queue by queue (issue 34;
+docs/DESIGN-NOTES.md, "Growing the shard count").
+
+1. **Start the shards first.** Growing, the new shards are started and recovered (empty)
+   before anything names them.
+2. **Pin.** The next generation of the placement map has the new count, and every queue
+   that the new hash would put elsewhere is pinned where it is: no queue moves, but new
+   queues go where the new count puts them. Each shard is given the map; a queue created
+   under the older map meanwhile (a stray: the shard holds it, the new map names another)
+   is pinned by one more generation. A handover whose coordinator died before it wrote
+   the map is called off.
+3. **Move.** Each pinned queue is handed to its hash's shard
+   (:func:`actors.handover.move_queue`), one at a time; each move unpins it.
+4. **Stop the drained shards.** Shrinking, the shards past the new count hold nothing any
+   more: they are stopped.
+
+Every step can be run again: a resize that died (or was cancelled) is resumed by asking for
+the same count, and asking for another count starts from wherever the last one stopped,
+because the map at any generation says where every queue is.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import Protocol
+
+from actors.errors import BadRequest, Conflict, QueueError
+from actors.handover import ShardCalls, move_queue
+from actors.log.layout import read_layout, settled_count
+from actors.log.placement import Placement, placement, read_placement, write_placement
+from actors.log.store import ObjectStore
+
+__all__ = ["Cancelled", "ResizeCalls", "resize"]
+
+log = logging.getLogger(__name__)
+
+MAX_STRAY_ROUNDS = 8  # generations written for queues created meanwhile, before giving up
+
+
+class Cancelled(Conflict):
+    """The resize was cancelled between two moves (the map is whole: run it again to go on)."""
+
+    code = "Cancelled"
+
+
+class ResizeCalls(ShardCalls, Protocol):
+    """What a resize asks of the shards besides a handover's calls."""
+
+    async def run(self, span: int) -> None:
+        """Shards 0 … ``span``-1 run and have recovered (starting the missing ones)."""
+        ...
+
+    async def held(self, shard: int) -> list[tuple[str, bool]]:
+        """Shard ``shard``'s queues (:meth:`QueueShard.held`)."""
+        ...
+
+    async def stop(self, count: int) -> None:
+        """Stop the shards from ``count`` on (they hold nothing)."""
+        ...
+
+
+Progress = Callable[[int, int], None]
+
+
+async def resize(
+    store: ObjectStore,
+    shards: ResizeCalls,
+    count: int,
+    *,
+    progress: Progress | None = None,
+    cancelled: Callable[[], bool] = lambda: False,
+) -> Placement:
+    """Make ``count`` the shard count of the running server over ``store``: the map it ends
+    at. ``progress(done, total)`` follows the moves.
+
+    Raises:
+        Cancelled: ``cancelled()`` said so between two moves.
+        PlacementConflict: another coordinator changed the map meanwhile (run it again).
+        QueueError: a shard or the store failed (run it again).
+    """
+    if count < 1:
+        raise BadRequest(f"a shard count of {count}: at least 1")
+    layout = await read_layout(store)
+    current = await read_placement(store, layout.shards if layout is not None else count)
+    span = max(current.span, count)
+    await shards.run(span)  # growing: the new shards first, empty and ready
+    if current.count != count:
+        where: dict[str, int] = {}
+        fenced: list[tuple[int, str]] = []
+        for index in range(current.span):
+            for name, moving in await shards.held(index):
+                where[name] = index
+                if moving:
+                    fenced.append((index, name))
+        new = current.resized(count, where)
+        await write_placement(store, current, new)
+        log.info(
+            "resize to %d shard(s): map generation %d, %d queue(s) to move",
+            count,
+            new.generation,
+            len(new.queues),
+        )
+        current = new
+        await settled_count(store, count)  # the layout follows: a restart runs ``count``
+        for index, name in fenced:  # a handover whose map was never written: called off
+            await shards.take_back(index, name)
+    current = await _pin_strays(store, shards, current)
+    todo = sorted(current.queues)
+    if progress is not None:
+        progress(0, len(todo))
+    for done, name in enumerate(todo, 1):
+        if cancelled():
+            raise Cancelled(
+                f"the resize to {count} shard(s) was cancelled with {len(todo) - done + 1} "
+                "queue(s) left to move; ask for a count again to go on"
+            )
+        current, _ = await move_queue(store, shards, count, name, placement(name, count))
+        if progress is not None:
+            progress(done, len(todo))
+    if current.span < span:
+        await shards.placed(current)
+        await shards.stop(current.span)
+    log.info("resize to %d shard(s): done (map generation %d)", count, current.generation)
+    return current
+
+
+async def _pin_strays(store: ObjectStore, shards: ResizeCalls, current: Placement) -> Placement:
+    """Give every shard ``current``; pin the queues created under an older map on a shard it
+    does not name where they are, by as many generations as it takes."""
+    for _ in range(MAX_STRAY_ROUNDS):
+        strays = await shards.placed(current)
+        if not strays:
+            return current
+        new = current.resized(current.count, {**current.queues, **strays})
+        await write_placement(store, current, new)
+        log.info("resize: %d queue(s) created meanwhile pinned where they are", len(strays))
+        current = new
+    raise QueueError(f"queues kept being created under older maps: {sorted(strays)[:5]}")
