@@ -46,8 +46,8 @@ class Directory(Protocol):
         ...
 
     def reroute(self, queue: str, refusal: WrongShard) -> bool:
-        """Learn from a shard's refusal where ``queue`` is; True if its route changed (then
-        resend the refused commands)."""
+        """Learn from a shard's refusal where ``queue`` is; True: resend the refused
+        commands (to the shard it names, which the route may already be)."""
         ...
 
     async def run_batch(self, shard: int, items: list[tuple[str, object]]) -> list[Any]:
@@ -130,7 +130,7 @@ class _Routes:
         if not isinstance(shard, int) or not self._reach(shard):
             return False
         if shard == self.shard_of(queue):
-            return False
+            return True  # learnt already (a newer map, or another refusal): resend there
         if shard == self.placement.shard_of(queue):
             self.routes.pop(queue, None)
         else:
@@ -155,6 +155,19 @@ class _Routes:
 
     def _fit(self, span: int) -> None:
         """Reach shards 0 … ``span``-1 (no more: the others were stopped by a shrink)."""
+
+    def _stopped(self, shard: int, items: list[tuple[str, object]]) -> list[Any]:
+        """Items batched for a shard a shrink stopped since: refused (no effect), each
+        naming the shard its queue is routed to now, where they are resent."""
+        return [
+            WrongShard(
+                f"shard {shard} was stopped by a resize",
+                queue=queue,
+                shard=self.shard_of(queue),
+                generation=self.placement.generation,
+            )
+            for queue, _ in items
+        ]
 
     async def _routed(self, queue: str, call: Callable[[int], Awaitable[T]]) -> T:
         """``call(shard)`` on ``queue``'s shard, resent after refusals (raised, returned, or
@@ -229,6 +242,8 @@ class LocalDirectory(_Routes):
         return 0 <= shard < len(self.shards)
 
     async def run_batch(self, shard: int, items: list[tuple[str, object]]) -> list[Any]:
+        if shard >= len(self.shards):
+            return self._stopped(shard, items)
         return await self.shards[shard].run_batch(items)
 
     def start_batch(
@@ -236,6 +251,8 @@ class LocalDirectory(_Routes):
     ) -> bool:
         """:meth:`run_batch` without a task: decided now, ``then(results)`` once durable;
         False when the shard must await something first (then use :meth:`run_batch`)."""
+        if shard >= len(self.shards):
+            return False
         call = self.shards[shard].begin(items)
         if call is None:
             return False
@@ -386,12 +403,16 @@ class ChannelDirectory(_Routes):
             self._gone.append(self.channels.pop())
 
     async def run_batch(self, shard: int, items: list[tuple[str, object]]) -> list[Any]:
+        if shard >= len(self.channels):
+            return self._stopped(shard, items)
         return await self.channels[shard].run_batch(items)
 
     def start_batch(
         self, shard: int, items: list[tuple[str, object]], then: Callable[[Any], None]
     ) -> bool:
         """:meth:`run_batch` without a task (:meth:`ChannelClient.start_batch`)."""
+        if shard >= len(self.channels):
+            return False
         return self.channels[shard].start_batch(items, then)
 
     async def execute_many(self, queue: str, commands: list[object]) -> list[Any]:

@@ -222,6 +222,23 @@ class ShardKeys:
                     None if stats is None else queue_value(stats),
                 )
 
+    def moved(self, queue: str, refusal: QueueError) -> int:
+        """Queue ``queue`` left this shard (handed over): the watches of the keys it answers
+        for (its ``queue:`` key, or a key partition's keys) fail with ``refusal`` (the
+        WrongShard naming its new shard: the gateway watches there), and their states are
+        forgotten (stale if the queue comes back). Returns how many watches were told."""
+        told = 0
+        for key in [k for k in self.table.armed_keys() if home_of(k) == queue]:
+            for fut in self.table.evict(key):
+                if not fut.done():
+                    fut.set_exception(refusal)
+                    told += 1
+        for key in [k for k in self.table.known_keys() if home_of(k) == queue]:
+            self.table.evict(key)
+        self._known.discard(queue)
+        self._dirty.discard(queue)
+        return told
+
     def queue_gone(self, name: str) -> None:
         """A queue was deleted: its key's value becomes None."""
         self._publish(QUEUE_PREFIX + name, self.next_version(), None)

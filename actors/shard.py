@@ -744,6 +744,9 @@ class QueueShard:
             if queue.stopped is None:
                 queue.stop(_moving(queue))
             self._spawn(queue.close(snapshot=False))
+            refusal = self.elsewhere(name)
+            if refusal is not None:  # its keys' watchers go on watching on its new shard
+                self.keys.moved(name, refusal)
         self.arriving = {n for n in self.arriving if placement.shard_of(n) == self.index}
         self.arriving -= set(self.queues)
         return self.strays()

@@ -287,9 +287,10 @@ class ShardSpawner:
         self.options = {"spread": spread, "resource": resource, "detached": detached}
 
     def spawn(self, span: int) -> list[Any]:
-        """Handles of shards 0 … ``span``-1, found or started (:func:`spawn_shards`)."""
-        spec = msgspec.structs.replace(self.spec, count=span)
-        return spawn_shards(spec, **self.options)  # type: ignore[arg-type]
+        """Handles of shards 0 … ``span``-1, found or started (:func:`spawn_shards`). A new
+        one is given the count the gateway started with: it opens its log with the store's
+        (the placement map's once a resize wrote one)."""
+        return spawn_shards(self.spec, span=span, **self.options)  # type: ignore[arg-type]
 
     def open_store(self) -> Any:
         """The shards' store, opened in this process."""
@@ -297,9 +298,15 @@ class ShardSpawner:
 
 
 def spawn_shards(
-    spec: ShardSpec, *, spread: bool = False, resource: str | None = None, detached: bool = False
+    spec: ShardSpec,
+    *,
+    spread: bool = False,
+    resource: str | None = None,
+    detached: bool = False,
+    span: int | None = None,
 ) -> list[Any]:
-    """Create (or find) the ``spec.count`` shard actors; return their handles in order.
+    """Create (or find) the ``spec.count`` shard actors (``span``: that many, for a store a
+    resize gave more shards); return their handles in order.
 
     ``detached``: the shards belong to the Ray cluster, not to this process; they keep
     running when it exits, however it exits (``evq shards stop`` stops them). Named actors
@@ -318,7 +325,7 @@ def spawn_shards(
     if resource:
         placement_options["resources"] = {resource: 1}
     handles = []
-    for index in range(spec.count):
+    for index in range(spec.count if span is None else span):
         handle = remote.options(
             name=shard_name(index),
             namespace=NAMESPACE,

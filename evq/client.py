@@ -472,6 +472,48 @@ class _Base:
         """The key's state once its version is past ``version``; None after ``wait`` s (204)."""
         return wire.watch(key, version, wait)
 
+    # ---------------------------------------------------------------- administration
+
+    @_Endpoint
+    def shards(self) -> _Call[dict[str, Any]]:
+        """The shard count, the placement map's generation, each shard's state and queues,
+        and the resize under way (``task``, ``moves``)."""
+        return wire.shards()
+
+    @_Endpoint
+    def resize_shards(self, count: int) -> _Call[str]:
+        """Start resizing the running server to ``count`` shards, queue by queue: the id of
+        its task (follow it with :meth:`task`).
+
+        Raises:
+            Conflict: a resize runs already.
+            BadRequest: ``count`` is out of range.
+        """
+        return wire.resize_shards(count)
+
+    @_Endpoint
+    def tasks(self) -> _Call[list[dict[str, Any]]]:
+        """The tasks the gateway ran last (resizes), oldest first."""
+        return wire.tasks()
+
+    @_Endpoint
+    def task(self, task_id: str) -> _Call[dict[str, Any]]:
+        """One task: ``state`` (running, done, cancelled, failed), ``done`` of ``total``.
+
+        Raises:
+            TaskNotFound: no such task on this gateway.
+        """
+        return wire.task(task_id)
+
+    @_Endpoint
+    def cancel_task(self, task_id: str) -> _Call[dict[str, Any]]:
+        """Ask a running task to stop after its current step.
+
+        Raises:
+            TaskNotFound: no such task. Conflict: it is not running.
+        """
+        return wire.cancel_task(task_id)
+
     # ---------------------------------------------------------------- service
 
     @_Endpoint

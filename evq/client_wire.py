@@ -751,6 +751,39 @@ def _number(value: float) -> str:
     return str(int(value)) if float(value).is_integer() else repr(float(value))
 
 
+def shards() -> Call[dict[str, Any]]:
+    """GET /v1/admin/shards."""
+    return Call("GET", "/v1/admin/shards", lambda _s, doc: dict(doc))
+
+
+def resize_shards(count: int) -> Call[str]:
+    """POST /v1/admin/shards: the resize task's id. Resent only if surely not received (a
+    second resize while the first runs is refused 409)."""
+    return Call(
+        "POST",
+        "/v1/admin/shards",
+        lambda _s, doc: str(doc["task"]),
+        {"count": count},
+        resend=Resend.IF_NOT_SENT,
+        expect=frozenset({202}),
+    )
+
+
+def tasks() -> Call[list[dict[str, Any]]]:
+    """GET /v1/tasks."""
+    return Call("GET", "/v1/tasks", lambda _s, doc: [dict(t) for t in doc["tasks"]])
+
+
+def task(task_id: str) -> Call[dict[str, Any]]:
+    """GET /v1/tasks/{id}."""
+    return Call("GET", f"/v1/tasks/{quote(task_id, safe='')}", lambda _s, doc: dict(doc))
+
+
+def cancel_task(task_id: str) -> Call[dict[str, Any]]:
+    """DELETE /v1/tasks/{id}."""
+    return Call("DELETE", f"/v1/tasks/{quote(task_id, safe='')}", lambda _s, doc: dict(doc))
+
+
 def health() -> Call[bool]:
     """GET /healthz."""
     return Call("GET", "/healthz", lambda _s, _doc: True)

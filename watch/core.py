@@ -82,6 +82,13 @@ class WatchTable(Generic[W]):
         if key not in self._armed:
             self._keys.pop(key, None)
 
+    def evict(self, key: str) -> list[W]:
+        """Drop ``key`` altogether (it is answered elsewhere from now on): its state and its
+        armed watchers, returned to be told so. What each was delivered stays (dropped with
+        the watcher)."""
+        self._keys.pop(key, None)
+        return list(self._armed.pop(key, {}))
+
     # ------------------------------------------------------------------ watchers
 
     def arm(self, watcher: W, key: str, version: int | None = None) -> KeyState | None:
@@ -135,6 +142,10 @@ class WatchTable(Generic[W]):
 
     def armed_count(self, key: str) -> int:
         return len(self._armed.get(key, ()))
+
+    def known_keys(self) -> list[str]:
+        """Keys whose state is known here."""
+        return list(self._keys)
 
     def armed_keys(self) -> list[str]:
         """Keys with at least one armed watcher."""

@@ -13,6 +13,7 @@ import importlib
 import json
 import os
 import sys
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import IO, Any
 
@@ -148,9 +149,20 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser(
         "shards", help="the shard actors of a Ray cluster, which outlive its gateways"
     )
-    s.add_argument("action", choices=["status", "stop"], help="list them, or close and end them")
+    s.add_argument(
+        "action",
+        choices=["status", "stop", "resize"],
+        help="list them, close and end them (over Ray), or resize the running server (over "
+        "its API: evq shards resize N)",
+    )
+    s.add_argument("count", nargs="?", type=count_arg, help="resize: the new shard count")
+    s.add_argument("--wait", action="store_true", help="resize: follow the task to its end")
     s.add_argument("--ray-address", help="the Ray cluster (default: EVQ_RAY_ADDRESS, else auto)")
     s.add_argument("--timeout", type=seconds_arg, default=60.0, help="per shard call (s)")
+
+    s = sub.add_parser("tasks", help="the server's tasks (resizes): list, show or cancel one")
+    s.add_argument("id", nargs="?", help="one task")
+    s.add_argument("--cancel", action="store_true", help="cancel that task")
 
     s = sub.add_parser("pipeline", help="Spark jobs over the event log: stats, audit, archive")
     pipeline_args.add_arguments(s)
@@ -363,6 +375,63 @@ def _purge(client: Client, args: argparse.Namespace, out: Output, _stdin: IO[Any
     return 0
 
 
+def _task_line(task: dict[str, Any]) -> str:
+    line = f"{task['id']}  {task['kind']}  {task['state']}  {task['done']}/{task['total']}"
+    if "count" in task:
+        line += f"  {task.get('was', '?')} -> {task['count']} shard(s)"
+    if task.get("error"):
+        line += f"  {task['error']['code']}: {task['error']['message']}"
+    return line
+
+
+TASK_POLL_S = 0.5
+
+
+def _resize(client: Client, args: argparse.Namespace, out: Output, _stdin: IO[Any]) -> int:
+    if args.count is None:
+        raise _Usage("usage: evq shards resize N (the new shard count)")
+    task_id = client.resize_shards(args.count)
+    if not args.wait:
+        if out.json:
+            out.doc({"task": task_id})
+        else:
+            out.line(task_id)
+            out.note(f"follow it with: evq tasks {task_id}")
+        return 0
+    seen = None
+    while True:
+        task = client.task(task_id)
+        if (task["done"], task["total"]) != seen:
+            seen = (task["done"], task["total"])
+            out.note(f"{task_id}: {task['done']}/{task['total']} queue(s) moved")
+        if task["state"] != "running":
+            break
+        time.sleep(TASK_POLL_S)
+    if out.json:
+        out.doc(task)
+    else:
+        out.line(_task_line(task))
+    return 0 if task["state"] == "done" else 1
+
+
+def _tasks(client: Client, args: argparse.Namespace, out: Output, _stdin: IO[Any]) -> int:
+    if args.id is None:
+        if args.cancel:
+            raise _Usage("usage: evq tasks ID --cancel (which task to cancel)")
+        tasks = client.tasks()
+        if out.json:
+            out.doc({"tasks": tasks})
+        for task in [] if out.json else tasks:
+            out.line(_task_line(task))
+        return 0
+    task = client.cancel_task(args.id) if args.cancel else client.task(args.id)
+    if out.json:
+        out.doc(task)
+    else:
+        out.line(_task_line(task))
+    return 0
+
+
 COMMANDS: dict[str, Handler] = {
     "create": _create,
     "put": _put,
@@ -378,6 +447,8 @@ COMMANDS: dict[str, Handler] = {
     "purge": _purge,
     "peek": cli_messages.peek,
     "touch": cli_messages.touch,
+    "tasks": _tasks,
+    "shards": _resize,  # evq shards resize (status and stop go over Ray)
 }
 
 
@@ -449,7 +520,9 @@ def main(
             args = parse_args(parser, argv)
     except SystemExit as e:  # argparse: --help (0) or a usage error (2)
         return e.code if isinstance(e.code, int) else 2
-    if args.command in ("serve", "reshard", "shards"):
+    if args.command in ("serve", "reshard") or (
+        args.command == "shards" and args.action != "resize"
+    ):
         return _serve(args, err)
     if args.command == "pipeline":  # runs Spark locally; no server involved
         return pipeline_main.run(args, err)

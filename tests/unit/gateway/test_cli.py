@@ -79,6 +79,19 @@ class FakeClient:
     def purge(self, name: str) -> Any:
         return self._record("purge", name)
 
+    def resize_shards(self, count: int) -> Any:
+        return self._record("resize_shards", count)
+
+    def task(self, task_id: str) -> Any:
+        self._record("task", task_id)
+        return self.answers["task"].pop(0)
+
+    def tasks(self) -> Any:
+        return self._record("tasks")
+
+    def cancel_task(self, task_id: str) -> Any:
+        return self._record("cancel_task", task_id)
+
     def close(self) -> None:
         self.closed = True
 
@@ -144,6 +157,10 @@ def test_arguments_parse(argv: list[str], expected: dict[str, Any]) -> None:
         ["set", "k", "not json"],
         ["create", "q", "--dead-letter-queue", "d"],
         ["serve", "--port", "http"],
+        ["shards", "resize"],
+        ["shards", "resize", "0"],
+        ["shards", "grow", "3"],
+        ["tasks", "--cancel"],
     ],
 )
 def test_usage_errors_exit_2_without_calling_the_server(argv: list[str]) -> None:
@@ -424,3 +441,50 @@ def test_serve_has_the_api_md_options_even_without_the_server_settings(
     monkeypatch.setitem(sys.modules, "gateway.settings", None)
     args = cli.parse_args(cli.build_parser(), ["serve", "--data", "d", "--host", "0.0.0.0"])
     assert (args.data, args.store, args.host, args.port) == ("d", None, "0.0.0.0", None)
+
+
+def _task(state: str, done: int, **extra: Any) -> dict[str, Any]:
+    doc = {"id": "resize-1", "kind": "resize", "state": state, "done": done, "total": 3}
+    return {**doc, "count": 4, "was": 1, **extra}
+
+
+def test_shards_resize_starts_the_task_and_with_wait_follows_it_to_its_end(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(cli, "TASK_POLL_S", 0)
+    client = FakeClient(resize_shards="resize-1")
+    code, out, err = run(["shards", "resize", "4"], client)
+    assert (code, out) == (0, "resize-1\n")
+    assert "evq tasks resize-1" in err
+    client = FakeClient(
+        resize_shards="resize-1",
+        task=[_task("running", 0), _task("running", 2), _task("done", 3)],
+    )
+    code, out, err = run(["shards", "resize", "4", "--wait"], client)
+    assert code == 0
+    assert out == "resize-1  resize  done  3/3  1 -> 4 shard(s)\n"
+    assert err.splitlines() == [
+        "resize-1: 0/3 queue(s) moved",
+        "resize-1: 2/3 queue(s) moved",
+        "resize-1: 3/3 queue(s) moved",
+    ]
+    failed = _task("failed", 1, error={"code": "Unavailable", "message": "shard 3 is down"})
+    client = FakeClient(resize_shards="resize-1", task=[failed])
+    code, out, _ = run(["--json", "shards", "resize", "4", "--wait"], client)
+    assert code == 1
+    assert json.loads(out)["error"]["code"] == "Unavailable"
+
+
+def test_tasks_lists_shows_and_cancels() -> None:
+    client = FakeClient(tasks=[_task("done", 3), _task("running", 1)])
+    code, out, _ = run(["tasks"], client)
+    assert code == 0
+    assert out.splitlines() == [
+        "resize-1  resize  done  3/3  1 -> 4 shard(s)",
+        "resize-1  resize  running  1/3  1 -> 4 shard(s)",
+    ]
+    client = FakeClient(cancel_task=_task("running", 1))
+    code, out, _ = run(["--json", "tasks", "resize-1", "--cancel"], client)
+    assert code == 0
+    assert client.calls == [("cancel_task", ("resize-1",), {})]
+    assert json.loads(out)["state"] == "running"

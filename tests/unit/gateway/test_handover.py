@@ -6,6 +6,7 @@ is finished (or called off) by running it again or by a restart."""
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 
 import pytest
 
@@ -13,6 +14,7 @@ from actors.core import commands as cmd
 from actors.core.snapshot import decode_snapshot
 from actors.directory import LocalDirectory
 from actors.errors import Moving, WrongShard
+from actors.keyspace import partition_of
 from actors.log.codec import decode_snapshot_object
 from actors.log.placement import Placement, PlacementConflict, read_placement, write_placement
 from actors.log.shard_recovery import placement
@@ -235,3 +237,40 @@ async def test_clients_see_no_refusal_while_their_queue_moves_back_and_forth(api
     assert set(statuses) == {200}
     assert len(put_ids) > 20
     assert sorted(taken_ids) == sorted(put_ids)  # each once: none lost, none twice
+
+
+async def test_watchers_of_a_moved_queues_keys_follow_it_to_its_new_shard(api: Api) -> None:
+    """Long-poll watches of ``queue:Q`` and of an application key, waiting on the source
+    when the queue and the key's partition move, are answered by the new shard's next
+    change, well within their timeout."""
+    await api.create(Q)
+    key = "config"
+    partition = partition_of(key)
+    queue_v = (await api.ok("GET", f"/v1/keys/queue:{Q}"))["version"]
+    key_v = (await api.ok("PUT", f"/v1/keys/{key}", {"value": 1}))["version"]
+
+    def watch(name: str, version: int) -> asyncio.Future[Any]:
+        path = f"/v1/watch/{name}?version={version}&timeout=30"
+        return asyncio.ensure_future(api.call("GET", path))
+
+    queue_watch, key_watch = watch(f"queue:{Q}", queue_v), watch(key, key_v)
+    await asyncio.sleep(0.3)  # both wait on their shards
+    directory = _directory(api)
+    await directory.move(Q, TARGET)
+    home = directory.shard_of(partition)
+    await directory.move(partition, 1 - home)
+    started = asyncio.get_running_loop().time()
+    await api.put(Q, "after the move")
+    await api.ok("PUT", f"/v1/keys/{key}", {"value": 2})
+    got_queue, got_key = await asyncio.wait_for(asyncio.gather(queue_watch, key_watch), 10)
+    assert (got_key.status, got_key.doc["value"]) == (200, 2)
+    assert got_key.doc["version"] > key_v
+    versions = [queue_v]
+    while got_queue.status == 200 and got_queue.doc["value"]["ready"] != 1:
+        versions.append(got_queue.doc["version"])  # the new home's state before the put
+        got_queue = await asyncio.wait_for(watch(f"queue:{Q}", versions[-1]), 10)
+    assert got_queue.status == 200
+    assert got_queue.doc["value"]["ready"] == 1
+    versions.append(got_queue.doc["version"])
+    assert versions == sorted(set(versions))  # versions only grow across the move
+    assert asyncio.get_running_loop().time() - started < 10  # not at the watches' timeout

@@ -227,3 +227,77 @@ async def test_the_layout_follows_a_map_written_by_a_resize_that_stopped_before_
     assert (await read_layout(store)).shards == 2  # type: ignore[union-attr]
     assert await settle_layout(store, None, 8) == 3
     assert (await read_layout(store)).shards == 3  # type: ignore[union-attr]
+
+
+class Traffic:
+    """Producers and consumers on raw HTTP: what they put, what they acked, what failed."""
+
+    def __init__(self, api: Api, names: list[str]) -> None:
+        self.api = api
+        self.names = names
+        self.stop = asyncio.Event()
+        self.errors: list[Any] = []
+        self.put: set[tuple[str, str]] = set()
+        self.acked: list[tuple[str, str]] = []
+
+    async def producer(self, n: int) -> None:
+        i = 0
+        while not self.stop.is_set():
+            name = self.names[(n + i) % len(self.names)]
+            body = {"messages": [{"body": f"{n}-{i}"}]}
+            reply = await self.api.call("POST", f"/v1/queues/{name}/messages", body)
+            if reply.status != 200:
+                self.errors.append(("put", reply.status, reply.doc))
+            else:
+                self.put.update((name, r["id"]) for r in reply.doc["results"])
+            i += 1
+
+    async def consumer(self, n: int, wait: float | None) -> None:
+        i = n
+        while not self.stop.is_set():
+            name = self.names[i % len(self.names)]
+            i += 1
+            body: dict[str, Any] = {"max": 20, "visibility_timeout": 600}
+            if wait is not None:
+                body["wait"] = wait
+            reply = await self.api.call("POST", f"/v1/queues/{name}/take", body)
+            if reply.status != 200:
+                self.errors.append(("take", reply.status, reply.doc))
+            elif got := reply.doc["messages"]:
+                await self._ack(name, got)
+
+    async def _ack(self, name: str, got: list[dict[str, Any]]) -> None:
+        leases = ({"id": m["id"], "lease": m["lease"]} for m in got)
+        results = await self.api.items(name, "ack", *leases)
+        for m, r in zip(got, results, strict=True):
+            if r["status"] != "ok":
+                self.errors.append(("ack", name, m["id"], r["status"]))
+            self.acked.append((name, m["id"]))
+
+
+async def test_many_clients_get_only_answers_through_two_resizes(serve: Serve) -> None:
+    """64 producers and 20 consumers (4 of them long-polling) on 16 queues: a command sent
+    to a shard just before its queue left gets there through the refusal, even when the
+    gateway already routes the queue to the shard the refusal names."""
+    api = await serve(count=1)
+    names = [f"m{i}" for i in range(16)]
+    for name in names:
+        await api.create(name)
+    traffic = Traffic(api, names)
+    jobs = [asyncio.ensure_future(traffic.producer(n)) for n in range(64)]
+    jobs += [asyncio.ensure_future(traffic.consumer(n, None)) for n in range(16)]
+    jobs += [asyncio.ensure_future(traffic.consumer(n, 1.0)) for n in range(4)]
+    await asyncio.sleep(0.5)
+    assert (await _resize(api, 4))["state"] == "done"
+    await asyncio.sleep(0.3)
+    assert (await _resize(api, 2))["state"] == "done"
+    traffic.stop.set()
+    await asyncio.wait_for(asyncio.gather(*jobs), 30)
+    assert traffic.errors == []
+    acked = traffic.acked
+    assert len(acked) == len(set(acked))
+    for name in names:
+        while batch := await api.take(name, max=1000):
+            acked.extend((name, m["id"]) for m in batch)
+            await api.ack(name, *batch)
+    assert sorted(acked) == sorted(traffic.put)

@@ -78,6 +78,22 @@ def test_unwatch_and_drop_forget_everything() -> None:
     assert t.armed_keys() == []
 
 
+def test_an_evicted_key_hands_back_its_armed_watchers_and_forgets_its_state() -> None:
+    t: WatchTable[str] = WatchTable()
+    t.publish("moved", 5, "five")
+    t.publish("kept", 1, "one")
+    assert t.arm("a", "moved", 5) is None
+    assert t.arm("b", "moved", 5) is None
+    assert t.arm("b", "kept", 1) is None
+    assert sorted(t.evict("moved")) == ["a", "b"]
+    assert (t.state("moved"), t.interested("moved")) == (None, False)
+    assert sorted(t.known_keys()) == ["kept"]
+    assert t.is_armed("b", "kept")
+    assert t.evict("moved") == []  # nothing left to hand back
+    # learnt again from its new home: a lower version is news here now
+    assert t.publish("moved", 3, "three")[0].version == 3
+
+
 def test_many_connect_disconnect_cycles_leave_nothing_behind() -> None:
     t: WatchTable[int] = WatchTable()
     for i in range(10_000):
