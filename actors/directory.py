@@ -24,7 +24,7 @@ from actors.keyspace import home_of
 from actors.log.placement import MAX_HOPS, MOVING_WAIT_S, Placement, moving_pause, refused_to
 from actors.log.store import ObjectStore
 from actors.metrics import QueueMetrics
-from actors.resize import Progress, resize
+from actors.resize import Progress, resize, restart_shards
 from actors.settings import LogSettings, QueueSettings
 from actors.shard import QueueShard
 from actors.status import ShardStatus
@@ -325,6 +325,18 @@ class LocalDirectory(_Routes):
                 self.placed(calls.last)
         return placement
 
+    async def restart_shards(
+        self, progress: Progress | None = None, cancelled: Callable[[], bool] = lambda: False
+    ) -> Placement:
+        """Restart every shard in turn, its queues served throughout
+        (:func:`actors.resize.restart_shards`): the map it ends at."""
+        calls = _InProcess(self)
+        try:
+            return await restart_shards(self.store, calls, progress=progress, cancelled=cancelled)
+        finally:
+            if calls.last is not None:
+                self.placed(calls.last)
+
     async def start(self) -> None:
         if self._started is None:
             self._started = asyncio.ensure_future(asyncio.gather(*(s.start() for s in self.shards)))
@@ -355,6 +367,11 @@ class _InProcess:
     async def stop(self, count: int) -> None:
         while len(self.shards) > count:
             await self.shards.pop().close()
+
+    async def restart(self, shard: int) -> None:
+        await self.shards[shard].close()
+        self.shards[shard] = fresh = self.directory._new_shard(shard)
+        await fresh.start()
 
     async def hand_over(self, shard: int, name: str, to: int, generation: int) -> str:
         return await self.shards[shard].hand_over(name, to, generation)
@@ -570,6 +587,27 @@ class RayDirectory(ChannelDirectory):
                 self._fit(calls.last.span)
             await store.close()
 
+    async def restart_shards(
+        self, progress: Progress | None = None, cancelled: Callable[[], bool] = lambda: False
+    ) -> Placement:
+        """Restart every shard actor in turn (a new process each: the code installed now),
+        its queues served throughout (:func:`actors.resize.restart_shards`).
+
+        Raises:
+            Unavailable: this gateway cannot start shards.
+        """
+        if self.spawner is None:
+            raise Unavailable("this gateway cannot start shards: restart from a gateway that can")
+        calls = _RayCalls(self, self.spawner)
+        store = self.spawner.open_store()
+        try:
+            return await restart_shards(store, calls, progress=progress, cancelled=cancelled)
+        finally:
+            if calls.last is not None:
+                self.placed(calls.last)
+                self._fit(calls.last.span)
+            await store.close()
+
     async def close(self) -> None:
         """Close the shards when this gateway owns them: finish writes, snapshot (graceful
         shutdown of the server); else only let go of them."""
@@ -591,6 +629,9 @@ class Spawner(Protocol):
     def open_store(self) -> ObjectStore:
         """The shards' store, opened here."""
         ...
+
+
+RESTART_POLLS = 200  # 10 s for Ray to free a stopped shard's name
 
 
 class _RayCalls:
@@ -629,6 +670,25 @@ class _RayCalls:
             with contextlib.suppress(QueueError):
                 await self._call(handle.close.remote())
             ray.kill(handle, no_restart=True)
+
+    async def restart(self, shard: int) -> None:
+        import ray
+
+        from actors.spawn import NAMESPACE, shard_name
+
+        old = self._shard(shard)
+        with contextlib.suppress(QueueError):
+            await self._call(old.close.remote())
+        ray.kill(old, no_restart=True)
+        for _ in range(RESTART_POLLS):  # the name is free once Ray knows the actor is dead
+            try:
+                ray.get_actor(shard_name(shard), namespace=NAMESPACE)
+            except ValueError:
+                break
+            await asyncio.sleep(0.05)
+        fresh = self.spawner.spawn(shard + 1)[shard]
+        self.directory.handles[shard] = fresh
+        await self._call(fresh.start.remote())
 
     async def hand_over(self, shard: int, name: str, to: int, generation: int) -> str:
         return cast(

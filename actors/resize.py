@@ -31,7 +31,7 @@ from actors.log.layout import read_layout, settled_count
 from actors.log.placement import Placement, placement, read_placement, write_placement
 from actors.log.store import ObjectStore
 
-__all__ = ["Cancelled", "ResizeCalls", "resize"]
+__all__ = ["Cancelled", "ResizeCalls", "resize", "restart_shards"]
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +59,11 @@ class ResizeCalls(ShardCalls, Protocol):
         """Stop the shards from ``count`` on (they hold nothing)."""
         ...
 
+    async def restart(self, shard: int) -> None:
+        """Stop shard ``shard`` (it holds nothing) and start a fresh incarnation of it, in a
+        new process where shards have their own (the code installed now)."""
+        ...
+
 
 Progress = Callable[[int, int], None]
 
@@ -81,8 +86,7 @@ async def resize(
     """
     if count < 1:
         raise BadRequest(f"a shard count of {count}: at least 1")
-    layout = await read_layout(store)
-    current = await read_placement(store, layout.shards if layout is not None else count)
+    current = await _current(store, count)
     span = max(current.span, count)
     await shards.run(span)  # growing: the new shards first, empty and ready
     if current.count != count:
@@ -125,6 +129,12 @@ async def resize(
     return current
 
 
+async def _current(store: ObjectStore, default: int = 1) -> Placement:
+    """The store's map (of the layout's count when none was written)."""
+    layout = await read_layout(store)
+    return await read_placement(store, layout.shards if layout is not None else default)
+
+
 async def _pin_strays(store: ObjectStore, shards: ResizeCalls, current: Placement) -> Placement:
     """Give every shard ``current``; pin the queues created under an older map on a shard it
     does not name where they are, by as many generations as it takes."""
@@ -137,3 +147,66 @@ async def _pin_strays(store: ObjectStore, shards: ResizeCalls, current: Placemen
         log.info("resize: %d queue(s) created meanwhile pinned where they are", len(strays))
         current = new
     raise QueueError(f"queues kept being created under older maps: {sorted(strays)[:5]}")
+
+
+async def restart_shards(
+    store: ObjectStore,
+    shards: ResizeCalls,
+    *,
+    progress: Progress | None = None,
+    cancelled: Callable[[], bool] = lambda: False,
+) -> Placement:
+    """Restart every shard of the running server over ``store``, one at a time, with no
+    pause for its queues: a spare shard (one past the map's span) takes each shard's queues
+    by handover, the shard is stopped and started afresh, and its queues are handed back.
+    ``progress(done, total)`` counts the shards restarted. Returns the map it ends at (the
+    queues where they were).
+
+    Raises:
+        Cancelled: ``cancelled()`` said so between two shards (the spare is stopped).
+        PlacementConflict, QueueError: as :func:`resize` (run it again).
+    """
+    current = await _current(store)
+    span = current.span
+    spare = span
+    await shards.run(span + 1)
+    if progress is not None:
+        progress(0, span)
+    try:
+        for index in range(span):
+            if cancelled():
+                raise Cancelled(
+                    f"the rolling restart was cancelled with {span - index} shard(s) left"
+                )
+            current = await _restart_one(store, shards, index, spare)
+            if progress is not None:
+                progress(index + 1, span)
+    finally:
+        await _drain(store, shards, spare)
+        await shards.stop(spare)
+    log.info("rolling restart of %d shard(s): done (map generation %d)", span, current.generation)
+    return current
+
+
+async def _restart_one(
+    store: ObjectStore, shards: ResizeCalls, index: int, spare: int
+) -> Placement:
+    """Shard ``index``'s queues to the spare, a fresh incarnation of it, its queues back."""
+    held = [name for name, _ in await shards.held(index)]
+    current = await _current(store)
+    for name in held:
+        current, _ = await move_queue(store, shards, current.count, name, spare)
+    await shards.restart(index)
+    for name in held:
+        current, _ = await move_queue(store, shards, current.count, name, index)
+    log.info("rolling restart: shard %d restarted (%d queue(s) handed back)", index, len(held))
+    return current
+
+
+async def _drain(store: ObjectStore, shards: ResizeCalls, spare: int) -> None:
+    """Hand what the spare holds (a restart cut short) back to the shards the hash names."""
+    current = await _current(store)
+    for name, _ in await shards.held(spare):
+        current, _ = await move_queue(
+            store, shards, current.count, name, placement(name, current.count)
+        )

@@ -492,6 +492,16 @@ class _Base:
         return wire.resize_shards(count)
 
     @_Endpoint
+    def restart_shards(self) -> _Call[str]:
+        """Start a rolling restart: each shard in turn hands its queues to a spare, starts
+        afresh (the code installed now) and takes them back; the id of its task.
+
+        Raises:
+            Conflict: a resize or a restart runs already.
+        """
+        return wire.restart_shards()
+
+    @_Endpoint
     def tasks(self) -> _Call[list[dict[str, Any]]]:
         """The tasks the gateway ran last (resizes), oldest first."""
         return wire.tasks()

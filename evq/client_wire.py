@@ -769,6 +769,17 @@ def resize_shards(count: int) -> Call[str]:
     )
 
 
+def restart_shards() -> Call[str]:
+    """POST /v1/admin/shards/restart: the rolling restart's task id."""
+    return Call(
+        "POST",
+        "/v1/admin/shards/restart",
+        lambda _s, doc: str(doc["task"]),
+        resend=Resend.IF_NOT_SENT,
+        expect=frozenset({202}),
+    )
+
+
 def tasks() -> Call[list[dict[str, Any]]]:
     """GET /v1/tasks."""
     return Call("GET", "/v1/tasks", lambda _s, doc: [dict(t) for t in doc["tasks"]])

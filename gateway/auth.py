@@ -257,6 +257,7 @@ _RULES: dict[tuple[str, str], tuple[str, str]] = {
     ("GET", "/metrics"): ("read", "any"),
     ("GET", "/v1/admin/shards"): ("read", "any"),
     ("POST", "/v1/admin/shards"): ("admin", "cluster"),
+    ("POST", "/v1/admin/shards/restart"): ("admin", "cluster"),
     ("GET", "/v1/tasks"): ("read", "any"),
     ("GET", "/v1/tasks/{id}"): ("read", "any"),
     ("DELETE", "/v1/tasks/{id}"): ("admin", "cluster"),
@@ -264,7 +265,6 @@ _RULES: dict[tuple[str, str], tuple[str, str]] = {
     ("POST", "/v1/queues/{name}/pause"): ("admin", "queue"),
     ("POST", "/v1/queues/{name}/resume"): ("admin", "queue"),
     ("POST", "/v1/queues/{name}/redrive"): ("admin", "queue"),
-    ("POST", "/v1/admin/shards/restart"): ("admin", "cluster"),
 }
 _OPEN = {"/healthz", "/readyz", "/", "/favicon.ico"}
 _OPEN_PREFIXES = ("/dashboard/",)

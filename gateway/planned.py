@@ -19,7 +19,6 @@ PLANNED: dict[tuple[str, str], str] = {
     ("POST", "/v1/queues/{name}/pause"): "pausing a queue",
     ("POST", "/v1/queues/{name}/resume"): "resuming a queue",
     ("POST", "/v1/queues/{name}/redrive"): "native redrive of a dead-letter queue",
-    ("POST", "/v1/admin/shards/restart"): "a rolling restart of the shards",
 }
 
 

@@ -9,13 +9,14 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from actors.errors import BadRequest, Unavailable
+from actors.errors import BadRequest, Conflict, Unavailable
 from actors.status import ShardStatus
 from gateway import native
 from gateway.tasks import TASKS, Task
 
 MAX_SHARDS = 256  # what a resize may ask for
 RESIZE = "resize"
+RESTART = "restart"
 
 __all__ = ["routes", "shard_state"]
 
@@ -42,10 +43,14 @@ async def shards(request: web.Request) -> web.Response:
         docs.append(doc)
     generation = max((s.generation for s in statuses), default=0)
     doc = {"count": directory.count, "generation": generation, "shards": docs}
-    running = request.app[TASKS].running(RESIZE)
-    if running is not None:
-        doc["task"] = running.id
-        doc["moves"] = {"done": running.done, "total": running.total}
+    for kind in (RESIZE, RESTART):
+        running = request.app[TASKS].running(kind)
+        if running is not None:
+            doc["task"] = running.id
+            doc["moves" if kind == RESIZE else "restarted"] = {
+                "done": running.done,
+                "total": running.total,
+            }
     return native.reply(request, doc)
 
 
@@ -70,8 +75,36 @@ async def resize(request: web.Request) -> web.Response:
         placement = await run(asked.count, progress=task.progress, cancelled=task.cancelled)
         task.detail["generation"] = placement.generation
 
+    _check_idle(request)
     task = request.app[TASKS].start(RESIZE, work, count=asked.count, was=directory.count)
     return native.reply(request, {"task": task.id}, 202)
+
+
+@routes.post("/v1/admin/shards/restart")
+async def restart(request: web.Request) -> web.Response:
+    """Start a rolling restart of every shard: 202 with its task."""
+    if await request.read():
+        raise BadRequest("POST /v1/admin/shards/restart takes no body")
+    directory = request.app[native.DIRECTORY]
+    run = getattr(directory, "restart_shards", None)
+    if run is None:
+        raise Unavailable("this gateway process cannot start shards: ask the server's first one")
+
+    async def work(task: Task) -> None:
+        placement = await run(progress=task.progress, cancelled=task.cancelled)
+        task.detail["generation"] = placement.generation
+
+    _check_idle(request)
+    task = request.app[TASKS].start(RESTART, work)
+    return native.reply(request, {"task": task.id}, 202)
+
+
+def _check_idle(request: web.Request) -> None:
+    """One change of the shards at a time. Raises: Conflict."""
+    for kind in (RESIZE, RESTART):
+        busy = request.app[TASKS].running(kind)
+        if busy is not None:
+            raise Conflict(f"task {busy.id} ({kind}) is running: cancel it or wait", task=busy.id)
 
 
 def shard_state(status: ShardStatus) -> tuple[str, str | None]:

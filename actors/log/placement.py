@@ -90,12 +90,13 @@ class Placement(msgspec.Struct, kw_only=True, forbid_unknown_fields=True, frozen
     def moved(self, moves: dict[str, int], count: int | None = None) -> Placement:
         """The next generation: ``moves`` (queue → shard) applied, at ``count`` shards (the
         same by default). A queue placed where its hash puts it leaves the table. A queue
-        may stay on a shard past ``count`` that still runs (one a shrink drains)."""
+        may be on a shard past ``count`` that runs: one a shrink drains, or the spare one
+        past the span that a rolling restart hands each shard's queues to."""
         count = self.count if count is None else count
         table = {name: shard for name, shard in self.queues.items() if name not in moves}
         table.update(moves)
         for name, shard in moves.items():
-            if not 0 <= shard < max(count, self.span):
+            if not 0 <= shard <= max(count, self.span):
                 raise DataError(f"queue {name!r} placed on shard {shard} of {count}")
         for name in [name for name, shard in table.items() if shard == placement(name, count)]:
             del table[name]

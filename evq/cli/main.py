@@ -151,12 +151,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     s.add_argument(
         "action",
-        choices=["status", "stop", "resize"],
-        help="list them, close and end them (over Ray), or resize the running server (over "
-        "its API: evq shards resize N)",
+        choices=["status", "stop", "resize", "restart"],
+        help="list them, close and end them (over Ray); resize the running server (evq shards "
+        "resize N) or restart each of its shards in turn (over its API)",
     )
     s.add_argument("count", nargs="?", type=count_arg, help="resize: the new shard count")
-    s.add_argument("--wait", action="store_true", help="resize: follow the task to its end")
+    s.add_argument("--wait", action="store_true", help="resize, restart: follow the task")
     s.add_argument("--ray-address", help="the Ray cluster (default: EVQ_RAY_ADDRESS, else auto)")
     s.add_argument("--timeout", type=seconds_arg, default=60.0, help="per shard call (s)")
 
@@ -387,10 +387,16 @@ def _task_line(task: dict[str, Any]) -> str:
 TASK_POLL_S = 0.5
 
 
-def _resize(client: Client, args: argparse.Namespace, out: Output, _stdin: IO[Any]) -> int:
-    if args.count is None:
+def _shards(client: Client, args: argparse.Namespace, out: Output, _stdin: IO[Any]) -> int:
+    """``evq shards resize N`` and ``evq shards restart``: start the task, follow it."""
+    if args.action == "restart":
+        if args.count is not None:
+            raise _Usage("usage: evq shards restart (no count)")
+        task_id = client.restart_shards()
+    elif args.count is None:
         raise _Usage("usage: evq shards resize N (the new shard count)")
-    task_id = client.resize_shards(args.count)
+    else:
+        task_id = client.resize_shards(args.count)
     if not args.wait:
         if out.json:
             out.doc({"task": task_id})
@@ -403,7 +409,8 @@ def _resize(client: Client, args: argparse.Namespace, out: Output, _stdin: IO[An
         task = client.task(task_id)
         if (task["done"], task["total"]) != seen:
             seen = (task["done"], task["total"])
-            out.note(f"{task_id}: {task['done']}/{task['total']} queue(s) moved")
+            what = "shard(s) restarted" if task["kind"] == "restart" else "queue(s) moved"
+            out.note(f"{task_id}: {task['done']}/{task['total']} {what}")
         if task["state"] != "running":
             break
         time.sleep(TASK_POLL_S)
@@ -448,7 +455,7 @@ COMMANDS: dict[str, Handler] = {
     "peek": cli_messages.peek,
     "touch": cli_messages.touch,
     "tasks": _tasks,
-    "shards": _resize,  # evq shards resize (status and stop go over Ray)
+    "shards": _shards,  # evq shards resize|restart (status and stop go over Ray)
 }
 
 
@@ -521,7 +528,7 @@ def main(
     except SystemExit as e:  # argparse: --help (0) or a usage error (2)
         return e.code if isinstance(e.code, int) else 2
     if args.command in ("serve", "reshard") or (
-        args.command == "shards" and args.action != "resize"
+        args.command == "shards" and args.action not in ("resize", "restart")
     ):
         return _serve(args, err)
     if args.command == "pipeline":  # runs Spark locally; no server involved

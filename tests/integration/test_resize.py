@@ -209,3 +209,59 @@ def _drain(c: Client, queues: list[str]) -> list[tuple[str, str]]:
         stats = c.get_queue(queue).stats
         assert (queue, stats.total) == (queue, 0), stats  # none reserved by a lost reply
     return left
+
+
+async def _light_load(server: Server, queues: list[str], during: Any) -> Load:
+    """16 producers and 6 consumers (2 long-polling) while ``during()`` runs in a thread."""
+    load = Load(queues)
+    clients = [AsyncClient(server.url, retries=RETRIES, timeout=30) for _ in range(4)]
+    try:
+        jobs = [asyncio.ensure_future(load.producer(clients[n % 4], n)) for n in range(16)]
+        jobs += [asyncio.ensure_future(load.consumer(clients[n % 4], n, None)) for n in range(4)]
+        jobs += [asyncio.ensure_future(load.consumer(clients[n % 4], n, 1.0)) for n in range(2)]
+        await asyncio.sleep(1)
+        await asyncio.to_thread(during)
+        await asyncio.sleep(0.5)
+        load.stop.set()
+        await asyncio.wait_for(asyncio.gather(*jobs), 60)
+    finally:
+        for client in clients:
+            await client.close()
+    return load
+
+
+def test_a_rolling_restart_gives_every_shard_a_new_process_and_fails_no_operation(
+    make_server: ServerFactory, names: Names
+) -> None:
+    server = make_server("--shards", "2")
+    queues = [names(f"rr{i}") for i in range(8)]
+    with Client(server.url, retries=0, timeout=30) as c:
+        for queue in queues:
+            c.create_queue(queue)
+        c.put(queues[0], "held")
+        [held] = c.take(queues[0], 1, visibility_timeout=600)
+    before = server.shard_pids()
+    assert sorted(before) == [0, 1]
+
+    def restart() -> None:
+        done = _cli(server, "shards", "restart", "--wait")
+        assert done.returncode == 0, done.stderr
+        assert "restart  done  2/2" in done.stdout
+        assert "2/2 shard(s) restarted" in done.stderr
+
+    load = asyncio.run(_light_load(server, queues, restart))
+    assert load.errors == []
+    assert len(load.put) > 100
+    assert max(load.acked.values()) == 1
+    after = server.shard_pids()
+    assert sorted(after) == [0, 1]
+    assert not set(after.values()) & set(before.values())  # every shard a new process
+    with Client(server.url, retries=0, timeout=30) as c:
+        assert c.ack(queues[0], held)[0].status == "ok"  # its lease outlived two handovers
+        shards = c.shards()
+        assert (shards["count"], len(shards["shards"])) == (2, 2)
+        for queue in queues:
+            assert queue in shards["shards"][placement(queue, 2)]["queues"], queue
+        left = _drain(c, queues)
+    assert set(left) | set(load.acked) == load.put
+    assert not set(left) & set(load.acked)

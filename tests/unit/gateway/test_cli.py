@@ -82,6 +82,9 @@ class FakeClient:
     def resize_shards(self, count: int) -> Any:
         return self._record("resize_shards", count)
 
+    def restart_shards(self) -> Any:
+        return self._record("restart_shards")
+
     def task(self, task_id: str) -> Any:
         self._record("task", task_id)
         return self.answers["task"].pop(0)
@@ -160,6 +163,7 @@ def test_arguments_parse(argv: list[str], expected: dict[str, Any]) -> None:
         ["shards", "resize"],
         ["shards", "resize", "0"],
         ["shards", "grow", "3"],
+        ["shards", "restart", "2"],
         ["tasks", "--cancel"],
     ],
 )
@@ -488,3 +492,15 @@ def test_tasks_lists_shows_and_cancels() -> None:
     assert code == 0
     assert client.calls == [("cancel_task", ("resize-1",), {})]
     assert json.loads(out)["state"] == "running"
+
+
+def test_shards_restart_follows_the_rolling_restart(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cli, "TASK_POLL_S", 0)
+    done = {"id": "restart-1", "kind": "restart", "state": "done", "done": 2, "total": 2}
+    running = {**done, "state": "running", "done": 1}
+    client = FakeClient(restart_shards="restart-1", task=[running, done])
+    code, out, err = run(["shards", "restart", "--wait"], client)
+    assert code == 0
+    assert out == "restart-1  restart  done  2/2\n"
+    assert err.splitlines()[-1] == "restart-1: 2/2 shard(s) restarted"
+    assert client.calls[0] == ("restart_shards", (), {})

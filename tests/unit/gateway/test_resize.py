@@ -301,3 +301,69 @@ async def test_many_clients_get_only_answers_through_two_resizes(serve: Serve) -
             acked.extend((name, m["id"]) for m in batch)
             await api.ack(name, *batch)
     assert sorted(acked) == sorted(traffic.put)
+
+
+async def _task_end(api: Api, task_id: str) -> dict[str, Any]:
+    for _ in range(600):
+        task = await api.ok("GET", f"/v1/tasks/{task_id}")
+        if task["state"] != "running":
+            return dict(task)
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"task {task_id} did not end")
+
+
+async def test_a_rolling_restart_replaces_every_shard_while_clients_get_only_answers(
+    serve: Serve,
+) -> None:
+    """Each shard in turn hands its queues to a spare, is stopped and started afresh, and
+    takes them back: the shard objects are new, the queues where they were, a lease taken
+    before is acked after, and producers and consumers see no error."""
+    api = await serve(count=2)
+    names = [f"k{i}" for i in range(10)]
+    for name in names:
+        await api.create(name)
+    [held] = await api.put(names[0], "held")
+    [lease] = await api.take(names[0], max=1, visibility_timeout=600)
+    assert lease["id"] == held
+    directory = _directory(api)
+    before = list(directory.shards)
+    traffic = Traffic(api, names)
+    jobs = [asyncio.ensure_future(traffic.producer(n)) for n in range(16)]
+    jobs += [asyncio.ensure_future(traffic.consumer(n, None)) for n in range(4)]
+    jobs += [asyncio.ensure_future(traffic.consumer(n, 0.5)) for n in range(2)]
+    await asyncio.sleep(0.3)
+    started = await api.ok("POST", "/v1/admin/shards/restart", status=202)
+    busy = await api.call("POST", "/v1/admin/shards", {"count": 3})
+    assert (busy.status, busy.code) == (409, "Conflict")  # one change of the shards at a time
+    shown = await api.ok("GET", "/v1/admin/shards")
+    assert shown["task"] == started["task"]
+    task = await _task_end(api, started["task"])
+    assert (task["kind"], task["state"], task["done"], task["total"]) == ("restart", "done", 2, 2)
+    traffic.stop.set()
+    await asyncio.wait_for(asyncio.gather(*jobs), 30)
+    assert traffic.errors == []
+    assert len(traffic.put) > 20
+    assert len(directory.shards) == 2  # the spare is gone
+    assert all(new is not old for new, old in zip(directory.shards, before, strict=True))
+    await _check_queues_home(api, names, 2)
+    assert await api.ack(names[0], lease) == ["ok"]
+    acked = traffic.acked
+    for name in names:
+        while batch := await api.take(name, max=1000):
+            acked.extend((name, m["id"]) for m in batch)
+            await api.ack(name, *batch)
+    assert sorted(acked) == sorted(traffic.put)
+
+
+async def _check_queues_home(api: Api, names: list[str], count: int) -> None:
+    doc = await api.ok("GET", "/v1/admin/shards")
+    assert len(doc["shards"]) == count
+    for name in names:
+        assert name in doc["shards"][placement(name, count)]["queues"]
+    assert (await read_placement(_directory(api).store, count)).queues == {}
+
+
+async def test_a_restart_with_a_body_is_refused(api: Api) -> None:
+    reply = await api.call("POST", "/v1/admin/shards/restart", {"count": 2})
+    assert (reply.status, reply.code) == (400, "BadRequest")
+    assert (await api.ok("GET", "/v1/tasks"))["tasks"] == []

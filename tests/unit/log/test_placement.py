@@ -80,8 +80,12 @@ async def test_a_map_must_follow_the_generation_it_replaces(store: ObjectStore) 
 
 
 def test_a_queue_cannot_be_placed_on_a_shard_that_does_not_exist() -> None:
-    with pytest.raises(DataError, match="shard 4 of 4"):
-        Placement(count=4).moved({"q": 4})
+    with pytest.raises(DataError, match="shard 5 of 4"):
+        Placement(count=4).moved({"q": 5})
+    with pytest.raises(DataError, match="shard -1 of 4"):
+        Placement(count=4).moved({"q": -1})
+    spare = Placement(count=4).moved({"q": 4})  # the spare past the span: a rolling restart's
+    assert (spare.shard_of("q"), spare.span) == (4, 5)
     grown = Placement(count=1).moved({}, count=4)  # a new count: unmoved queues hash over it
     assert (grown.count, grown.generation) == (4, 1)
     assert grown.shard_of("q") == placement("q", 4)
