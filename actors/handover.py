@@ -21,6 +21,7 @@ restart, takes it over). Only one queue is unavailable, from 1 to 3.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from typing import Protocol
@@ -28,7 +29,7 @@ from typing import Protocol
 from actors.log.placement import Placement, PlacementConflict, read_placement, write_placement
 from actors.log.store import ObjectStore
 
-__all__ = ["ShardCalls", "move_queue"]
+__all__ = ["ShardCalls", "move_queue", "move_queues"]
 
 log = logging.getLogger(__name__)
 
@@ -92,3 +93,60 @@ async def move_queue(
         paused * 1000,
     )
     return new, paused
+
+
+async def move_queues(
+    store: ObjectStore, shards: ShardCalls, count: int, moves: dict[str, int]
+) -> tuple[Placement, dict[str, float]]:
+    """Move several queues at once (queue → target shard), with one generation of the map:
+    each is fenced on its source (together: their records share the sources' group
+    commits), the map is written once, and each is taken over on its target. Returns the
+    map it ends at and how long each queue answered nothing (seconds); a queue already on
+    its target is not moved.
+
+    Raises:
+        PlacementConflict: another coordinator changed the map meanwhile (every handover is
+            called off: run it again).
+        QueueError: a shard failed (the handovers that were made are called off).
+    """
+    current = await read_placement(store, count)
+    todo = {name: to for name, to in moves.items() if current.shard_of(name) != to}
+    if not todo:
+        return current, {}
+    new = current.moved(todo)
+    started = time.perf_counter()
+    sources = {name: current.shard_of(name) for name in todo}
+    handed = await asyncio.gather(
+        *(shards.hand_over(sources[n], n, to, new.generation) for n, to in todo.items()),
+        return_exceptions=True,
+    )
+    failed = next((r for r in handed if isinstance(r, BaseException)), None)
+    try:
+        if failed is not None:
+            raise failed
+        await write_placement(store, current, new)
+    except BaseException:
+        for (name, _), result in zip(todo.items(), handed, strict=True):
+            if not isinstance(result, BaseException):
+                await shards.take_back(sources[name], name)
+        raise
+    await shards.placed(new)
+    ended: dict[str, float] = {}
+
+    async def take_over(name: str, to: int) -> None:
+        await shards.take_over(to, name)
+        ended[name] = time.perf_counter() - started
+
+    await asyncio.gather(*(take_over(n, to) for n, to in todo.items()))
+    for name, to in todo.items():
+        log.info(
+            "queue %s moved from shard %d to %d (generation %d, with %d other(s)): "
+            "%.1f ms without an owner",
+            name,
+            sources[name],
+            to,
+            new.generation,
+            len(todo) - 1,
+            ended[name] * 1000,
+        )
+    return new, ended

@@ -9,8 +9,9 @@ docs/DESIGN-NOTES.md, "Growing the shard count").
    under the older map meanwhile (a stray: the shard holds it, the new map names another)
    is pinned by one more generation. A handover whose coordinator died before it wrote
    the map is called off.
-3. **Move.** Each pinned queue is handed to its hash's shard
-   (:func:`actors.handover.move_queue`), one at a time; each move unpins it.
+3. **Move.** Each pinned queue is handed to its hash's shard, a few at a time
+   (:func:`actors.handover.move_queues`: one map generation per batch); each move unpins
+   it.
 4. **Stop the drained shards.** Shrinking, the shards past the new count hold nothing any
    more: they are stopped.
 
@@ -26,7 +27,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from actors.errors import BadRequest, Conflict, QueueError
-from actors.handover import ShardCalls, move_queue
+from actors.handover import ShardCalls, move_queue, move_queues
 from actors.log.layout import read_layout, settled_count
 from actors.log.placement import Placement, placement, read_placement, write_placement
 from actors.log.store import ObjectStore
@@ -36,6 +37,10 @@ __all__ = ["Cancelled", "ResizeCalls", "resize", "restart_shards"]
 log = logging.getLogger(__name__)
 
 MAX_STRAY_ROUNDS = 8  # generations written for queues created meanwhile, before giving up
+# Queues moved together (one map generation, their records in shared group commits): a
+# move's fixed costs (the map's write, telling every shard) are paid once per batch, and
+# each queue is still without an owner for only one batch's handover.
+MOVE_BATCH = 8
 
 
 class Cancelled(Conflict):
@@ -113,15 +118,16 @@ async def resize(
     todo = sorted(current.queues)
     if progress is not None:
         progress(0, len(todo))
-    for done, name in enumerate(todo, 1):
+    for done in range(0, len(todo), MOVE_BATCH):
         if cancelled():
             raise Cancelled(
-                f"the resize to {count} shard(s) was cancelled with {len(todo) - done + 1} "
+                f"the resize to {count} shard(s) was cancelled with {len(todo) - done} "
                 "queue(s) left to move; ask for a count again to go on"
             )
-        current, _ = await move_queue(store, shards, count, name, placement(name, count))
+        batch = {name: placement(name, count) for name in todo[done : done + MOVE_BATCH]}
+        current, _ = await move_queues(store, shards, count, batch)
         if progress is not None:
-            progress(done, len(todo))
+            progress(done + len(batch), len(todo))
     if current.span < span:
         await shards.placed(current)
         await shards.stop(current.span)

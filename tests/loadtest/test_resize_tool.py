@@ -1,0 +1,30 @@
+"""loadtest/resize.py, small: the tool resizes a real evq serve under load and reports the
+time, the moves and what they cost (the full run is a documented command, RESULTS.md)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_resize_tool_grows_a_served_store_and_reports_the_moves(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "loadtest" / "resize.py"), "--queues", "12"]
+        + ["--messages", "3", "--to", "2", "--load", "2", "--dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    )
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (result["queues"], result["from"], result["to"], result["count_after"]) == (12, 1, 2, 2)
+    assert result["moves"] >= 1
+    assert 0 < result["unavailable_p50_ms"] <= result["unavailable_p99_ms"]
+    assert result["resize_s"] > 0
+    assert result["ops"] > 0
+    assert result["failed_ops"] == 0, result["failures"]
+    assert "queues moved" in done.stderr  # progress
