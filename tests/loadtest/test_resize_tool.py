@@ -13,8 +13,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 def test_the_resize_tool_grows_a_served_store_and_reports_the_moves(tmp_path: Path) -> None:
     done = subprocess.run(
-        [sys.executable, str(ROOT / "loadtest" / "resize.py"), "--queues", "12"]
-        + ["--messages", "3", "--to", "2", "--load", "2", "--dir", str(tmp_path)],
+        [
+            *(sys.executable, str(ROOT / "loadtest" / "resize.py"), "--queues", "12"),
+            *("--messages", "3", "--to", "2", "--load", "2", "--dir", str(tmp_path)),
+        ],
         capture_output=True,
         text=True,
         check=True,
