@@ -376,8 +376,8 @@ class _InProcess:
     async def hand_over(self, shard: int, name: str, to: int, generation: int) -> str:
         return await self.shards[shard].hand_over(name, to, generation)
 
-    async def take_back(self, shard: int, name: str) -> None:
-        await self.shards[shard].take_back(name)
+    async def take_back(self, shard: int, name: str, generation: int | None = None) -> None:
+        await self.shards[shard].take_back(name, generation)
 
     async def placed(self, placement: Placement) -> dict[str, int]:
         strays: dict[str, int] = {}
@@ -695,8 +695,8 @@ class _RayCalls:
             str, await self._call(self._shard(shard).hand_over.remote(name, to, generation))
         )
 
-    async def take_back(self, shard: int, name: str) -> None:
-        await self._call(self._shard(shard).take_back.remote(name))
+    async def take_back(self, shard: int, name: str, generation: int | None = None) -> None:
+        await self._call(self._shard(shard).take_back.remote(name, generation))
 
     async def placed(self, placement: Placement) -> dict[str, int]:
         span = max(placement.span, len(self.directory.handles))

@@ -22,10 +22,12 @@ restart, takes it over). Only one queue is unavailable, from 1 to 3.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from typing import Protocol
 
+from actors.errors import QueueError
 from actors.log.placement import Placement, PlacementConflict, read_placement, write_placement
 from actors.log.store import ObjectStore
 
@@ -41,8 +43,8 @@ class ShardCalls(Protocol):
         """Step 1 on ``shard``: the snapshot's key."""
         ...
 
-    async def take_back(self, shard: int, name: str) -> None:
-        """Call a handover off on ``shard``."""
+    async def take_back(self, shard: int, name: str, generation: int | None = None) -> None:
+        """Call a handover off on ``shard`` (only the one for map ``generation``, if given)."""
         ...
 
     async def placed(self, placement: Placement) -> dict[str, int]:
@@ -78,7 +80,7 @@ async def move_queue(
     try:
         await write_placement(store, current, new)
     except PlacementConflict:
-        await shards.take_back(source, name)
+        await shards.take_back(source, name, new.generation)
         raise
     await shards.placed(new)
     await shards.take_over(target, name)
@@ -126,9 +128,11 @@ async def move_queues(
             raise failed
         await write_placement(store, current, new)
     except BaseException:
-        for (name, _), result in zip(todo.items(), handed, strict=True):
-            if not isinstance(result, BaseException):
-                await shards.take_back(sources[name], name)
+        # every one, also those whose handover failed after its fence (a snapshot's
+        # write): a take-back of a queue that was not fenced does nothing
+        for name in todo:
+            with contextlib.suppress(QueueError):
+                await shards.take_back(sources[name], name, new.generation)
         raise
     await shards.placed(new)
     ended: dict[str, float] = {}

@@ -699,9 +699,10 @@ class QueueShard:
         log.info("shard %d: queue %s handed to shard %d (%s)", self.index, name, to, key)
         return key
 
-    async def take_back(self, name: str) -> None:
+    async def take_back(self, name: str, generation: int | None = None) -> None:
         """Call off a handover of queue ``name`` whose map was not written: it serves here
-        again (``QueueTakenOver`` in this log).
+        again (``QueueTakenOver`` in this log). With ``generation``, only the handover for
+        that generation of the map (another coordinator's is not this caller's to call off).
 
         Raises:
             QueueError: no such queue here, or the log failed.
@@ -709,7 +710,10 @@ class QueueShard:
         queue = self.queues.get(name)
         if queue is None or queue.state.moving is None:
             return
-        source, _, generation = queue.state.moving
+        source, _, fenced_for = queue.state.moving
+        if generation is not None and fenced_for != generation:
+            return
+        generation = fenced_for
         queue.stopped = None
         await queue.execute(cmd.TakeOver(source, generation))
         queue.start()

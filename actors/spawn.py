@@ -194,10 +194,10 @@ class ShardActor:
         await self.start()
         return await self.shard.hand_over(name, to, generation)
 
-    async def take_back(self, name: str) -> None:
+    async def take_back(self, name: str, generation: int | None = None) -> None:
         """See :meth:`QueueShard.take_back` (raises)."""
         await self.start()
-        await self.shard.take_back(name)
+        await self.shard.take_back(name, generation)
 
     async def placed(self, placement: Placement) -> list[str]:
         """See :meth:`QueueShard.placed`."""
@@ -255,11 +255,11 @@ class _ActorCalls:
             return await self.actor.shard.hand_over(name, to, generation)
         return cast(str, await self.actor._handle(shard).hand_over.remote(name, to, generation))
 
-    async def take_back(self, shard: int, name: str) -> None:
+    async def take_back(self, shard: int, name: str, generation: int | None = None) -> None:
         if shard == self.actor.index:
-            await self.actor.shard.take_back(name)
+            await self.actor.shard.take_back(name, generation)
         else:
-            await self.actor._handle(shard).take_back.remote(name)
+            await self.actor._handle(shard).take_back.remote(name, generation)
 
     async def placed(self, placement: Placement) -> dict[str, int]:
         strays: dict[str, int] = {}

@@ -12,8 +12,9 @@ import pytest
 
 from actors.core import commands as cmd
 from actors.core.snapshot import decode_snapshot
-from actors.directory import LocalDirectory
+from actors.directory import LocalDirectory, _InProcess
 from actors.errors import Moving, WrongShard
+from actors.handover import move_queues
 from actors.keyspace import partition_of
 from actors.log.codec import decode_snapshot_object
 from actors.log.placement import Placement, PlacementConflict, read_placement, write_placement
@@ -274,3 +275,39 @@ async def test_watchers_of_a_moved_queues_keys_follow_it_to_its_new_shard(api: A
     versions.append(got_queue.doc["version"])
     assert versions == sorted(set(versions))  # versions only grow across the move
     assert asyncio.get_running_loop().time() - started < 10  # not at the watches' timeout
+
+
+async def test_a_batch_of_handovers_that_loses_the_map_is_called_off_for_every_queue(
+    api: Api,
+) -> None:
+    """move_queues fences several queues, then loses the map's write to another
+    coordinator: every one of them serves again where it was, with what it held."""
+    names = [f"b{i}" for i in range(6)]
+    for name in names:
+        await api.create(name)
+        await api.put(name, f"{name}-1", f"{name}-2")
+    directory = _directory(api)
+    store = directory.store
+    start = await read_placement(store, 2)
+
+    class Racing(_InProcess):
+        """Another coordinator writes the next generation while the fences go up."""
+
+        async def hand_over(self, shard: int, name: str, to: int, generation: int) -> str:
+            key = await super().hand_over(shard, name, to, generation)
+            if (await read_placement(store, 2)).generation == start.generation:
+                await write_placement(store, start, start.moved({"other": 1}))
+            return key
+
+    with pytest.raises(PlacementConflict):
+        await move_queues(store, Racing(directory), 2, {n: 1 - placement(n, 2) for n in names})
+    calls = _InProcess(directory)
+    for name in names:
+        assert name in await directory.shards[placement(name, 2)].names()
+        got = await api.take(name, max=5)
+        assert sorted(m["body"] for m in got) == [f"{name}-1", f"{name}-2"]
+    placed, ended = await move_queues(store, calls, 2, {n: 1 - placement(n, 2) for n in names})
+    assert sorted(ended) == sorted(names)
+    assert all(placed.shard_of(n) == 1 - placement(n, 2) for n in names)
+    for name in names:
+        assert name in await directory.shards[1 - placement(name, 2)].names()
