@@ -165,6 +165,7 @@ class QueueShard:
         self._compacted: set[str] = set()  # segments whose bodies were (being) moved
         self._tidying: asyncio.Future[None] | None = None  # the periodic prune
         self.compactions = 0
+        self.queue_changes = 0  # queues created and deleted here since start (sys:queues)
         settings = self.log_settings
         self.archive = (
             Archive(store, index, self.clock, retention_days=settings.archive_retention_days)
@@ -319,6 +320,7 @@ class QueueShard:
             self.placement.generation,
             self.placement.count,
             self.placement.span,
+            self.queue_changes,
         )
 
     async def close(self, *, snapshot: bool = True) -> None:
@@ -649,6 +651,7 @@ class QueueShard:
         self._deleted.pop(name, None)
         self._erased.discard(name)
         if created:  # created here: nothing to recover
+            self.queue_changes += 1
             self._forget_report(name)
             self.reports.append(RecoveryReport(queue=name, epoch=self.wal.epoch))
         return bool(created), queue.state.settings
@@ -668,6 +671,7 @@ class QueueShard:
         self._forget_report(name)
         await self._erase(name, queue.next_seq - 1)
         self.keys.queue_gone(name)
+        self.queue_changes += 1
 
     # ---------------------------------------------------------------- handover
 

@@ -84,3 +84,4 @@ class ShardStatus(msgspec.Struct):
     generation: int = 0  # of the placement map the shard serves by
     count: int = 0  # that map's shard count (0: a shard of an older version)
     span: int = 0  # the shards that map needs running (past the count: a shrink drains them)
+    queue_changes: int = 0  # queues created or deleted by this incarnation (sys:queues)

@@ -10,8 +10,12 @@
   const token = fragment.get("token");
   // What the charts show: 5 minutes, or #window=SECONDS (10 s to 1 h).
   const WINDOW_MS = windowFrom(fragment.get("window"));
-  const LIST_EVERY_MS = 3000; // new queues appear within this
-  const STATUS_EVERY_MS = 5000;
+  // The queue list and the shards' states follow the server's events (sys:queues and
+  // sys:shards on the same WebSocket); these slow polls only back them up.
+  const LIST_EVERY_MS = 30000;
+  const STATUS_EVERY_MS = 30000;
+  const SYS_KEYS = { "sys:queues": () => refreshList(), "sys:shards": () => refreshStatus() };
+  const sysVersions = {};
   const TICK_MS = 1000; // charts scroll and ages grow between events
   const FIELDS = ["ready", "delayed", "reserved", "total", "oldest_ready_age", "dead_lettered"];
   const INTERNAL = "__evq";
@@ -199,11 +203,19 @@
       showProblem();
       setLive("live", "ok");
       for (const name of queues.keys()) watch(name); // a new connection starts with no watches
+      for (const key of Object.keys(SYS_KEYS)) {
+        send({ op: "watch", key, version: sysVersions[key] || 0 });
+      }
     };
     ws.onmessage = (msg) => {
       const doc = JSON.parse(msg.data);
       if (doc.op === "event" && doc.key.startsWith("queue:")) {
         onQueueEvent(doc.key.slice("queue:".length), doc.version, doc.value);
+      } else if (doc.op === "event" && SYS_KEYS[doc.key]) {
+        const first = !sysVersions[doc.key];
+        sysVersions[doc.key] = doc.version;
+        send({ op: "watch", key: doc.key, version: doc.version }); // one-shot: re-arm
+        if (!first) SYS_KEYS[doc.key](); // the server says something changed: look now
       } else if (doc.op === "error") {
         state.wsProblem = `watch ${doc.key || ""}: ${doc.code}: ${doc.message}`;
         showProblem();

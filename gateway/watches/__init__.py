@@ -14,7 +14,7 @@ from aiohttp import web
 
 from gateway import limits, metrics, native
 from gateway.door import UPGRADES, Upgrade
-from gateway.watches import keys, longpoll, websocket
+from gateway.watches import keys, longpoll, sysevents, websocket
 from gateway.watches.hub import Hub
 from gateway.watches.longpoll import PollConn, open_long_poll
 from gateway.watches.watchers import HUB, WATCH_OPTIONS, WATCHERS, Watchers, WatchOptions
@@ -70,6 +70,7 @@ def install(app: web.Application, options: WatchOptions | None = None) -> None:
     upgrades: dict[str, Upgrade] = {"/v1/ws": open_websocket, "/v1/watch/": open_long_poll}
     app[UPGRADES] = upgrades
     app.add_routes(routes)
+    sysevents.install(app)  # sys:placement, sys:shards, sys:queues
     metrics.register_gauge(
         app,
         "evq_watchers",

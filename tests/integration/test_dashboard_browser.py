@@ -192,7 +192,8 @@ async def test_the_page_follows_a_queue_through_watches_and_shows_the_recovery_r
     taken = await api.take("orders", 2)
     await wait_cell(page, "orders", "reserved", "2", within=5)
     assert await page.evaluate(cell("orders", "ready")) == "3"
-    assert ws_keys(api) == [["queue:emails", "queue:orders"]]
+    # the counts, and the server's events that say when to read the list and the shards again
+    assert ws_keys(api) == [["queue:emails", "queue:orders", "sys:queues", "sys:shards"]]
     assert seen, "no request of the browser was seen"
     assert not [p for p, _, _ in seen if p.startswith("/v1/queues/")], "stats were polled"
 
@@ -284,4 +285,4 @@ async def test_the_page_reconnects_and_rearms_its_watches_after_the_socket_close
     await page.wait_for("document.body.dataset.ws === 'open'", within=5)
     await api.put("orders", "after")
     await wait_cell(page, "orders", "ready", "1", within=5)
-    assert ws_keys(api) == [["queue:orders"]]
+    assert ws_keys(api) == [["queue:orders", "sys:queues", "sys:shards"]]
