@@ -21,7 +21,7 @@ from actors.core import replies as rp
 from actors.errors import InternalError, Moving, QueueError, Unavailable, WrongShard
 from actors.handover import move_queue
 from actors.keyspace import home_of
-from actors.log.placement import MAX_HOPS, MOVING_WAIT_S, Placement, moving_pause, refused_to
+from actors.log.placement import MAX_HOPS, MovingWait, Placement, refused_to
 from actors.log.store import ObjectStore
 from actors.metrics import QueueMetrics
 from actors.resize import Progress, resize, restart_shards
@@ -173,8 +173,8 @@ class _Routes:
         """``call(shard)`` on ``queue``'s shard, resent after refusals (raised, returned, or
         a list of them): where a WrongShard says, or, while the queue is moving, in a
         moment (up to ``MOVING_WAIT_S``)."""
-        hops = waits = 0
-        slept = 0.0
+        hops = 0
+        wait = MovingWait()
         while True:
             try:
                 result: Any = await call(self.shard_of(queue))
@@ -191,11 +191,7 @@ class _Routes:
                 and all(isinstance(r, Moving) for r in result)
             )
             if moving:
-                if slept < MOVING_WAIT_S:
-                    pause = moving_pause(waits)
-                    await asyncio.sleep(pause)
-                    slept += pause
-                    waits += 1
+                if await wait.again():
                     continue
                 if isinstance(result, Moving):
                     raise result

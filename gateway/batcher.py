@@ -28,7 +28,7 @@ from typing import Any
 from actors.channel import CALLS_IN_FLIGHT, PUT_BYTES_PER_CALL
 from actors.core import commands as cmd
 from actors.errors import Moving, Overloaded, QueueError, Unavailable, WrongShard
-from actors.log.placement import MAX_HOPS, MOVING_WAIT_S, moving_pause
+from actors.log.placement import MAX_HOPS, MovingWait
 
 __all__ = ["BatchStats", "Batcher", "Batchers"]
 
@@ -238,8 +238,8 @@ class Batchers:
         Raises:
             QueueError: the command's error.
         """
-        hops = waits = 0
-        slept = 0.0
+        hops = 0
+        moving = MovingWait()
         while True:
             try:
                 return await self._submit(queue, command)
@@ -248,12 +248,8 @@ class Batchers:
                 if hops == MAX_HOPS or self._reroute is None or not self._reroute(queue, exc):
                     raise
             except Moving:  # being handed over (no effect): its new shard serves it soon
-                if slept >= MOVING_WAIT_S:
+                if not await moving.again():
                     raise
-                pause = moving_pause(waits)
-                await asyncio.sleep(pause)
-                slept += pause
-                waits += 1
 
     async def _submit(self, queue: str, command: object) -> Any:
         shard = self._shard_of(queue)

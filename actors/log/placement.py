@@ -18,6 +18,7 @@ is generation 0: the layout's count, every queue at its hash.
 
 from __future__ import annotations
 
+import asyncio
 import zlib
 from typing import Any
 
@@ -31,6 +32,7 @@ __all__ = [
     "KEPT_GENERATIONS",
     "MAX_HOPS",
     "MOVING_WAIT_S",
+    "MovingWait",
     "Placement",
     "PlacementConflict",
     "generation_key",
@@ -61,6 +63,27 @@ def moving_pause(attempt: int) -> float:
     """Seconds to wait before sending a command refused ``Moving`` again (its ``attempt``-th
     time): 5 ms, doubling up to 100 ms."""
     return min(0.005 * (1 << min(attempt, 5)), 0.1)
+
+
+class MovingWait:
+    """The waits of one command refused ``Moving`` (no effect) before it is sent again."""
+
+    __slots__ = ("slept", "waits")
+
+    def __init__(self) -> None:
+        self.waits = 0
+        self.slept = 0.0
+
+    async def again(self) -> bool:
+        """Wait a moment (:func:`moving_pause`) and say to resend; False once it has waited
+        ``MOVING_WAIT_S`` (then the refusal goes to the client, a 503 it retries)."""
+        if self.slept >= MOVING_WAIT_S:
+            return False
+        pause = moving_pause(self.waits)
+        await asyncio.sleep(pause)
+        self.slept += pause
+        self.waits += 1
+        return True
 
 
 KEPT_GENERATIONS = 8  # older generations are pruned past this many
