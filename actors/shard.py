@@ -780,14 +780,16 @@ class QueueShard:
             wrong = self.elsewhere(name)
             if isinstance(wrong, WrongShard):
                 raise wrong
-            replayed = await replay(self.store, name)
+            listing = await self.store.list(keys.queue_prefix(name))  # one listing for both
+            replayed = await replay(self.store, name, listing=listing)
             state = replayed.state
             if state.moving is None or state.moving[1] != self.index:
                 raise Conflict(f"queue {name} was not handed to shard {self.index}", queue=name)
             snapshots = []
-            for key in await self.store.list(keys.snapshot_prefix(name)):
-                with contextlib.suppress(DataError):
-                    snapshots.append(keys.seq_of(key))
+            for key in listing:
+                if key.startswith(keys.snapshot_prefix(name)):
+                    with contextlib.suppress(DataError):
+                        snapshots.append(keys.seq_of(key))
             queue = QueueActor(name, self, state, replayed.last_seq + 1, snapshots=snapshots)
             self._attach(queue)
         self.arriving.discard(name)

@@ -1,5 +1,7 @@
 """Per-queue unavailability during a handover (issue 34): how long a queue has no owner
-while it moves between two shards, on a local disk.
+while it moves between two shards, on a local disk or (``--s3``) on moto's S3 server on
+loopback (the shards' logs and snapshots in its bucket, a local segment copy as
+``evq serve --store s3://…`` keeps one).
 
 Two shards in this process (``LocalDirectory`` over a local store under ``--dir``, as
 ``evq serve --no-ray`` runs them), ``--queues`` queues of ``--messages`` messages each
@@ -10,7 +12,7 @@ from the source's fence to the target serving (``move_queue``'s second result): 
 p50/p99/max, and the moves a second. Progress every 50 moves.
 
     .venv/bin/python loadtest/handover.py [--queues 50] [--messages 10000] [--rounds 4]
-        [--dir /work]
+        [--dir /work] [--s3]
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -29,12 +33,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from actors.core import commands as cmd
 from actors.directory import LocalDirectory
 from actors.log.store import LocalDirStore
-from actors.settings import QueueSettings
+from actors.log.stores import open_store
+from actors.settings import LogSettings, QueueSettings
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from served import free_port
+
+BUCKET = "evq-handover"
+REGION = "us-east-1"
 
 
-async def run(args: argparse.Namespace) -> dict[str, object]:
+async def run(args: argparse.Namespace, s3: str | None = None) -> dict[str, object]:
     with tempfile.TemporaryDirectory(dir=args.dir) as root:
-        directory = LocalDirectory(LocalDirStore(Path(root)), count=2)
+        if s3 is None:
+            directory = LocalDirectory(LocalDirStore(Path(root)), count=2)
+        else:
+            target = f"s3://{BUCKET}/handover-{time.monotonic_ns()}"
+            store = open_store(target, endpoint=s3, region=REGION)
+            cache = LogSettings(segment_cache=str(Path(root) / "segments"))
+            directory = LocalDirectory(store, count=2, log_settings=cache)
         await asyncio.gather(*(shard.start() for shard in directory.shards))
         names = [f"h{i:04d}" for i in range(args.queues)]
         for name in names:
@@ -79,6 +96,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
         await directory.close()
     ms = sorted(x * 1000 for x in paused)
     return {
+        "store": "moto S3" if s3 is not None else "local disk",
         "queues": args.queues,
         "messages_each": args.messages,
         "moves": len(ms),
@@ -97,8 +115,35 @@ def main() -> None:
     p.add_argument("--messages", type=int, default=10_000)
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--dir", default="/work")
-    result = asyncio.run(run(p.parse_args()))
-    print(json.dumps(result))
+    p.add_argument("--s3", action="store_true", help="on moto's S3 server (started here)")
+    args = p.parse_args()
+    if not args.s3:
+        print(json.dumps(asyncio.run(run(args))))
+        return
+    os.environ.update({"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing"})
+    port = free_port()
+    moto_s3 = [sys.executable, str(Path(__file__).with_name("moto_s3.py"))]  # S3's atomicity
+    moto = subprocess.Popen(
+        [*moto_s3, "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        import boto3
+
+        for _ in range(300):
+            try:
+                boto3.client("s3", endpoint_url=endpoint, region_name=REGION).create_bucket(
+                    Bucket=BUCKET
+                )
+                break
+            except Exception:  # not listening yet
+                time.sleep(0.1)
+        print(json.dumps(asyncio.run(run(args, endpoint))))
+    finally:
+        moto.terminate()
+        moto.wait(10)
 
 
 if __name__ == "__main__":
