@@ -52,3 +52,19 @@ def test_the_fifo_restore_tool_restores_every_message() -> None:
     assert found is not None, done.stdout
     assert float(found.group(1)) > 0
     assert found.group(2) == "20,000"
+
+
+def test_the_handover_tool_runs_on_moto_s3(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [
+            *(sys.executable, str(ROOT / "loadtest" / "handover.py"), "--s3"),
+            *("--queues", "2", "--messages", "300", "--rounds", "1", "--dir", str(tmp_path)),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=180,
+    )
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (result["store"], result["queues"], result["moves"]) == ("moto S3", 2, 2)
+    assert 0 < result["unavailable_p50_ms"] <= result["unavailable_max_ms"]
