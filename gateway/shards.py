@@ -12,7 +12,7 @@ from aiohttp import web
 from actors.errors import BadRequest, Conflict, Unavailable
 from actors.status import ShardStatus
 from gateway import native
-from gateway.tasks import TASKS, Task
+from gateway.tasks import TASKS, Task, forwarded
 
 MAX_SHARDS = 256  # what a resize may ask for
 RESIZE = "resize"
@@ -63,6 +63,8 @@ class ResizeIn(msgspec.Struct, forbid_unknown_fields=True):
 @routes.post("/v1/admin/shards")
 async def resize(request: web.Request) -> web.Response:
     """Start a resize to ``count`` shards: 202 with its task."""
+    if (answer := await forwarded(request)) is not None:
+        return answer
     asked = await native.body(request, ResizeIn)
     if not 1 <= asked.count <= MAX_SHARDS:
         raise BadRequest(f"count: from 1 to {MAX_SHARDS} shards, not {asked.count}")
@@ -83,6 +85,8 @@ async def resize(request: web.Request) -> web.Response:
 @routes.post("/v1/admin/shards/restart")
 async def restart(request: web.Request) -> web.Response:
     """Start a rolling restart of every shard: 202 with its task."""
+    if (answer := await forwarded(request)) is not None:
+        return answer
     if await request.read():
         raise BadRequest("POST /v1/admin/shards/restart takes no body")
     directory = request.app[native.DIRECTORY]

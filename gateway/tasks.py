@@ -23,7 +23,7 @@ from actors.clock import Clock, SystemClock
 from actors.errors import Conflict, QueueError, TaskNotFound
 from gateway import native
 
-__all__ = ["TASKS", "Task", "Tasks", "routes"]
+__all__ = ["FORWARD", "TASKS", "Task", "Tasks", "forwarded", "routes"]
 
 log = logging.getLogger(__name__)
 
@@ -152,12 +152,26 @@ class Tasks:
 
 
 TASKS = web.AppKey("tasks", Tasks)
+# In a gateway worker process (evq serve --workers N): sends a request on to the main
+# process, which runs every task (and alone starts shards), so that any process answers
+# for every task.
+Forward = Callable[[web.Request], Awaitable[web.Response]]
+FORWARD: web.AppKey[Forward] = web.AppKey("forward")
 routes = web.RouteTableDef()
+
+
+async def forwarded(request: web.Request) -> web.Response | None:
+    """The main process's answer to ``request`` when this is a worker process (None: answer
+    it here)."""
+    forward = request.app.get(FORWARD)
+    return None if forward is None else await forward(request)
 
 
 @routes.get("/v1/tasks")
 async def list_tasks(request: web.Request) -> web.Response:
     """Every task this gateway remembers, oldest first."""
+    if (answer := await forwarded(request)) is not None:
+        return answer
     tasks = request.app[TASKS]
     return native.reply(request, {"tasks": [t.view() for t in tasks.tasks.values()]})
 
@@ -165,10 +179,14 @@ async def list_tasks(request: web.Request) -> web.Response:
 @routes.get("/v1/tasks/{id}")
 async def get_task(request: web.Request) -> web.Response:
     """One task."""
+    if (answer := await forwarded(request)) is not None:
+        return answer
     return native.reply(request, request.app[TASKS].get(request.match_info["id"]).view())
 
 
 @routes.delete("/v1/tasks/{id}")
 async def cancel_task(request: web.Request) -> web.Response:
     """Ask a running task to stop after its current step."""
+    if (answer := await forwarded(request)) is not None:
+        return answer
     return native.reply(request, request.app[TASKS].cancel(request.match_info["id"]).view())

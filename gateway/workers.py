@@ -33,6 +33,7 @@ from aiohttp import web
 from actors.errors import BadRequest, QueueError, Unavailable
 from gateway.app import READY_CHECKS
 from gateway.auth import Token
+from gateway.tasks import FORWARD
 
 __all__ = ["WorkerSpec", "supervise", "worker_main"]
 
@@ -68,7 +69,7 @@ def supervise(
     """A cleanup context for the main app: the control endpoint and N-1 worker processes."""
 
     async def context(app: web.Application) -> AsyncIterator[None]:
-        control = await _start_control(secret, shards, address)
+        control = await _start_control(secret, shards, address, app)
         url = f"http://127.0.0.1:{control.addresses[0][1]}"
         builtins = msgspec.to_builtins(settings)
         procs = [
@@ -97,12 +98,20 @@ class _Control(msgspec.Struct):
 
 
 async def _start_control(
-    secret: str, shards: int, address: Callable[[int], Awaitable[tuple[str, int]]]
+    secret: str,
+    shards: int,
+    address: Callable[[int], Awaitable[tuple[str, int]]],
+    main: web.Application,
 ) -> _Control:
-    async def where(request: web.Request) -> web.Response:
-        given = request.headers.get(SECRET_HEADER, "")
-        if not hmac.compare_digest(given, secret):
+    @web.middleware
+    async def guard(
+        request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+    ) -> web.StreamResponse:
+        if not hmac.compare_digest(request.headers.get(SECRET_HEADER, ""), secret):
             return web.json_response({"error": "forbidden"}, status=403)
+        return await handler(request)
+
+    async def where(request: web.Request) -> web.Response:
         try:
             index = int(request.match_info["index"])
             if index < 0:  # past the count: a shard a resize started (the address says)
@@ -115,8 +124,16 @@ async def _start_control(
             return web.json_response({"error": exc.message}, status=503)
         return web.json_response({"host": host, "port": port})
 
-    app = web.Application()
+    from gateway import errors, native, tasks
+    from gateway import shards as shard_routes
+
+    app = web.Application(middlewares=[guard, errors.error_middleware])
     app.router.add_get("/shards/{index}/address", where)
+    # the workers' task and shard administration, run here (gateway/tasks.py, FORWARD)
+    app[tasks.TASKS] = main[tasks.TASKS]
+    app[native.DIRECTORY] = main[native.DIRECTORY]
+    app.add_routes(shard_routes.routes)
+    app.add_routes(tasks.routes)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)
@@ -191,6 +208,34 @@ def _control_lookup(spec: WorkerSpec) -> Callable[[int], Awaitable[tuple[str, in
     return address
 
 
+def _control_forward(spec: WorkerSpec) -> Callable[[web.Request], Awaitable[web.Response]]:
+    """Send a request on to the main process's control endpoint; its answer as is."""
+    session: list[aiohttp.ClientSession] = []
+
+    async def forward(request: web.Request) -> web.Response:
+        if not session:
+            session.append(aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=30)))
+        headers = {SECRET_HEADER: spec.secret}
+        for name in ("Content-Type", "Accept"):
+            if name in request.headers:
+                headers[name] = request.headers[name]
+        url = f"{spec.control}{request.rel_url}"
+        try:
+            async with session[0].request(
+                request.method, url, data=await request.read(), headers=headers
+            ) as resp:
+                body = await resp.read()
+                return web.Response(
+                    status=resp.status,
+                    body=body,
+                    headers={"Content-Type": resp.headers.get("Content-Type", "application/json")},
+                )
+        except (aiohttp.ClientError, TimeoutError) as exc:
+            raise Unavailable(f"the main server process cannot be reached: {exc}") from None
+
+    return forward
+
+
 def worker_main() -> int:
     """Entry point of a worker process (``python -m gateway.workers``)."""
     from actors.directory import ChannelDirectory
@@ -220,6 +265,7 @@ def worker_main() -> int:
         print(f"evq worker: {exc}", file=sys.stderr)
         return 2
     app = make_app(directory, options)
+    app[FORWARD] = _control_forward(spec)  # tasks run in the main process
     tune_collector()  # after the imports: they stay out of the collector's walks
     with contextlib.suppress(KeyboardInterrupt):
         door.run(

@@ -6,6 +6,8 @@ random, then the whole history checked (``loadtest/chaos_check.py``).
     .venv/bin/python loadtest/chaos.py --cluster --faults 20 --seed 3 --out /tmp/chaos-2n
     .venv/bin/python loadtest/chaos.py --disk tmpfs,faultfs --faults 20 --out /tmp/chaos-disk
     .venv/bin/python loadtest/chaos.py --s3 --faults 20 --seed 5 --out /tmp/chaos-s3
+    .venv/bin/python loadtest/chaos.py --kinds move_kill,move_pause --faults 300 --seed 9 \
+        --duration 7200 --out /work/chaos-moves                  # faults during resizes
     .venv/bin/python loadtest/chaos.py --recheck /tmp/chaos     # the checker again, on a saved run
     .venv/bin/python loadtest/chaos.py --table /tmp/chaos /tmp/chaos-s3  # per fault kind, rechecked
 
@@ -32,7 +34,12 @@ Faults, one at a time, each after the previous one's queues answered again, at r
 ``worker_kill`` (SIGKILL of a gateway worker process; the server starts it again),
 ``server_kill`` (SIGKILL of the whole server, Ray included; started again on the same data),
 ``pause`` (SIGSTOP of a shard process for longer than a lease, then SIGCONT),
-``conn_drop`` (the shard's data-channel connections killed with ``ss -K``).
+``conn_drop`` (the shard's data-channel connections killed with ``ss -K``). Faults during
+a resize, asked for by name (``--kinds move_kill,move_pause``): the shard count goes to one
+more and back, queue by queue (``POST /v1/admin/shards``), and 0.05 to 1 s in, the shard
+being added or removed, another shard, or the whole server (the coordinator) is SIGKILLed
+(``move_kill``), or a shard is paused past its leases and resumed (``move_pause``: a
+zombie); the resize is then asked for again until done.
 
 Faults of the disk, with ``--disk`` (needs root; faultfs also /dev/fuse and libfuse 3, ``make
 fuse``; the helpers are ``loadtest/diskfaults.py`` and ``loadtest/faultfs.py``):
@@ -92,7 +99,7 @@ import msgspec
 from chaos_check import GUARANTEES, Rec, by_fault, check, unavailability
 from chaos_deploy import ClusterDeployment, Deployment, wait_answering
 from chaos_env import Disk, ObjectStore, kind_sequence, known_kinds, parse_disks
-from chaos_faults import CLUSTER_KINDS, KINDS, Faults
+from chaos_faults import CLUSTER_KINDS, KINDS, MOVE_KINDS, Faults
 from chaos_ops import DLQ, FIFO, MAX_RECEIVES, SRC, History
 from chaos_workload import Workload
 
@@ -136,10 +143,11 @@ def _kinds(args: argparse.Namespace) -> list[str]:
         raise SystemExit("--s3 keeps the log in the object store: no --disk")
     args.disks = disks
     known = known_kinds(CLUSTER_KINDS if args.cluster else KINDS, disks, args.s3)
+    offered = known if args.cluster else known + MOVE_KINDS  # moves: asked for by name
     kinds = [k for k in (args.kinds or ",".join(known)).split(",") if k]
     for k in kinds:
-        if k not in known:
-            raise SystemExit(f"unknown fault kind {k!r} (kinds: {', '.join(known)})")
+        if k not in offered:
+            raise SystemExit(f"unknown fault kind {k!r} (kinds: {', '.join(offered)})")
     return kinds
 
 

@@ -32,10 +32,17 @@ from actors.errors import QueueError
 from evq.client import Client
 from evq.client_wire import RetryPolicy
 
-__all__ = ["CLUSTER_KINDS", "KINDS", "Faults"]
+__all__ = ["CLUSTER_KINDS", "KINDS", "MOVE_KINDS", "Faults"]
 
 KINDS = ("shard_kill", "worker_kill", "server_kill", "pause", "conn_drop")
 CLUSTER_KINDS = ("shard_kill", "gateway_kill", "node_kill", "pause", "conn_drop")
+# Faults during a resize (issue 34), asked for with --kinds: the shard count goes from the
+# campaign's to one more and back, queue by queue, and meanwhile a shard that gives or takes
+# queues is SIGKILLed (move_kill: the source, the target, or the whole server, which is the
+# coordinator), or paused past its leases and resumed (move_pause: a zombie). The resize is
+# then asked for again until it is done, as an operator would.
+MOVE_KINDS = ("move_kill", "move_pause")
+RESIZE_WAIT_S = 120.0
 
 
 class Faults:
@@ -162,6 +169,94 @@ class Faults:
         killed = max(0, len(done.stdout.strip().splitlines()) - 1)
         rec.res = f"{killed} connection(s)"
         return True
+
+    # -- faults during a resize (MOVE_KINDS)
+
+    def _move_kill(self, rec: Rec) -> bool:
+        return self._move(rec, pause=False)
+
+    def _move_pause(self, rec: Rec) -> bool:
+        return self._move(rec, pause=True)
+
+    def _move(self, rec: Rec, *, pause: bool) -> bool:
+        """Start a resize (the campaign's count and one more, in turn), hit it after 0.05 to
+        1 s, then ask for it again until it is done."""
+        dep = self.dep
+        if not isinstance(dep, Deployment):
+            return False
+        with Client(dep.url, retries=RETRIES) as c:
+            count = c.shards()["count"]
+        to = dep.shards + 1 if count == dep.shards else dep.shards
+        rec.t0 = now_ms()
+        self._resize(to, wait=False)
+        time.sleep(self.rng.uniform(0.05, 1.0))
+        shards = dep.shard_pids()
+        if pause:
+            index = self.rng.choice(sorted(shards))
+            what = f"paused shard {index}"
+            os.kill(shards[index], signal.SIGSTOP)
+            try:
+                time.sleep(VT + self.rng.uniform(0.5, 1.5))
+            finally:
+                os.kill(shards[index], signal.SIGCONT)
+        else:
+            victim = self.rng.choice(["source", "target", "coordinator"])
+            if victim == "coordinator":
+                what = "killed the server (the resize's coordinator)"
+                dep.kill()
+                dep.start()
+            else:
+                # the shard that is added or removed takes or gives every queue that moves
+                index = (
+                    max(count, to) - 1 if victim == "target" else self.rng.randrange(min(count, to))
+                )
+                pid = shards.get(index)
+                what = f"killed shard {index} ({victim})"
+                if pid is not None:
+                    os.kill(pid, signal.SIGKILL)
+        rec.target = "all"
+        rec.t1 = now_ms()
+        wait_answering(dep)
+        took = self._resize(to, wait=True)
+        rec.res = f"resize {count} -> {to}: {what}; done {took:.1f} s after, asked again"
+        return True
+
+    def _resize(self, to: int, *, wait: bool) -> float:
+        """Ask for ``to`` shards (again while another resize runs or a gateway cannot start
+        shards); with ``wait``, until a resize to ``to`` is done. Seconds it took."""
+        started = time.monotonic()
+        deadline = started + RESIZE_WAIT_S
+        with Client(self.dep.url, retries=RETRIES) as c:
+            while time.monotonic() < deadline:
+                try:
+                    task = c.resize_shards(to)
+                except QueueError as exc:
+                    if exc.fields.get("status") not in (409, 503):
+                        raise
+                    time.sleep(0.2)  # one runs (or this worker cannot start shards)
+                    continue
+                if not wait:
+                    return time.monotonic() - started
+                state = self._follow(c, task, deadline)
+                if state == "done" and c.shards()["count"] == to:
+                    return time.monotonic() - started
+                time.sleep(0.2)
+        raise RuntimeError(f"the resize to {to} shards did not end within {RESIZE_WAIT_S} s")
+
+    @staticmethod
+    def _follow(c: Client, task: str, deadline: float) -> str:
+        """The task's end state (``lost``: its gateway was restarted)."""
+        while time.monotonic() < deadline:
+            try:
+                state = c.task(task)["state"]
+            except QueueError as exc:
+                if exc.fields.get("status") == 404:
+                    return "lost"  # another gateway process, or it was restarted
+                raise
+            if state != "running":
+                return str(state)
+            time.sleep(0.1)
+        return "running"
 
     # -- the disk (--disk) and the object store (--s3)
 

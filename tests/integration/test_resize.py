@@ -10,6 +10,7 @@ import asyncio
 import json
 import subprocess
 import sys
+import time
 from collections import Counter
 from typing import Any
 
@@ -19,7 +20,7 @@ import pytest
 from actors.log.placement import placement
 from evq.client import AsyncClient, Client, NewMessage, RetryPolicy
 from tests.integration.conftest import Names, ServerFactory
-from tests.integration.server import Server
+from tests.integration.server import Server, cmdline
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(420)]
 
@@ -265,3 +266,56 @@ def test_a_rolling_restart_gives_every_shard_a_new_process_and_fails_no_operatio
         left = _drain(c, queues)
     assert set(left) | set(load.acked) == load.put
     assert not set(left) & set(load.acked)
+
+
+def _fresh(server: Server, method: str, path: str, doc: Any = None) -> tuple[int, Any]:
+    """One request on a connection of its own (the kernel picks the gateway process)."""
+    import urllib.error
+    import urllib.request
+
+    data = None if doc is None else json.dumps(doc).encode()
+    request = urllib.request.Request(
+        server.url + path, data=data, method=method, headers={"Content-Type": "application/json"}
+    )
+    try:
+        with urllib.request.urlopen(request, timeout=30) as r:
+            return r.status, json.loads(r.read() or b"null")
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"null")
+
+
+def test_every_gateway_process_answers_for_the_tasks_the_main_one_runs(
+    make_server: ServerFactory, names: Names
+) -> None:
+    """With --workers 2, a resize asked of either process runs in the main one, and every
+    process shows it and its progress (requests on fresh connections land on both)."""
+    server = make_server("--shards", "1", "--workers", "2")
+    queues = [names(f"wk{i}") for i in range(6)]
+    with Client(server.url, retries=0, timeout=30) as c:
+        for queue in queues:
+            c.create_queue(queue)
+    status, doc = _fresh(server, "POST", "/v1/admin/shards", {"count": 2})
+    assert status == 202, doc
+    task = doc["task"]
+    for _ in range(300):
+        views = [_fresh(server, "GET", f"/v1/tasks/{task}") for _ in range(4)]
+        assert {s for s, _ in views} == {200}, views
+        if all(v["state"] == "done" for _, v in views):
+            break
+        time.sleep(0.1)
+    listed = {json.dumps(_fresh(server, "GET", "/v1/tasks")[1], sort_keys=True) for _ in range(6)}
+    assert len(listed) == 1  # the same list from every process
+    busy = [_fresh(server, "POST", "/v1/admin/shards", {"count": 3}) for _ in range(2)]
+    assert busy[0][0] == 202
+    assert busy[1][0] in (202, 409)  # the second lands on the running one, or after it
+    pids = {p for p in server.pids() if "gateway.workers" in cmdline(p)}
+    assert len(pids) == 1  # the worker process took part
+    with Client(server.url, retries=0, timeout=30) as c:
+        for _ in range(300):
+            if c.shards()["count"] == 3 and c.tasks()[-1]["state"] != "running":
+                break
+            time.sleep(0.1)
+        shards = c.shards()
+        assert shards["count"] == 3
+        for queue in queues:
+            assert queue in shards["shards"][placement(queue, 3)]["queues"]
