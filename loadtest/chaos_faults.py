@@ -18,6 +18,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import Any
 
 from chaos_check import Rec
 from chaos_deploy import ClusterDeployment, Deployment, readyz, wait_answering
@@ -188,8 +189,8 @@ class Faults:
             count = c.shards()["count"]
         to = dep.shards + 1 if count == dep.shards else dep.shards
         rec.t0 = now_ms()
-        self._resize(to, wait=False)
-        time.sleep(self.rng.uniform(0.05, 1.0))
+        task = self._resize(to, wait=False)
+        midway = self._moving(task)  # hit while queues move, not before or after
         shards = dep.shard_pids()
         if pause:
             index = self.rng.choice(sorted(shards))
@@ -218,12 +219,31 @@ class Faults:
         rec.t1 = now_ms()
         wait_answering(dep)
         took = self._resize(to, wait=True)
-        rec.res = f"resize {count} -> {to}: {what}; done {took:.1f} s after, asked again"
+        when = "while queues moved" if midway else "outside the moves"
+        rec.res = f"resize {count} -> {to}: {what} {when}; done {took:.1f} s after, asked again"
         return True
 
-    def _resize(self, to: int, *, wait: bool) -> float:
-        """Ask for ``to`` shards (again while another resize runs or a gateway cannot start
-        shards); with ``wait``, until a resize to ``to`` is done. Seconds it took."""
+    def _moving(self, task: str) -> bool:
+        """Wait until the resize ``task`` moves queues (its shards started, its map
+        written), then a moment more (0 to 150 ms); whether it still ran then."""
+        deadline = time.monotonic() + 20
+        with Client(self.dep.url, retries=RETRIES) as c:
+            while time.monotonic() < deadline:
+                with contextlib.suppress(QueueError):
+                    doc = c.task(task)
+                    if doc["state"] != "running":
+                        return False
+                    if doc["total"] > 0:
+                        break
+                time.sleep(0.02)
+            time.sleep(self.rng.uniform(0.0, 0.15))
+            with contextlib.suppress(QueueError):
+                return bool(c.task(task)["state"] == "running")
+        return False
+
+    def _resize(self, to: int, *, wait: bool) -> Any:
+        """Ask for ``to`` shards (again while another resize runs); with ``wait``, until a
+        resize to ``to`` is done: the seconds it took; else the task's id."""
         started = time.monotonic()
         deadline = started + RESIZE_WAIT_S
         with Client(self.dep.url, retries=RETRIES) as c:
@@ -236,7 +256,7 @@ class Faults:
                     time.sleep(0.2)  # one runs (or this worker cannot start shards)
                     continue
                 if not wait:
-                    return time.monotonic() - started
+                    return task
                 state = self._follow(c, task, deadline)
                 if state == "done" and c.shards()["count"] == to:
                     return time.monotonic() - started

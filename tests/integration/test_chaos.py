@@ -109,3 +109,15 @@ def test_each_fault_of_the_disk_and_of_the_object_store_breaks_no_guarantee(
         fired = re.search(r" x(\d+) ", res)
         assert fired, (kind, res)
         assert int(fired.group(1)) >= 1, (kind, res)
+
+
+def test_faults_during_resizes_break_no_guarantee(tmp_path: Path) -> None:
+    """A shard killed and a shard paused (a zombie) while a resize moves queues: the resize
+    is asked for again until done, and the history keeps every guarantee (issue 34; the
+    long campaign is ``--kinds move_kill,move_pause --faults 300``)."""
+    out = tmp_path / "out"
+    kinds = ["move_kill", "move_pause"]
+    res = _finished(_start(out, tmp_path, 4, kinds), out, kinds)
+    for kind in kinds:  # each hit a resize, which was then finished
+        assert re.match(r"resize \d -> \d: (killed|paused) ", res[kind]), res
+        assert "asked again" in res[kind], res
