@@ -360,6 +360,9 @@ class _InProcess:
     async def held(self, shard: int) -> list[tuple[str, bool]]:
         return self.shards[shard].held()
 
+    async def arrivals(self, shard: int) -> list[str]:
+        return self.shards[shard].arrivals()
+
     async def stop(self, count: int) -> None:
         while len(self.shards) > count:
             await self.shards.pop().close()
@@ -655,6 +658,9 @@ class _RayCalls:
     async def held(self, shard: int) -> list[tuple[str, bool]]:
         held = await self._call(self._shard(shard).held.remote())
         return [(str(name), bool(moving)) for name, moving in held]
+
+    async def arrivals(self, shard: int) -> list[str]:
+        return [str(n) for n in await self._call(self._shard(shard).arrivals.remote())]
 
     async def stop(self, count: int) -> None:
         import ray

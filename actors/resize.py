@@ -60,6 +60,10 @@ class ResizeCalls(ShardCalls, Protocol):
         """Shard ``shard``'s queues (:meth:`QueueShard.held`)."""
         ...
 
+    async def arrivals(self, shard: int) -> list[str]:
+        """The queues shard ``shard`` has still to take over (:meth:`QueueShard.arrivals`)."""
+        ...
+
     async def stop(self, count: int) -> None:
         """Stop the shards from ``count`` on (they hold nothing)."""
         ...
@@ -115,6 +119,7 @@ async def resize(
         for index, name in fenced:  # a handover whose map was never written: called off
             await shards.take_back(index, name)
     current = await _pin_strays(store, shards, current)
+    await _take_over_arrivals(shards, span)
     todo = sorted(current.queues)
     if progress is not None:
         progress(0, len(todo))
@@ -133,6 +138,17 @@ async def resize(
         await shards.stop(current.span)
     log.info("resize to %d shard(s): done (map generation %d)", count, current.generation)
     return current
+
+
+async def _take_over_arrivals(shards: ResizeCalls, span: int) -> None:
+    """Finish the handovers an earlier run left after writing their map (its coordinator
+    died, or a target failed): each target takes its queues over now."""
+    for index in range(span):
+        for name in await shards.arrivals(index):
+            await shards.take_over(index, name)
+            log.info(
+                "resize: queue %s taken over by shard %d (left by an earlier run)", name, index
+            )
 
 
 async def _current(store: ObjectStore, default: int = 1) -> Placement:
@@ -176,6 +192,7 @@ async def restart_shards(
     span = current.span
     spare = span
     await shards.run(span + 1)
+    await _take_over_arrivals(shards, span + 1)
     if progress is not None:
         progress(0, span)
     try:

@@ -759,6 +759,11 @@ class QueueShard:
         self.arriving -= set(self.queues)
         return self.strays()
 
+    def arrivals(self) -> list[str]:
+        """Queues the map gives this shard that it has not taken over yet (a handover whose
+        coordinator stopped after writing the map), sorted."""
+        return sorted(self.arriving)
+
     def strays(self) -> list[str]:
         """Queues held here, not handed over, that the map gives another shard (sorted)."""
         return sorted(

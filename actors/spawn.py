@@ -209,6 +209,11 @@ class ShardActor:
         await self.start()
         return self.shard.held()
 
+    async def arrivals(self) -> list[str]:
+        """See :meth:`QueueShard.arrivals`."""
+        await self.start()
+        return self.shard.arrivals()
+
     async def take_over(self, name: str) -> bool:
         """See :meth:`QueueShard.take_over` (raises)."""
         await self.start()

@@ -88,6 +88,7 @@ import argparse
 import contextlib
 import json
 import random
+import signal
 import sys
 import tempfile
 import time
@@ -305,7 +306,17 @@ def table(outs: list[Path]) -> str:
     return "\n".join(lines)
 
 
+def _stop_on_sigterm() -> None:
+    """SIGTERM ends the run like an error: the server is stopped, the mounts undone."""
+
+    def stop(signum: int, _frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+
+
 def main(argv: list[str] | None = None) -> int:
+    _stop_on_sigterm()
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--faults", type=int, default=20, help="stop after this many faults")
     p.add_argument("--duration", type=float, default=3600, help="or after this many seconds")

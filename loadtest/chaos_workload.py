@@ -81,7 +81,10 @@ class Workload(Workers):
             plan.append((f"probe{shard}", self._prober(shard, q)))
         for n, (name, target) in enumerate(plan):
             rng = random.Random(f"{self.seed}:{n}")
-            t = threading.Thread(target=self._guard, args=(name, target, rng), name=name)
+            # daemon: a campaign stopped by a signal must not wait for a stuck client
+            t = threading.Thread(
+                target=self._guard, args=(name, target, rng), name=name, daemon=True
+            )
             t.start()
             self.threads.append(t)
 

@@ -69,7 +69,14 @@ def _start(out: Path, tmp: Path, seed: int, kinds: list[str], *mode: str) -> sub
 def _finished(proc: subprocess.Popen[str], out: Path, kinds: list[str]) -> dict[str, str]:
     """Check a campaign's summary: every kind once, every guarantee held; each fault's
     ``res`` by kind."""
-    stdout, stderr = proc.communicate(timeout=300)
+    try:
+        stdout, stderr = proc.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        proc.terminate()  # it stops its server: nothing left running for the next tests
+        stdout, stderr = proc.communicate(timeout=120)
+        raise AssertionError(
+            f"the campaign did not end: {stdout[-3000:]} {stderr[-3000:]}"
+        ) from None
     lines = [json.loads(x) for x in stdout.splitlines() if x.startswith("{")]
     summaries = [x["summary"] for x in lines if "summary" in x]
     assert summaries, stdout[-3000:] + stderr[-3000:]

@@ -9,7 +9,8 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from actors.directory import LocalDirectory
+from actors.directory import LocalDirectory, _InProcess
+from actors.errors import Unavailable
 from actors.log.layout import read_layout, settle_layout
 from actors.log.placement import Placement, placement, read_placement, write_placement
 from actors.log.store import LocalDirStore
@@ -367,3 +368,41 @@ async def test_a_restart_with_a_body_is_refused(api: Api) -> None:
     reply = await api.call("POST", "/v1/admin/shards/restart", {"count": 2})
     assert (reply.status, reply.code) == (400, "BadRequest")
     assert (await api.ok("GET", "/v1/tasks"))["tasks"] == []
+
+
+async def test_a_resize_whose_takeovers_failed_is_finished_by_the_next_one(serve: Serve) -> None:
+    """The map of a batch is written but its targets fail to take over (a target
+    restarting): the queues wait, fenced, for their new shard; asking again takes them over,
+    though no queue is pinned any more."""
+    api = await serve(count=1)
+    names = [f"t{i}" for i in range(6)]
+    for name in names:
+        await api.create(name)
+        await api.put(name, f"{name}-body")
+    directory = _directory(api)
+    real = _InProcess.take_over
+    failing = [True]
+
+    async def take_over(self: _InProcess, shard: int, name: str) -> bool:
+        if failing[0]:
+            raise Unavailable("the target is restarting")
+        return await real(self, shard, name)
+
+    _InProcess.take_over = take_over  # type: ignore[method-assign]
+    try:
+        first = await _resize(api, 2)
+        assert (first["state"], first["error"]["code"]) == ("failed", "Unavailable")
+        moved = [n for n in names if placement(n, 2) == 1]
+        assert moved
+        assert (await read_placement(directory.store, 1)).queues == {}  # the map was written
+        stuck = await api.call("POST", f"/v1/queues/{moved[0]}/take", {"max": 1})
+        assert (stuck.status, stuck.code) == (503, "Moving")  # waits for its new shard
+        failing[0] = False
+        again = await _resize(api, 2)
+        assert again["state"] == "done"
+    finally:
+        _InProcess.take_over = real  # type: ignore[method-assign]
+    for name in names:
+        [m] = await api.take(name, max=5)
+        assert m["body"] == f"{name}-body"
+    await _check_queues_home(api, names, 2)
