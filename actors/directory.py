@@ -311,24 +311,25 @@ class LocalDirectory(_Routes):
         cancelled: Callable[[], bool] = lambda: False,
     ) -> Placement:
         """Make ``count`` the shard count (:func:`actors.resize.resize`): the map it ends at."""
-        calls = _InProcess(self)
-        try:
-            placement = await resize(
-                self.store, calls, count, progress=progress, cancelled=cancelled
-            )
-        finally:
-            if calls.last is not None:
-                self.placed(calls.last)
-        return placement
+        return await self._coordinated(
+            lambda calls: resize(self.store, calls, count, progress=progress, cancelled=cancelled)
+        )
 
     async def restart_shards(
         self, progress: Progress | None = None, cancelled: Callable[[], bool] = lambda: False
     ) -> Placement:
         """Restart every shard in turn, its queues served throughout
         (:func:`actors.resize.restart_shards`): the map it ends at."""
+        return await self._coordinated(
+            lambda calls: restart_shards(self.store, calls, progress=progress, cancelled=cancelled)
+        )
+
+    async def _coordinated(self, job: Callable[[_InProcess], Awaitable[Placement]]) -> Placement:
+        """``job`` on this directory's shards; routes by the last map it gave them, also when
+        it stopped midway."""
         calls = _InProcess(self)
         try:
-            return await restart_shards(self.store, calls, progress=progress, cancelled=cancelled)
+            return await job(calls)
         finally:
             if calls.last is not None:
                 self.placed(calls.last)
@@ -574,17 +575,9 @@ class RayDirectory(ChannelDirectory):
         Raises:
             Unavailable: this gateway cannot start shards.
         """
-        if self.spawner is None:
-            raise Unavailable("this gateway cannot start shards: resize from a gateway that can")
-        calls = _RayCalls(self, self.spawner)
-        store = self.spawner.open_store()
-        try:
-            return await resize(store, calls, count, progress=progress, cancelled=cancelled)
-        finally:
-            if calls.last is not None:
-                self.placed(calls.last)
-                self._fit(calls.last.span)
-            await store.close()
+        return await self._coordinated(
+            lambda store, calls: resize(store, calls, count, progress=progress, cancelled=cancelled)
+        )
 
     async def restart_shards(
         self, progress: Progress | None = None, cancelled: Callable[[], bool] = lambda: False
@@ -595,12 +588,28 @@ class RayDirectory(ChannelDirectory):
         Raises:
             Unavailable: this gateway cannot start shards.
         """
+        return await self._coordinated(
+            lambda store, calls: restart_shards(
+                store, calls, progress=progress, cancelled=cancelled
+            )
+        )
+
+    async def _coordinated(
+        self, job: Callable[[ObjectStore, _RayCalls], Awaitable[Placement]]
+    ) -> Placement:
+        """``job`` coordinated from this gateway (the store opened here, shards started
+        through the spawner); routes by the last map it gave the shards, also when it
+        stopped midway.
+
+        Raises:
+            Unavailable: this gateway cannot start shards.
+        """
         if self.spawner is None:
-            raise Unavailable("this gateway cannot start shards: restart from a gateway that can")
+            raise Unavailable("this gateway cannot start shards: ask a gateway that can")
         calls = _RayCalls(self, self.spawner)
         store = self.spawner.open_store()
         try:
-            return await restart_shards(store, calls, progress=progress, cancelled=cancelled)
+            return await job(store, calls)
         finally:
             if calls.last is not None:
                 self.placed(calls.last)

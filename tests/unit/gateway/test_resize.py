@@ -30,13 +30,17 @@ def _directory(api: Api) -> LocalDirectory:
 async def _resize(api: Api, count: int) -> dict[str, Any]:
     """Ask for ``count`` shards and wait for the task: its last view."""
     started = await api.ok("POST", "/v1/admin/shards", {"count": count}, status=202)
-    task_id = started["task"]
+    return await _task_end(api, started["task"])
+
+
+async def _task_end(api: Api, task_id: str) -> dict[str, Any]:
+    """Follow a task until it ends: its last view."""
     for _ in range(600):
         task = await api.ok("GET", f"/v1/tasks/{task_id}")
         if task["state"] != "running":
             return dict(task)
         await asyncio.sleep(0.05)
-    raise AssertionError(f"the resize to {count} did not end")
+    raise AssertionError(f"task {task_id} did not end")
 
 
 async def _check_placed(api: Api, count: int) -> None:
@@ -302,15 +306,6 @@ async def test_many_clients_get_only_answers_through_two_resizes(serve: Serve) -
             acked.extend((name, m["id"]) for m in batch)
             await api.ack(name, *batch)
     assert sorted(acked) == sorted(traffic.put)
-
-
-async def _task_end(api: Api, task_id: str) -> dict[str, Any]:
-    for _ in range(600):
-        task = await api.ok("GET", f"/v1/tasks/{task_id}")
-        if task["state"] != "running":
-            return dict(task)
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"task {task_id} did not end")
 
 
 async def test_a_rolling_restart_replaces_every_shard_while_clients_get_only_answers(
