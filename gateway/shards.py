@@ -28,9 +28,12 @@ async def shards(request: web.Request) -> web.Response:
     """What the shards are and hold now."""
     directory = request.app[native.DIRECTORY]
     statuses = await directory.status(brief=True)
+    # by index: reading the statuses may teach this process of shards a resize added, so
+    # the second list can name more shards than the first
     names = await directory.names_by_shard()
     docs = []
-    for status, queues in zip(statuses, names, strict=True):
+    for status in statuses:
+        queues = names[status.index] if status.index < len(names) else None
         state, reason = shard_state(status)
         doc: dict[str, Any] = {
             "index": status.index,
