@@ -387,8 +387,11 @@ class _InProcess:
         self.directory.placed(placement)
         return strays
 
-    async def take_over(self, shard: int, name: str) -> bool:
-        return await self.shards[shard].take_over(name)
+    async def fetch(self, shard: int, name: str, key: str) -> None:
+        await self.shards[shard].fetch(name, key)
+
+    async def take_over(self, shard: int, name: str, key: str | None = None) -> bool:
+        return await self.shards[shard].take_over(name, key)
 
 
 class ChannelDirectory(_Routes):
@@ -718,5 +721,8 @@ class _RayCalls:
         self.directory.placed(placement)
         return {name: index for index, names in enumerate(lists) for name in names}
 
-    async def take_over(self, shard: int, name: str) -> bool:
-        return cast(bool, await self._call(self._shard(shard).take_over.remote(name)))
+    async def fetch(self, shard: int, name: str, key: str) -> None:
+        await self._call(self._shard(shard).fetch.remote(name, key))
+
+    async def take_over(self, shard: int, name: str, key: str | None = None) -> bool:
+        return cast(bool, await self._call(self._shard(shard).take_over.remote(name, key)))

@@ -52,8 +52,12 @@ class ShardCalls(Protocol):
         that holds it (:meth:`QueueShard.placed`)."""
         ...
 
-    async def take_over(self, shard: int, name: str) -> bool:
-        """Step 3 on ``shard``."""
+    async def fetch(self, shard: int, name: str, key: str) -> None:
+        """Step 3's reads on ``shard`` ahead (the snapshot ``key``), while step 2 runs."""
+        ...
+
+    async def take_over(self, shard: int, name: str, key: str | None = None) -> bool:
+        """Step 3 on ``shard`` (from the snapshot ``key`` if known)."""
         ...
 
 
@@ -77,13 +81,16 @@ async def move_queue(
         return current, time.perf_counter() - started
     new = current.moved({name: target})
     key = await shards.hand_over(source, name, target, new.generation)
+    fetching = _read_ahead(shards, {name: (target, key)})
     try:
         await write_placement(store, current, new)
     except PlacementConflict:
         await shards.take_back(source, name, new.generation)
         raise
+    finally:
+        await fetching
     await shards.placed(new)
-    await shards.take_over(target, name)
+    await shards.take_over(target, name, key)
     paused = time.perf_counter() - started
     log.info(
         "queue %s moved from shard %d to %d (generation %d, %s): %.1f ms without an owner",
@@ -95,6 +102,24 @@ async def move_queue(
         paused * 1000,
     )
     return new, paused
+
+
+def _read_ahead(
+    shards: ShardCalls, snapshots: dict[str, tuple[int, str]]
+) -> asyncio.Future[list[None]]:
+    """The targets read the handovers' snapshots (queue → (target, key)) while the map is
+    written: the take-over then only writes its record. Runs in the background; a failed
+    read is only logged (the take-over reads again)."""
+
+    async def fetch(name: str, to: int, key: str) -> None:
+        try:
+            await shards.fetch(to, name, key)
+        except Exception as exc:  # ahead of time only
+            log.info("queue %s: shard %d did not read %s ahead: %r", name, to, key, exc)
+
+    return asyncio.ensure_future(
+        asyncio.gather(*(fetch(n, to, key) for n, (to, key) in snapshots.items()))
+    )
 
 
 async def move_queues(
@@ -123,6 +148,12 @@ async def move_queues(
         return_exceptions=True,
     )
     failed = next((r for r in handed if isinstance(r, BaseException)), None)
+    snapshots = {
+        n: (to, key)
+        for (n, to), key in zip(todo.items(), handed, strict=True)
+        if isinstance(key, str)
+    }
+    fetching = _read_ahead(shards, snapshots)
     try:
         if failed is not None:
             raise failed
@@ -134,11 +165,13 @@ async def move_queues(
             with contextlib.suppress(QueueError):
                 await shards.take_back(sources[name], name, new.generation)
         raise
+    finally:
+        await fetching
     await shards.placed(new)
     ended: dict[str, float] = {}
 
     async def take_over(name: str, to: int) -> None:
-        await shards.take_over(to, name)
+        await shards.take_over(to, name, snapshots[name][1])
         ended[name] = time.perf_counter() - started
 
     await asyncio.gather(*(take_over(n, to) for n, to in todo.items()))

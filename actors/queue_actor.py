@@ -682,7 +682,8 @@ class QueueActor:
         """Write a snapshot of the state as of the last decided event, once that is durable,
         verify it, and prune what it makes unnecessary; return its key (None: not written).
         ``final`` (a handover's): after any being written, and the key even if one of that
-        record was written already.
+        record was written already; not read back (the shard taking the queue over reads it
+        at once) and nothing pruned (that shard prunes as it takes its own).
 
         Raises:
             QueueError: the log or the store failed.
@@ -706,16 +707,18 @@ class QueueActor:
             if batch is not None:
                 await batch.wait()
             store = self.host.store
-            key = await write_snapshot(store, self.name, seq, data)
+            key = await write_snapshot(store, self.name, seq, data, verify=not final)
             if key is None:
                 return None
             self.snapshot_at_ms = self.host.clock.now_ms()
             self.snapshot_bytes = len(data)
-            self.snapshots = await prune_snapshots(store, self.name, sorted({*self.snapshots, seq}))
+            kept = sorted({*self.snapshots, seq})
+            # a queue that leaves: its new shard prunes (it lists the snapshots)
+            self.snapshots = kept if final else await prune_snapshots(store, self.name, kept)
             self._snapshot_floors[seq] = floor
             self._snapshot_floors = {s: self._snapshot_floors.get(s, 0) for s in self.snapshots}
             self._snapshot_due()
-            if self.legacy:
+            if self.legacy and not final:
                 self.legacy = await prune_legacy(store, self.name, self.snapshots)
             self.host.snapshot_taken(self)
             return key

@@ -144,6 +144,8 @@ class QueueShard:
         # is refused with WrongShard, before any effect.
         self.placement = Placement(count=count)
         self.arriving: set[str] = set()  # queues the map gives this shard, not yet taken over
+        # handover snapshots read ahead of take_over (queue -> its key, the read)
+        self._fetched: dict[str, tuple[str, asyncio.Future[tuple[list[str], Any]]]] = {}
         self.wal: ShardLog = ShardLog(self.device, 0, 1)  # replaced by start()
         self.log_ready = asyncio.Event()
         self.report: ShardReport | None = None
@@ -757,6 +759,8 @@ class QueueShard:
                 self.keys.moved(name, refusal)
         self.arriving = {n for n in self.arriving if placement.shard_of(n) == self.index}
         self.arriving -= set(self.queues)
+        # reads ahead for handovers this map does not make (a coordinator that lost the map)
+        self._fetched = {n: f for n, f in self._fetched.items() if n in self.arriving}
         return self.strays()
 
     def arrivals(self) -> list[str]:
@@ -772,29 +776,57 @@ class QueueShard:
             if q.state.moving is None and self.placement.shard_of(n) != self.index
         )
 
-    async def take_over(self, name: str) -> bool:
+    async def fetch(self, name: str, key: str) -> None:
+        """Read the snapshot a handover of queue ``name`` to this shard wrote (``key``), and
+        list the queue's objects, ahead of :meth:`take_over` (while the coordinator writes
+        the map, which the take-over waits for). A failed read is read again there."""
+        if name in self.queues:
+            return
+        read = asyncio.ensure_future(self._read_handed(name, key))
+        self._fetched[name] = (key, read)
+        with contextlib.suppress(QueueError):
+            await asyncio.shield(read)
+
+    async def _read_handed(self, name: str, key: str | None) -> tuple[list[str], Any]:
+        """The queue's objects listed and replayed (a snapshot ``key``, if given, read at
+        the same time as the listing)."""
+        listing_read = self.store.list(keys.queue_prefix(name))
+        if key is None:
+            listing = await listing_read
+            return listing, await replay(self.store, name, listing=listing)
+        listing, data = await asyncio.gather(listing_read, self.store.get(key))
+        if key not in listing:  # written before the listing began: a store that lags
+            listing.append(key)
+        return listing, await replay(self.store, name, listing=listing, known={key: data})
+
+    async def take_over(self, name: str, key: str | None = None) -> bool:
         """Serve queue ``name``, handed to this shard: from its newest snapshot (the one
-        its handover wrote), with ``QueueTakenOver`` in this log. False: here already.
+        its handover wrote: ``key``, read ahead by :meth:`fetch` if asked), with
+        ``QueueTakenOver`` in this log. False: here already.
 
         Raises:
             WrongShard: the map does not give it to this shard.
             QueueError: its snapshot cannot be read, or the log failed.
         """
         queue = self.queues.get(name)
+        fetched = self._fetched.pop(name, None)
         if queue is None:
             wrong = self.elsewhere(name)
             if isinstance(wrong, WrongShard):
                 raise wrong
-            listing = await self.store.list(keys.queue_prefix(name))  # one listing for both
-            replayed = await replay(self.store, name, listing=listing)
+            read = None
+            if fetched is not None and fetched[0] == key:
+                with contextlib.suppress(QueueError):
+                    read = await fetched[1]
+            listing, replayed = read or await self._read_handed(name, key)
             state = replayed.state
             if state.moving is None or state.moving[1] != self.index:
                 raise Conflict(f"queue {name} was not handed to shard {self.index}", queue=name)
             snapshots = []
-            for key in listing:
-                if key.startswith(keys.snapshot_prefix(name)):
+            for k in listing:
+                if k.startswith(keys.snapshot_prefix(name)):
                     with contextlib.suppress(DataError):
-                        snapshots.append(keys.seq_of(key))
+                        snapshots.append(keys.seq_of(k))
             queue = QueueActor(name, self, state, replayed.last_seq + 1, snapshots=snapshots)
             self._attach(queue)
         self.arriving.discard(name)

@@ -214,10 +214,15 @@ class ShardActor:
         await self.start()
         return self.shard.arrivals()
 
-    async def take_over(self, name: str) -> bool:
+    async def fetch(self, name: str, key: str) -> None:
+        """See :meth:`QueueShard.fetch`."""
+        await self.start()
+        await self.shard.fetch(name, key)
+
+    async def take_over(self, name: str, key: str | None = None) -> bool:
         """See :meth:`QueueShard.take_over` (raises)."""
         await self.start()
-        return await self.shard.take_over(name)
+        return await self.shard.take_over(name, key)
 
     async def move_queue(self, name: str, target: int) -> tuple[Placement, float]:
         """Coordinate the move of queue ``name`` to shard ``target`` from this shard, which
@@ -276,10 +281,16 @@ class _ActorCalls:
             strays.update(dict.fromkeys(names, shard))
         return strays
 
-    async def take_over(self, shard: int, name: str) -> bool:
+    async def fetch(self, shard: int, name: str, key: str) -> None:
         if shard == self.actor.index:
-            return await self.actor.shard.take_over(name)
-        return cast(bool, await self.actor._handle(shard).take_over.remote(name))
+            await self.actor.shard.fetch(name, key)
+        else:
+            await self.actor._handle(shard).fetch.remote(name, key)
+
+    async def take_over(self, shard: int, name: str, key: str | None = None) -> bool:
+        if shard == self.actor.index:
+            return await self.actor.shard.take_over(name, key)
+        return cast(bool, await self.actor._handle(shard).take_over.remote(name, key))
 
 
 class ShardSpawner:

@@ -57,10 +57,12 @@ async def replay(
     *,
     progress: Progress | None = None,
     listing: list[str] | None = None,
+    known: dict[str, bytes] | None = None,
 ) -> Replayed:
     """Rebuild ``queue``'s state from its newest valid snapshot and the segments after it
     (format version 1: a log per queue). ``listing``: every key under the queue's prefix,
-    when the caller has listed them already.
+    when the caller has listed them already; ``known``: objects it has read already (key →
+    bytes: a handover's snapshot, read while the listing was made).
 
     Raises:
         StoreError: the store could not be read (nothing is decided on partial listings).
@@ -70,7 +72,9 @@ async def replay(
     damaged: list[str] = []
     if listing is None:
         listing = await store.list(keys.queue_prefix(queue))
-    state, snap_seq, max_epoch = await _newest_snapshot(store, queue, report, damaged, listing)
+    state, snap_seq, max_epoch = await _newest_snapshot(
+        store, queue, report, damaged, listing, known or {}
+    )
     seg_keys = [k for k in listing if k.startswith(keys.log_prefix(queue))]
     found = bool(seg_keys) or report.snapshot is not None or bool(damaged)
     segments = _segments_after(seg_keys, snap_seq)
@@ -135,7 +139,12 @@ async def replay(
 
 
 async def _newest_snapshot(
-    store: ObjectStore, queue: str, report: RecoveryReport, damaged: list[str], listing: list[str]
+    store: ObjectStore,
+    queue: str,
+    report: RecoveryReport,
+    damaged: list[str],
+    listing: list[str],
+    known: dict[str, bytes],
 ) -> tuple[QueueState, int, int]:
     """The newest snapshot that passes every check, restored; older damaged ones reported."""
     prefix = keys.snapshot_prefix(queue)
@@ -146,7 +155,8 @@ async def _newest_snapshot(
     )
     for key in snap_keys:
         try:
-            epoch, seq, body = decode_snapshot_object(await store.get(key))
+            data = known[key] if key in known else await store.get(key)
+            epoch, seq, body = decode_snapshot_object(data)
             state = restore(decode_snapshot(body))
         except (DataError, KeyNotFound) as exc:
             reason = exc.message if isinstance(exc, DataError) else "vanished while reading"

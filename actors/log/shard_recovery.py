@@ -269,6 +269,7 @@ class _Recovery:
         self.progress = progress
         self.report = ShardReport(shard=shard)
         self.queues: dict[str, QueueRecovered] = {}
+        self.not_ours: set[str] = set()  # queues whose records were skipped (logged once)
         self.deleted: dict[str, int] = {}
         self.segments: list[SegmentInfo] = []
         self.max_epoch = 0
@@ -426,7 +427,11 @@ class _Recovery:
         queue = self.queues.get(name)
         if queue is None:
             if self.owner(name) != self.shard:
-                log.warning("shard %d: records of queue %s, which is not ours", self.shard, name)
+                if name not in self.not_ours:
+                    self.not_ours.add(name)
+                    log.warning(
+                        "shard %d: records of queue %s, which is not ours", self.shard, name
+                    )
                 return None
             queue = self.queues[name] = QueueRecovered(
                 name, self._prepared(name, QueueState()), 1, RecoveryReport(queue=name)

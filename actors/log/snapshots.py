@@ -42,17 +42,22 @@ def encode_state(state: QueueState, epoch: int, seq: int) -> bytes:
     return encode_snapshot_object_parts(epoch, seq, lambda: encode_snapshot_parts(snap))
 
 
-async def write_snapshot(store: ObjectStore, queue: str, seq: int, data: bytes) -> str | None:
+async def write_snapshot(
+    store: ObjectStore, queue: str, seq: int, data: bytes, *, verify: bool = True
+) -> str | None:
     """Store an encoded snapshot and read it back; return its key, or None if it was not
     verified (an existing object under that key is verified the same way). The read-back
     checks the header and the stored body's CRC, without decompressing it (which would hold
-    the whole plain state again).
+    the whole plain state again). Without ``verify``, no read-back: a handover's snapshot,
+    which the shard taking the queue over reads (and checks) at once.
 
     Raises:
         StoreError: the store failed.
     """
     key = keys.snapshot_key(queue, seq)
     await store.put_if_absent(key, data)
+    if not verify:
+        return key
     try:
         _, got_seq = check_snapshot_object(await store.get(key))
     except DataError as exc:

@@ -20,14 +20,17 @@ a session of its own and is stopped by killing that session's processes, whateve
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -35,6 +38,9 @@ from pathlib import Path
 import pytest
 
 from actors.shard import placement
+from evq.client import Client, RetryPolicy
+from tests.conftest import CREDENTIALS, REGION, S3Server
+from tests.integration.resize_load import QUEUES, check_load, resize_under_load
 from tests.integration.server import (
     Server,
     _alive,
@@ -72,6 +78,10 @@ def cluster_env() -> dict[str, str]:
     return server_env(
         RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER="1",
         EVQ_CLUSTER_SECRET=CLUSTER_SECRET,
+        # moto's: the shards read them when the store is in the tests' S3 server
+        AWS_ACCESS_KEY_ID=CREDENTIALS["access_key_id"],
+        AWS_SECRET_ACCESS_KEY=CREDENTIALS["secret_access_key"],
+        AWS_REGION=REGION,
         **(HEALTH_CHECKS if tight else {}),
     )
 
@@ -227,12 +237,13 @@ def cluster() -> Iterator[Cluster]:
         yield c
 
 
-@pytest.fixture
-def gateway(cluster: Cluster) -> Iterator[Server]:
-    """``evq serve`` joined to the cluster, spreading its shards over both nodes."""
+@contextlib.contextmanager
+def serving(cluster: Cluster, shards: int, *store: str) -> Iterator[Server]:
+    """``evq serve`` joined to the cluster, spreading its shards over both nodes (``store``:
+    options naming another store than the data directory)."""
     server = Server(
         cluster.root / "data",
-        *("--ray-address", cluster.address, "--shards", str(SHARDS)),
+        *("--ray-address", cluster.address, "--shards", str(shards), *store),
         *("--shard-spread", "--shard-resource", "evq_shard"),
         env=cluster_env(),
         log=cluster.root / "serve.log",
@@ -248,6 +259,12 @@ def gateway(cluster: Cluster) -> Iterator[Server]:
                     server._reap_session(0)
             except Exception:
                 server.kill()
+
+
+@pytest.fixture
+def gateway(cluster: Cluster) -> Iterator[Server]:
+    with serving(cluster, SHARDS) as server:
+        yield server
 
 
 def queue_per_shard() -> dict[int, str]:
@@ -330,3 +347,180 @@ def test_queues_of_a_dead_node_recover_on_the_surviving_one(
         got = sorted(m["body"] for m in doc["messages"])
         assert got == sorted(f"{queue}-{k}" for k in range(TAKEN, MESSAGES)), queue
     assert "did not recover" not in gateway.log()
+
+
+@pytest.mark.timeout(600)
+def test_a_cluster_grows_to_both_nodes_and_shrinks_under_load_and_loses_nothing(
+    cluster: Cluster,
+) -> None:
+    """Issue 34 on the two-node set-up: ``evq shards resize`` 1 → 4 → 2 while 64 producers,
+    16 consumers, long-poll takes and 1,000 watchers run. The new shards start spread over
+    both nodes; the shrink stops the two it drained; nothing acknowledged is lost, no acked
+    message comes back, every watcher ends at its key's final version, every queue ends on
+    the shard the map names."""
+    where: dict[int, tuple[dict[int, int], dict[int, int]]] = {}
+
+    def on_nodes(count: int) -> None:
+        def settled() -> bool:
+            head, second = cluster.head.shards(), cluster.second.shards()
+            where[count] = (head, second)
+            return sorted([*head, *second]) == list(range(count))
+
+        eventually(settled, timeout=30, interval=0.5, what=lambda: f"shards at {count}: {where}")
+
+    with serving(cluster, 1) as server:
+        queues = [f"two-node-rz{i}" for i in range(QUEUES)]
+        for queue in queues:
+            assert request("PUT", f"{server.url}/v1/queues/{queue}", {})[0] == 201
+        load = asyncio.run(resize_under_load(server, queues, after=on_nodes))
+        check_load(server, queues, load, count=2)
+        head, second = where[4]
+        assert head, where  # grown onto both nodes
+        assert second, where
+        assert "did not recover" not in server.log()
+
+
+def _putting(
+    url: str, queue: str, acked: list[str], errors: list[str], stop: threading.Event
+) -> None:
+    """Put batches of five until ``stop``; note the bodies the server answered for. The
+    client retries (with each message's idempotency key) through the failover."""
+    retries = RetryPolicy(retries=200, backoff=0.05, max_backoff=0.5)
+    with Client(url, retries=retries, timeout=10) as client:
+        n = 0
+        while not stop.is_set():
+            bodies = [f"during-{n}-{i}" for i in range(5)]
+            try:
+                client.put(queue, bodies)
+            except Exception as exc:  # the test fails on any
+                errors.append(repr(exc))
+                return
+            acked += bodies
+            n += 1
+            time.sleep(0.02)
+
+
+@pytest.mark.parametrize("store", ["local", "s3"])
+@pytest.mark.timeout(400)
+def test_a_shard_paused_past_the_health_checks_is_a_zombie_whose_writes_never_land(
+    cluster: Cluster, store: str, request: pytest.FixtureRequest
+) -> None:
+    """Issue 34's zombie, through ``evq serve`` on the two-node set-up: every process of the
+    second node (raylet, shards) is paused (SIGSTOP) past Ray's health checks while puts
+    go on; Ray restarts its shards on the head; the node is resumed with the writes it had
+    in flight and its leases and delayed messages come due, then Ray's dead node ends.
+
+    On a local disk the new incarnation cannot open the log while the paused one holds its
+    lock (it waits, the queue answers 503); on S3 it claims a newer epoch and serves at once,
+    so the zombie's writes meet its claim. Either way: every put answered is there once, the
+    leases taken before the pause still ack, and the store holds what the live shard showed:
+    the shards stopped and started again from it find the same queue."""
+    options: tuple[str, ...] = ()
+    if store == "s3":
+        s3: S3Server = request.getfixturevalue("s3_server")
+        options = (
+            *("--store", f"s3://{s3.bucket}/{s3.fresh_prefix()}"),
+            *("--endpoint", s3.endpoint, "--region", REGION),
+            *("--segment-cache", str(cluster.root / "cache")),
+        )
+    with serving(cluster, SHARDS, *options) as server:
+        on_second = cluster.second.shards()
+        assert on_second, "no shard on the second node"
+        index, zombie = sorted(on_second.items())[0]
+        queue = next(
+            f"zombie-{i}" for i in range(10_000) if placement(f"zombie-{i}", SHARDS) == index
+        )
+        with Client(server.url, retries=0, timeout=30) as c:
+            c.create_queue(queue)
+            c.put(queue, [f"before-{k}" for k in range(20)])
+            held = c.take(queue, 5, visibility_timeout=600)
+            short = c.take(queue, 3, visibility_timeout=2)  # their leases end in the pause
+            c.put(queue, [f"delayed-{k}" for k in range(3)], delay=2)  # due in the pause
+        assert (len(held), len(short)) == (5, 3)
+        zombie_log = os.readlink(f"/proc/{zombie}/fd/2")
+
+        acked: list[str] = []
+        errors: list[str] = []
+        stop = threading.Event()
+        putter = threading.Thread(target=_putting, args=(server.url, queue, acked, errors, stop))
+        putter.start()
+        try:
+            time.sleep(1)
+            paused = cluster.second.pids()
+            for pid in paused:
+                os.kill(pid, signal.SIGSTOP)
+            try:
+                # Ray declares the node dead and starts the shard again on the head.
+                eventually(lambda: index in cluster.head.shards(), timeout=60, interval=0.5)
+                if store == "s3":  # the new incarnation serves while the old one sleeps
+                    wait_all(lambda q: stats(server, q) is not None, [queue], timeout=60)
+                    with Client(server.url, retries=0, timeout=30) as c:
+                        assert [r.status for r in c.ack(queue, *held[:2])] == ["ok"] * 2
+                else:  # it waits for the log's lock: the queue does not answer meanwhile
+                    time.sleep(3)
+                    assert not _answers(server, queue)
+            finally:
+                for pid in paused:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(pid, signal.SIGCONT)
+            # The zombie runs again (its batch in flight, its timers due) until its node ends.
+            eventually(lambda: not _alive(zombie), timeout=60, interval=0.2)
+            wait_all(lambda q: stats(server, q) is not None, [queue], timeout=60)
+            time.sleep(1)
+        finally:
+            stop.set()
+            putter.join(60)
+        assert errors == []
+        assert len(acked) > 50
+
+        with Client(server.url, retries=0, timeout=30) as c:
+            results = c.ack(queue, *held[2 if store == "s3" else 0 :])
+            assert {r.status for r in results} == {"ok"}  # leases taken before the pause
+            found: list[str] = []
+            while batch := c.take(queue, 1000, visibility_timeout=600):
+                found += [m.body_text for m in batch]
+            live = c.get_queue(queue).stats
+        assert len(found) == len(set(found)), "a message twice"
+        assert set(acked) <= set(found)  # every put answered is there
+        expected = {f"before-{k}" for k in range(20)} - {m.body_text for m in held}
+        expected |= {f"delayed-{k}" for k in range(3)}
+        assert expected <= set(found)  # the short leases ended: those three came back
+        assert all(b in expected or b.startswith("during-") for b in found)
+
+        print(f"\nzombie ({store}): {_fenced_lines(zombie_log)}")
+        # What the store holds: stop the shards, start them again from it.
+        assert server.stop(timeout=45) == 0
+        done = subprocess.run(
+            [sys.executable, "-m", "evq", "shards", "stop", "--ray-address", cluster.address],
+            env=cluster_env(),
+            capture_output=True,
+            text=True,
+            timeout=180,
+        )
+        assert done.returncode == 0, done.stderr[-3000:]
+        server.start(ready_timeout=90)
+        with Client(server.url, retries=0, timeout=30) as c:
+            after = c.get_queue(queue).stats
+        counters = ("ready", "reserved", "delayed", "acked", "enqueued", "expired")
+        assert {k: getattr(after, k) for k in counters} == {k: getattr(live, k) for k in counters}
+        assert after.total == live.total == len(found)
+
+
+def _answers(server: Server, queue: str) -> bool:
+    """Whether the queue answers within 5 s."""
+    try:
+        return stats(server, queue) is not None
+    except OSError:  # no answer in time
+        return False
+
+
+def _fenced_lines(path: str) -> str:
+    """What the zombie's log says of its end (for the test's output)."""
+    try:
+        text = Path(path).read_text(errors="replace")
+    except OSError as exc:
+        return f"(log unreadable: {exc})"
+    lines = [
+        line for line in text.splitlines() if re.search(r"(?i)fenc|held by another|epoch", line)
+    ]
+    return "\n".join(lines[-5:]) or "(no write of it was refused)"

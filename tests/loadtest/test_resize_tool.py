@@ -30,3 +30,26 @@ def test_the_resize_tool_grows_a_served_store_and_reports_the_moves(tmp_path: Pa
     assert result["ops"] > 0
     assert result["failed_ops"] == 0, result["failures"]
     assert "queues moved" in done.stderr  # progress
+
+
+def test_the_resize_tool_restarts_every_shard_under_load_and_counts_failures(
+    tmp_path: Path,
+) -> None:
+    done = subprocess.run(
+        [
+            *(sys.executable, str(ROOT / "loadtest" / "resize.py"), "--queues", "6"),
+            *("--messages", "2", "--from", "2", "--restart", "--load", "2"),
+            *("--dir", str(tmp_path)),
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=300,
+    )
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert (result["shards"], result["restarted"]) == (2, 2)
+    assert result["restart_s"] > 0
+    assert result["ops"] > 0
+    assert 0 < result["op_p99_ms"] <= result["op_max_ms"]
+    assert result["failed_ops"] == 0, result["failures"]
+    assert "shards restarted" in done.stderr

@@ -311,3 +311,75 @@ async def test_a_batch_of_handovers_that_loses_the_map_is_called_off_for_every_q
     assert all(placed.shard_of(n) == 1 - placement(n, 2) for n in names)
     for name in names:
         assert name in await directory.shards[1 - placement(name, 2)].names()
+
+
+async def _publish(directory: LocalDirectory) -> Placement:
+    """Write the next map with Q on TARGET and give it to every shard (a coordinator's step 2)."""
+    start = await read_placement(directory.store, 2)
+    new = start.moved({Q: TARGET})
+    await write_placement(directory.store, start, new)
+    for shard in directory.shards:
+        shard.placed(new)
+    directory.placed(new)
+    return new
+
+
+async def test_the_target_takes_over_from_the_snapshot_it_read_ahead(api: Api) -> None:
+    """The target reads the handover's snapshot while the map is written (``fetch``): the
+    take-over then reads nothing."""
+    filled = await _fill(api)
+    directory = _directory(api)
+    source, target = directory.shards[SOURCE], directory.shards[TARGET]
+    key = await source.hand_over(Q, TARGET, 1)
+    await target.fetch(Q, key)
+    await _publish(directory)
+    reads: list[str] = []
+    real_get, real_list = target.store.get, target.store.list
+
+    async def get(k: str) -> bytes:
+        reads.append(k)
+        return await real_get(k)
+
+    async def listing(prefix: str) -> list[str]:
+        reads.append(prefix)
+        return await real_list(prefix)
+
+    target.store.get, target.store.list = get, listing  # type: ignore[method-assign]
+    try:
+        assert await target.take_over(Q, key)
+    finally:
+        del target.store.get, target.store.list
+    assert reads == []
+    await _check_carried(api, filled)
+
+
+async def test_a_read_ahead_of_a_handover_that_was_called_off_is_not_used(api: Api) -> None:
+    """A handover called off (its map lost) after the target read its snapshot ahead; the
+    queue serves on its source, changes, and is handed over again: the target takes it over
+    from the new snapshot, not the one it read first."""
+    await api.create(Q)
+    await api.put(Q, "first")
+    directory = _directory(api)
+    source, target = directory.shards[SOURCE], directory.shards[TARGET]
+    stale = await source.hand_over(Q, TARGET, 1)
+    await target.fetch(Q, stale)
+    await source.take_back(Q, 1)
+    await api.put(Q, "late")
+    fresh = await source.hand_over(Q, TARGET, 1)
+    assert fresh != stale
+    await _publish(directory)
+    assert await target.take_over(Q, fresh)
+    got = await api.take(Q, max=10)
+    assert sorted(m["body"] for m in got) == ["first", "late"]
+
+
+async def test_a_map_that_does_not_move_the_queue_drops_its_read_ahead(api: Api) -> None:
+    await api.create(Q)
+    directory = _directory(api)
+    key = await directory.shards[SOURCE].hand_over(Q, TARGET, 1)
+    target = directory.shards[TARGET]
+    await target.fetch(Q, key)
+    assert Q in target._fetched
+    start = await read_placement(directory.store, 2)
+    target.placed(start.moved({"other": 1 - placement("other", 2)}))  # another coordinator's
+    assert Q not in target._fetched

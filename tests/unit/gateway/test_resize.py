@@ -378,10 +378,10 @@ async def test_a_resize_whose_takeovers_failed_is_finished_by_the_next_one(serve
     real = _InProcess.take_over
     failing = [True]
 
-    async def take_over(self: _InProcess, shard: int, name: str) -> bool:
+    async def take_over(self: _InProcess, shard: int, name: str, key: str | None = None) -> bool:
         if failing[0]:
             raise Unavailable("the target is restarting")
-        return await real(self, shard, name)
+        return await real(self, shard, name, key)
 
     _InProcess.take_over = take_over  # type: ignore[method-assign]
     try:
