@@ -46,6 +46,7 @@ from actors.errors import (
     Conflict,
     DataError,
     Fenced,
+    LogHeld,
     Moving,
     NotReady,
     QueueError,
@@ -109,8 +110,13 @@ class QueueShard:
         memory_budget_bytes: int | None = None,
         device: LogDevice | None = None,
         progress: Progress | None = None,
+        wait_for_log: bool = False,
     ) -> None:
         self.index = index
+        # a log locked by another process: wait for it (an older incarnation that Ray
+        # replaced, paused or closing: a zombie, which the lock keeps from writing) instead
+        # of failing the start (a second server on the same data directory)
+        self.wait_for_log = wait_for_log
         self.progress = progress or _ProgressLog(index)
         # Past this resident size, puts are refused (Overloaded) until takes and acks free
         # memory: a full shard answers 429 instead of dying of out-of-memory.
@@ -225,12 +231,15 @@ class QueueShard:
         """
         delay = 0.25
         while True:
+            cap = 5.0
             try:
                 return await self._open_log()
             except QueueError as exc:
                 if self._closed:
                     raise
-                if self.device.full() is not None:
+                if isinstance(exc, LogHeld) and self.wait_for_log:
+                    why, cap = "its log is held by an older incarnation still running", 1.0
+                elif self.device.full() is not None:
                     why = "no space on its disk to start its log"
                 elif isinstance(exc, StoreError) and isinstance(self.device, ObjectLogDevice):
                     why = "its object store failed while it started"  # S3 down for a while
@@ -238,7 +247,7 @@ class QueueShard:
                     raise
                 log.error("shard %d: %s (%s); trying again in %.1fs", self.index, why, exc, delay)
             await asyncio.sleep(delay)
-            delay = min(delay * 2, 5.0)
+            delay = min(delay * 2, cap)
 
     async def _open_log(self) -> OpenedShard:
         return await open_shard_log(

@@ -88,6 +88,7 @@ class ShardActor:
             log_settings=spec.log_settings,
             forward=self._forward,
             memory_budget_bytes=spec.memory_budget_bytes,
+            wait_for_log=True,  # Ray may start it while its last incarnation still runs
         )
         self._started: asyncio.Task[ShardStatus] | None = None
         self._handles: dict[int, Any] = {}

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Protocol
 
 from actors.clock import Clock, SystemClock
-from actors.errors import DataError, Fenced, Unavailable
+from actors.errors import DataError, Fenced, LogHeld, Unavailable
 from actors.log import keys
 from actors.log.store import (
     NO_SPACE,
@@ -542,7 +542,7 @@ class LocalLogDevice:
         except OSError as exc:
             os.close(fd)
             if exc.errno in (errno.EWOULDBLOCK, errno.EAGAIN):
-                raise Unavailable(
+                raise LogHeld(
                     f"the log {self.dir} is held by another process; a log has one writer",
                     log=self.dir,
                 ) from None

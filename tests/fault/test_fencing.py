@@ -426,6 +426,35 @@ async def test_a_second_process_is_refused_the_local_log_until_the_first_lets_go
         await store_b.close()
 
 
+async def test_a_shard_that_waits_for_its_log_starts_once_the_older_incarnation_lets_go(
+    tmp_path: Path,
+) -> None:
+    """How a Ray shard starts while its older incarnation still runs (paused: a zombie, or
+    closing): it waits for the lock (``wait_for_log``), writing nothing, and recovers what
+    the older one wrote once that one lets go."""
+    clock = ManualClock()
+    store_a, store_b = LocalDirStore(tmp_path / "s"), LocalDirStore(tmp_path / "s")
+    a = await open_actor(store_a, clock)
+    second = QueueShard(0, 1, store_b, clock=clock, ids=SequentialIds(), wait_for_log=True)
+    starting = asyncio.ensure_future(second.start())
+    try:
+        await asyncio.sleep(0.6)  # two tries at least
+        assert not starting.done()
+        assert await a.execute(put("a1")) == [
+            rp.PutResult("a1", rp.CREATED)
+        ]  # the older one writes on
+    finally:
+        await close(a, snapshot=False)
+    await asyncio.wait_for(starting, 10)
+    try:
+        assert second.wal.epoch == 2
+        queue = second.queues["q"]
+        assert [str(m) for m in queue.state.messages] == ["a1"]
+    finally:
+        await second.close()
+        await store_a.close()
+
+
 async def test_a_block_of_an_older_epoch_after_a_newer_one_is_never_recovered(
     tmp_path: Path,
 ) -> None:
