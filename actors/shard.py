@@ -786,9 +786,9 @@ class QueueShard:
         )
 
     async def fetch(self, name: str, key: str) -> None:
-        """Read the snapshot a handover of queue ``name`` to this shard wrote (``key``), and
-        list the queue's objects, ahead of :meth:`take_over` (while the coordinator writes
-        the map, which the take-over waits for). A failed read is read again there."""
+        """Read the snapshot a handover of queue ``name`` to this shard wrote (``key``)
+        ahead of :meth:`take_over` (while the coordinator writes the map, which the
+        take-over waits for). A failed read is read again there."""
         if name in self.queues:
             return
         read = asyncio.ensure_future(self._read_handed(name, key))
@@ -797,16 +797,25 @@ class QueueShard:
             await asyncio.shield(read)
 
     async def _read_handed(self, name: str, key: str | None) -> tuple[list[str], Any]:
-        """The queue's objects listed and replayed (a snapshot ``key``, if given, read at
-        the same time as the listing)."""
-        listing_read = self.store.list(keys.queue_prefix(name))
+        """The queue's snapshot ``key`` read (no listing: nothing follows a handover's
+        snapshot), or without a key its objects listed and replayed; with the keys used."""
         if key is None:
-            listing = await listing_read
+            listing = await self.store.list(keys.queue_prefix(name))
             return listing, await replay(self.store, name, listing=listing)
-        listing, data = await asyncio.gather(listing_read, self.store.get(key))
-        if key not in listing:  # written before the listing began: a store that lags
-            listing.append(key)
-        return listing, await replay(self.store, name, listing=listing, known={key: data})
+        data = await self.store.get(key)
+        return [key], await replay(self.store, name, listing=[key], known={key: data})
+
+    async def _drop_older_snapshots(self, name: str, seq: int) -> None:
+        """Delete queue ``name``'s snapshots older than ``seq``, its handover's: they came
+        before records in its old shard's log, which this shard cannot replay, so they are
+        of no use here (its own snapshots, and their prune, start from ``seq``)."""
+        try:
+            for key in await self.store.list(keys.snapshot_prefix(name)):
+                with contextlib.suppress(DataError):
+                    if keys.seq_of(key) < seq:
+                        await self.store.delete(key)
+        except QueueError as exc:  # left for a later handover's or deletion's clean-up
+            log.warning("shard %d: queue %s: old snapshots kept: %s", self.index, name, exc)
 
     async def take_over(self, name: str, key: str | None = None) -> bool:
         """Serve queue ``name``, handed to this shard: from its newest snapshot (the one
@@ -843,6 +852,8 @@ class QueueShard:
         if moving is None:
             return False
         await queue.execute(cmd.TakeOver(moving[0], moving[2]))
+        if key is not None:
+            self._spawn(self._drop_older_snapshots(name, keys.seq_of(key)))
         return True
 
     def _forget_report(self, name: str) -> None:

@@ -11,8 +11,14 @@ shard and back ``--rounds`` times, one at a time. Each move's time without an ow
 from the source's fence to the target serving (``move_queue``'s second result): its
 p50/p99/max, and the moves a second. Progress every 50 moves.
 
+With ``--s3``, the floor is measured after the moves on the same server with the same
+client: ``--floor`` chains of the round trips a handover waits for, made bare (no shard:
+a small create-only put, a put of a snapshot's size, a small create-only put and a get
+of that snapshot at once, a small put), and single small puts; their p50/p99 (``floor_*``). A move
+cannot be quicker than its chain.
+
     .venv/bin/python loadtest/handover.py [--queues 50] [--messages 10000] [--rounds 4]
-        [--dir /work] [--s3]
+        [--dir /work] [--s3 [--floor 200]]
 """
 
 from __future__ import annotations
@@ -32,7 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from actors.core import commands as cmd
 from actors.directory import LocalDirectory
-from actors.log.store import LocalDirStore
+from actors.log.store import LocalDirStore, ObjectStore
 from actors.log.stores import open_store
 from actors.settings import LogSettings, QueueSettings
 
@@ -94,8 +100,9 @@ async def run(args: argparse.Namespace, s3: str | None = None) -> dict[str, obje
             [stats] = await directory.execute_many(name, [cmd.Stats()])
             assert (stats.ready, stats.reserved, stats.delayed) == (args.messages - 1, 1, 1), stats
         await directory.close()
+        floor = await _floor(store, args.floor, 100 * args.messages) if s3 is not None else {}
     ms = sorted(x * 1000 for x in paused)
-    return {
+    return floor | {
         "store": "moto S3" if s3 is not None else "local disk",
         "queues": args.queues,
         "messages_each": args.messages,
@@ -104,6 +111,38 @@ async def run(args: argparse.Namespace, s3: str | None = None) -> dict[str, obje
         "unavailable_p50_ms": round(statistics.median(ms), 1),
         "unavailable_p99_ms": round(ms[min(len(ms) - 1, int(0.99 * len(ms)))], 1),
         "unavailable_max_ms": round(ms[-1], 1),
+    }
+
+
+def _p(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000, 1)
+
+
+async def _floor(store: ObjectStore, chains: int, snapshot_bytes: int) -> dict[str, object]:
+    """The store's own round trips in the handover's order, with nothing else (see the
+    module's docstring): p50/p99 of a chain and of one small put."""
+    small, snapshot = b"r" * 200, b"s" * snapshot_bytes
+    chain: list[float] = []
+    single: list[float] = []
+    for i in range(chains):
+        began = time.perf_counter()
+        await store.put_if_absent(f"floor/{i}/fence", small)
+        await store.put_if_absent(f"floor/{i}/snapshot", snapshot)
+        await asyncio.gather(
+            store.put_if_absent(f"floor/{i}/map", small), store.get(f"floor/{i}/snapshot")
+        )
+        await store.put_if_absent(f"floor/{i}/taken", small)
+        chain.append(time.perf_counter() - began)
+        began = time.perf_counter()
+        await store.put_if_absent(f"floor/{i}/one", small)
+        single.append(time.perf_counter() - began)
+    return {
+        "floor_chains": chains,
+        "floor_chain_p50_ms": _p(chain, 0.5),
+        "floor_chain_p99_ms": _p(chain, 0.99),
+        "floor_put_p50_ms": _p(single, 0.5),
+        "floor_put_p99_ms": _p(single, 0.99),
     }
 
 
@@ -116,6 +155,7 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=4)
     p.add_argument("--dir", default="/work")
     p.add_argument("--s3", action="store_true", help="on moto's S3 server (started here)")
+    p.add_argument("--floor", type=int, default=200, help="with --s3: bare chains measured")
     args = p.parse_args()
     if not args.s3:
         print(json.dumps(asyncio.run(run(args))))

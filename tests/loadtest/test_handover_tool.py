@@ -59,6 +59,7 @@ def test_the_handover_tool_runs_on_moto_s3(tmp_path: Path) -> None:
         [
             *(sys.executable, str(ROOT / "loadtest" / "handover.py"), "--s3"),
             *("--queues", "2", "--messages", "300", "--rounds", "1", "--dir", str(tmp_path)),
+            *("--floor", "5"),
         ],
         capture_output=True,
         text=True,
@@ -68,3 +69,6 @@ def test_the_handover_tool_runs_on_moto_s3(tmp_path: Path) -> None:
     result = json.loads(done.stdout.strip().splitlines()[-1])
     assert (result["store"], result["queues"], result["moves"]) == ("moto S3", 2, 2)
     assert 0 < result["unavailable_p50_ms"] <= result["unavailable_max_ms"]
+    assert result["floor_chains"] == 5
+    assert 0 < result["floor_put_p50_ms"] < result["floor_chain_p50_ms"]  # four round trips
+    assert result["floor_chain_p50_ms"] <= result["floor_chain_p99_ms"]

@@ -16,6 +16,7 @@ from actors.directory import LocalDirectory, _InProcess
 from actors.errors import Moving, WrongShard
 from actors.handover import move_queues
 from actors.keyspace import partition_of
+from actors.log import keys
 from actors.log.codec import decode_snapshot_object
 from actors.log.placement import Placement, PlacementConflict, read_placement, write_placement
 from actors.log.shard_recovery import placement
@@ -383,3 +384,27 @@ async def test_a_map_that_does_not_move_the_queue_drops_its_read_ahead(api: Api)
     start = await read_placement(directory.store, 2)
     target.placed(start.moved({"other": 1 - placement("other", 2)}))  # another coordinator's
     assert Q not in target._fetched
+
+
+async def test_the_target_deletes_the_snapshots_older_than_the_handovers(api: Api) -> None:
+    """They came before records in the source's log, which the target cannot replay."""
+    await api.create(Q)
+    directory = _directory(api)
+    source = directory.shards[SOURCE]
+    for i in range(3):
+        await api.put(Q, f"m{i}")
+        assert await source.queues[Q].snapshot() is not None
+    store = directory.store
+    before = sorted(keys.seq_of(k) for k in await store.list(keys.snapshot_prefix(Q)))
+    assert len(before) == 2  # the source keeps two
+    await directory.move(Q, TARGET)
+    handed = max(keys.seq_of(k) for k in await store.list(keys.snapshot_prefix(Q)))
+    assert handed > before[-1]
+    for _ in range(200):  # a clean-up after the take-over
+        left = sorted(keys.seq_of(k) for k in await store.list(keys.snapshot_prefix(Q)))
+        if left == [handed]:
+            break
+        await asyncio.sleep(0.01)
+    assert left == [handed]
+    got = await api.take(Q, max=10)
+    assert sorted(m["body"] for m in got) == ["m0", "m1", "m2"]
