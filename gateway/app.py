@@ -11,6 +11,7 @@ import msgspec
 from aiohttp import web
 
 from actors.directory import Directory
+from actors.log.store import ObjectStore
 from gateway import dashboard, limits, metrics, native, planned, shards, sqs, tasks, watches
 from gateway.auth import AUTH, Auth, Token, auth_middleware, retry_after
 from gateway.batcher import Batchers
@@ -18,7 +19,7 @@ from gateway.errors import MAX_BODY, error_middleware, error_response, wants_msg
 from gateway.fast import FAST, Fast
 from gateway.limits import FAST_CONNECTIONS, IN_FLIGHT, LIMITS, Limits
 from gateway.settings import MAX_BODY_BYTES, ServerSettings, is_loopback
-from gateway.tasks import TASKS, Tasks
+from gateway.tasks import TASKS, Board, Tasks
 
 __all__ = ["AppOptions", "app_options", "make_app"]
 
@@ -221,13 +222,25 @@ async def readyz(request: web.Request) -> web.Response:
     return web.json_response(doc, status=503, headers={"Retry-After": "1"})
 
 
+def _board_store(directory: object) -> ObjectStore | None:
+    """The shards' store, opened for the task board, when this gateway coordinates shards
+    over Ray (a gateway that can start them: one of a cluster's, or evq serve's own)."""
+    spawner = getattr(directory, "spawner", None)
+    return spawner.open_store() if spawner is not None else None
+
+
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     """Start recovery with the app; close the queues (drain, snapshot) when it stops."""
     directory = app[native.DIRECTORY]
     await directory.start()
+    board_store = _board_store(directory)
+    if board_store is not None:  # the gateways of a cluster show each other's tasks
+        app[TASKS].board = Board(board_store, app[TASKS].clock)
     yield
     log.info("calls toward shards: %s", app[native.BATCHERS].stats.summary())
     await app[TASKS].close()  # a resize cut short here is resumed by asking again
+    if board_store is not None:
+        await board_store.close()
     log.info("closing queues: finishing writes and taking snapshots")
     await directory.close()
     log.info("queues closed")

@@ -9,7 +9,7 @@ from typing import Any
 import msgspec
 from aiohttp import web
 
-from actors.errors import BadRequest, Conflict, Unavailable
+from actors.errors import BadRequest, Unavailable
 from actors.status import ShardStatus
 from gateway import native
 from gateway.tasks import TASKS, Task, forwarded
@@ -47,12 +47,12 @@ async def shards(request: web.Request) -> web.Response:
     generation = max((s.generation for s in statuses), default=0)
     doc = {"count": directory.count, "generation": generation, "shards": docs}
     for kind in (RESIZE, RESTART):
-        running = request.app[TASKS].running(kind)
+        running = await request.app[TASKS].running_anywhere(kind)
         if running is not None:
-            doc["task"] = running.id
+            doc["task"] = running["id"]
             doc["moves" if kind == RESIZE else "restarted"] = {
-                "done": running.done,
-                "total": running.total,
+                "done": running["done"],
+                "total": running["total"],
             }
     return native.reply(request, doc)
 
@@ -80,8 +80,9 @@ async def resize(request: web.Request) -> web.Response:
         placement = await run(asked.count, progress=task.progress, cancelled=task.cancelled)
         task.detail["generation"] = placement.generation
 
-    _check_idle(request)
-    task = request.app[TASKS].start(RESIZE, work, count=asked.count, was=directory.count)
+    task = await request.app[TASKS].start(
+        RESIZE, work, exclusive=(RESTART,), count=asked.count, was=directory.count
+    )
     return native.reply(request, {"task": task.id}, 202)
 
 
@@ -101,17 +102,8 @@ async def restart(request: web.Request) -> web.Response:
         placement = await run(progress=task.progress, cancelled=task.cancelled)
         task.detail["generation"] = placement.generation
 
-    _check_idle(request)
-    task = request.app[TASKS].start(RESTART, work)
+    task = await request.app[TASKS].start(RESTART, work, exclusive=(RESIZE,))
     return native.reply(request, {"task": task.id}, 202)
-
-
-def _check_idle(request: web.Request) -> None:
-    """One change of the shards at a time. Raises: Conflict."""
-    for kind in (RESIZE, RESTART):
-        busy = request.app[TASKS].running(kind)
-        if busy is not None:
-            raise Conflict(f"task {busy.id} ({kind}) is running: cancel it or wait", task=busy.id)
 
 
 def shard_state(status: ShardStatus) -> tuple[str, str | None]:

@@ -6,11 +6,20 @@ A task is a coroutine run in the gateway that started it, with a progress (``don
 ``total``) and a flag it reads between steps to stop when cancelled. What it changes is
 stored as it goes (a resize's placement map), so a task cut short, by a cancel or by its
 gateway dying, is resumed by starting it again. A gateway keeps the tasks it ran last.
+
+The gateways of a cluster share a :class:`Board` in the shards' store
+(``wal/tasks/<id>.json``): the gateway running a task publishes it every second and at
+each step, so every gateway lists and shows it, refuses a second one of its kind (409), and
+passes on a cancel (``wal/tasks/<id>.cancel``, read by the running gateway at its next
+beat). A running task whose gateway stopped publishing (``STALE_S``) shows as failed
+(``GatewayLost``): start it again to resume it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import logging
 import secrets
 from collections import OrderedDict
@@ -21,13 +30,18 @@ from aiohttp import web
 
 from actors.clock import Clock, SystemClock
 from actors.errors import Conflict, QueueError, TaskNotFound
+from actors.log.store import KeyNotFound, ObjectStore
 from gateway import native
 
-__all__ = ["FORWARD", "TASKS", "Task", "Tasks", "forwarded", "routes"]
+__all__ = ["FORWARD", "TASKS", "Board", "Task", "Tasks", "forwarded", "routes"]
 
 log = logging.getLogger(__name__)
 
 KEPT = 100  # finished tasks a gateway remembers
+BOARD_KEPT = 20  # finished tasks the board keeps
+BEAT_S = 1.0  # how often a running task is published (and its cancel marker read)
+STALE_S = 5.0  # a running task not published for this long: its gateway is gone
+BOARD_PREFIX = "wal/tasks/"
 
 
 class Task:
@@ -72,35 +86,164 @@ class Task:
         return doc
 
 
-class Tasks:
-    """The tasks of one gateway process."""
+class Board:
+    """The tasks of every gateway of a store, as objects in it (see the module docstring)."""
 
-    def __init__(self, clock: Clock | None = None) -> None:
+    def __init__(self, store: ObjectStore, clock: Clock) -> None:
+        self.store = store
+        self.clock = clock
+
+    @staticmethod
+    def _key(task_id: str, suffix: str = ".json") -> str:
+        return f"{BOARD_PREFIX}{task_id}{suffix}"
+
+    async def publish(self, view: dict[str, Any]) -> None:
+        """Write a task's view as it is now (with the time: its gateway's beat)."""
+        doc = {**view, "published_at": self.clock.now_ms() / 1000}
+        await self.store.put(self._key(view["id"]), json.dumps(doc).encode())
+
+    async def views(self) -> list[dict[str, Any]]:
+        """Every task on the board (stale running ones shown failed), oldest first."""
+        found = []
+        for key in await self.store.list(BOARD_PREFIX):
+            if key.endswith(".json"):
+                with contextlib.suppress(KeyNotFound, ValueError):
+                    found.append(self._aged(json.loads(await self.store.get(key))))
+        return sorted(found, key=lambda v: v.get("started_at", 0))
+
+    async def view(self, task_id: str) -> dict[str, Any] | None:
+        """One task, or None."""
+        try:
+            return self._aged(json.loads(await self.store.get(self._key(task_id))))
+        except (KeyNotFound, ValueError):
+            return None
+
+    def _aged(self, view: dict[str, Any]) -> dict[str, Any]:
+        published = view.pop("published_at", 0)
+        if view.get("state") == "running" and self.clock.now_ms() / 1000 - published > STALE_S:
+            view["state"] = "failed"
+            view["error"] = {
+                "code": "GatewayLost",
+                "message": f"the gateway running it stopped {STALE_S:.0f} s ago or more: "
+                "start it again to resume it",
+            }
+        return view
+
+    async def ask_cancel(self, task_id: str) -> None:
+        """Ask the gateway running the task to stop it (at its next beat)."""
+        await self.store.put(self._key(task_id, ".cancel"), b"")
+
+    async def cancel_asked(self, task_id: str) -> bool:
+        """Whether another gateway asked for the task to stop."""
+        try:
+            await self.store.get(self._key(task_id, ".cancel"))
+        except KeyNotFound:
+            return False
+        return True
+
+    async def trim(self) -> None:
+        """Forget the oldest finished tasks beyond ``BOARD_KEPT``."""
+        views = await self.views()
+        finished = [v["id"] for v in views if v.get("state") != "running"]
+        for task_id in finished[: max(0, len(finished) - BOARD_KEPT)]:
+            for suffix in (".json", ".cancel"):
+                with contextlib.suppress(KeyNotFound):
+                    await self.store.delete(self._key(task_id, suffix))
+
+
+class Tasks:
+    """The tasks of one gateway process (and, with a board, those of the other gateways of
+    its store)."""
+
+    def __init__(self, clock: Clock | None = None, board: Board | None = None) -> None:
         self.clock = clock or SystemClock()
         self.tasks: OrderedDict[str, Task] = OrderedDict()
+        self.board = board
 
     def running(self, kind: str) -> Task | None:
-        """The task of that kind that runs now, if any."""
+        """The task of that kind that runs here now, if any."""
         return next(
             (t for t in self.tasks.values() if t.kind == kind and t.state == "running"), None
         )
 
-    def start(self, kind: str, work: Callable[[Task], Awaitable[Any]], **detail: Any) -> Task:
-        """Run ``work(task)`` as a new task of ``kind`` (one at a time per kind).
+    async def running_anywhere(self, kind: str) -> dict[str, Any] | None:
+        """The view of the task of that kind that runs here or on another gateway."""
+        here = self.running(kind)
+        if here is not None:
+            return here.view()
+        return next(
+            (v for v in await self._board_views() if v["kind"] == kind and v["state"] == "running"),
+            None,
+        )
+
+    async def start(
+        self,
+        kind: str,
+        work: Callable[[Task], Awaitable[Any]],
+        *,
+        exclusive: tuple[str, ...] = (),
+        **detail: Any,
+    ) -> Task:
+        """Run ``work(task)`` as a new task of ``kind``: one at a time of ``kind`` and of
+        every kind in ``exclusive``, on every gateway of the board.
 
         Raises:
-            Conflict: one of that kind runs already.
+            Conflict: one runs already.
         """
-        busy = self.running(kind)
-        if busy is not None:
-            raise Conflict(f"task {busy.id} ({kind}) is running: cancel it or wait", task=busy.id)
+        for other in (kind, *exclusive):
+            busy = await self.running_anywhere(other)
+            if busy is not None:
+                raise Conflict(
+                    f"task {busy['id']} ({other}) is running: cancel it or wait", task=busy["id"]
+                )
         task = Task(kind, detail, self.clock)
         self.tasks[task.id] = task
         task.job = asyncio.ensure_future(self._run(task, work))
         self._trim()
         return task
 
+    async def _board_views(self) -> list[dict[str, Any]]:
+        if self.board is None:
+            return []
+        try:
+            return await self.board.views()
+        except QueueError as exc:  # the store failed: this gateway's own tasks still show
+            log.warning("tasks: the board cannot be read: %s", exc.message)
+            return []
+
+    async def _beat(self, board: Board, task: Task) -> None:
+        """Publish the task every ``BEAT_S`` while it runs; read its cancel marker."""
+        while True:
+            try:
+                await board.publish(task.view())
+                if not task.cancel_asked and await board.cancel_asked(task.id):
+                    task.cancel_asked = True
+            except QueueError as exc:
+                log.warning("task %s: not published: %s", task.id, exc.message)
+            await asyncio.sleep(BEAT_S)
+
     async def _run(self, task: Task, work: Callable[[Task], Awaitable[Any]]) -> None:
+        board = self.board
+        beat = asyncio.ensure_future(self._beat(board, task)) if board is not None else None
+        try:
+            await self._work(task, work)
+        finally:
+            if beat is not None:
+                beat.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await beat
+            if board is not None:
+                await self._publish_end(board, task)
+
+    @staticmethod
+    async def _publish_end(board: Board, task: Task) -> None:
+        try:
+            await board.publish(task.view())
+            await board.trim()
+        except QueueError as exc:
+            log.warning("task %s: its end not published: %s", task.id, exc.message)
+
+    async def _work(self, task: Task, work: Callable[[Task], Awaitable[Any]]) -> None:
         try:
             await work(task)
             task.state = "done"
@@ -119,24 +262,53 @@ class Tasks:
             task.finished_at = task.clock.now_ms() / 1000
 
     def get(self, task_id: str) -> Task:
-        """Raises: TaskNotFound."""
+        """A task of this gateway. Raises: TaskNotFound."""
         task = self.tasks.get(task_id)
         if task is None:
             raise TaskNotFound(f"no task {task_id} on this gateway", task=task_id)
         return task
 
-    def cancel(self, task_id: str) -> Task:
-        """Ask a running task to stop after its current step.
+    async def view(self, task_id: str) -> dict[str, Any]:
+        """A task of this gateway or of the board.
+
+        Raises:
+            TaskNotFound: no such task.
+        """
+        task = self.tasks.get(task_id)
+        if task is not None:
+            return task.view()
+        if self.board is not None:
+            with contextlib.suppress(QueueError):
+                view = await self.board.view(task_id)
+                if view is not None:
+                    return view
+        raise TaskNotFound(f"no task {task_id}", task=task_id)
+
+    async def views(self) -> list[dict[str, Any]]:
+        """This gateway's tasks and the board's, oldest first."""
+        here = [t.view() for t in self.tasks.values()]
+        known = {v["id"] for v in here}
+        others = [v for v in await self._board_views() if v["id"] not in known]
+        return sorted([*here, *others], key=lambda v: v["started_at"])
+
+    async def cancel(self, task_id: str) -> dict[str, Any]:
+        """Ask a running task to stop after its current step (one of another gateway: at
+        that gateway's next beat).
 
         Raises:
             TaskNotFound: no such task.
             Conflict: it is not running.
         """
-        task = self.get(task_id)
-        if task.state != "running":
-            raise Conflict(f"task {task_id} is {task.state}, not running", task=task_id)
-        task.cancel_asked = True
-        return task
+        task = self.tasks.get(task_id)
+        view = task.view() if task is not None else await self.view(task_id)
+        if view["state"] != "running":
+            raise Conflict(f"task {task_id} is {view['state']}, not running", task=task_id)
+        if task is not None:
+            task.cancel_asked = True
+        else:
+            assert self.board is not None  # a view of another gateway's task came from it
+            await self.board.ask_cancel(task_id)
+        return view
 
     def _trim(self) -> None:
         finished = [t.id for t in self.tasks.values() if t.state != "running"]
@@ -149,6 +321,10 @@ class Tasks:
         for job in jobs:
             job.cancel()
         await asyncio.gather(*jobs, return_exceptions=True)
+        for task in self.tasks.values():  # cancelled before their first step
+            if task.state == "running":
+                task.state = "cancelled"
+                task.finished_at = self.clock.now_ms() / 1000
 
 
 TASKS = web.AppKey("tasks", Tasks)
@@ -169,11 +345,11 @@ async def forwarded(request: web.Request) -> web.Response | None:
 
 @routes.get("/v1/tasks")
 async def list_tasks(request: web.Request) -> web.Response:
-    """Every task this gateway remembers, oldest first."""
+    """Every task this gateway remembers, and those of the other gateways of its store,
+    oldest first."""
     if (answer := await forwarded(request)) is not None:
         return answer
-    tasks = request.app[TASKS]
-    return native.reply(request, {"tasks": [t.view() for t in tasks.tasks.values()]})
+    return native.reply(request, {"tasks": await request.app[TASKS].views()})
 
 
 @routes.get("/v1/tasks/{id}")
@@ -181,7 +357,7 @@ async def get_task(request: web.Request) -> web.Response:
     """One task."""
     if (answer := await forwarded(request)) is not None:
         return answer
-    return native.reply(request, request.app[TASKS].get(request.match_info["id"]).view())
+    return native.reply(request, await request.app[TASKS].view(request.match_info["id"]))
 
 
 @routes.delete("/v1/tasks/{id}")
@@ -189,4 +365,4 @@ async def cancel_task(request: web.Request) -> web.Response:
     """Ask a running task to stop after its current step."""
     if (answer := await forwarded(request)) is not None:
         return answer
-    return native.reply(request, request.app[TASKS].cancel(request.match_info["id"]).view())
+    return native.reply(request, await request.app[TASKS].cancel(request.match_info["id"]))

@@ -200,6 +200,30 @@ def test_every_gateway_of_the_cluster_serves_every_queue_wait_and_watch(head: He
             assert status == 200, seen
             assert seen["value"] == 2
             assert seen["version"] > version
+
+        # A resize asked of one gateway is shown by the other (the task board in the
+        # store), which refuses a second change of the shards while it runs.
+        status, doc = request("POST", f"{a.url}/v1/admin/shards", {"count": 3})
+        assert status == 202, doc
+        task = doc["task"]
+        shown = eventually(
+            lambda: (v := request("GET", f"{b.url}/v1/tasks/{task}"))[0] == 200 and v[1],
+            timeout=10,
+        )
+        assert isinstance(shown, dict)
+        assert (shown["kind"], shown["count"]) == ("resize", 3)
+        status, doc = request("POST", f"{b.url}/v1/admin/shards/restart", None)
+        if status == 202:  # only if the resize ended first
+            assert request("GET", f"{a.url}/v1/tasks/{task}")[1]["state"] == "done"
+        else:
+            assert (status, doc["error"]["code"]) == (409, "Conflict"), doc
+        done = eventually(
+            lambda: request("GET", f"{b.url}/v1/tasks/{task}")[1]["state"] == "done",
+            timeout=120,
+        )
+        assert done
+        assert task in [t["id"] for t in request("GET", f"{b.url}/v1/tasks")[1]["tasks"]]
+        assert request("GET", f"{b.url}/v1/admin/shards")[1]["count"] == 3
     finally:
         _stop(a)
         _stop(b)
