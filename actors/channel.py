@@ -19,7 +19,12 @@ decoded by the gateway with the reply type of its command.
 
 A connection that breaks fails every call in flight on it with ``Unavailable`` (the call may
 or may not have happened, as with any lost reply); the next call reconnects, asking Ray for
-the shard's address again (it changes when Ray restarts the shard).
+the shard's address again (it changes when Ray restarts the shard). A connection that goes
+silent does the same: when calls wait on it and nothing came for ``PING_AFTER_S``, the
+gateway asks the shard for its status (a request every version answers at once); nothing
+for ``SILENT_S`` after that, and the connection is dropped. So a shard process that is
+paused, or whose node is cut off, while Ray starts it again elsewhere does not hold its
+calls for ever: they fail, and the retries reach the new incarnation.
 """
 
 from __future__ import annotations
@@ -63,6 +68,11 @@ log = logging.getLogger(__name__)
 
 _LEN = struct.Struct("<I")
 MAX_FRAME = 1 << 30
+# A silent connection (see the module docstring): when to ask, when to give up, how often
+# to look.
+PING_AFTER_S = 2.0
+SILENT_S = 10.0
+WATCH_EVERY_S = 1.0
 
 
 class Hello(msgspec.Struct, array_like=True, tag=True):
@@ -620,6 +630,26 @@ class _Then:
             log.exception("channel: a call's callback failed")
 
 
+class _Ping:
+    """The status request a silent connection sends (:meth:`_ClientConnection._watch`):
+    its answer only proves the shard alive."""
+
+    __slots__ = ("connection", "rid")
+
+    def __init__(self, connection: _ClientConnection, rid: int) -> None:
+        self.connection = connection
+        self.rid = rid
+
+    def done(self) -> bool:
+        return False
+
+    def set_result(self, results: Any) -> None:
+        self.connection.pending.pop(self.rid, None)
+
+    def set_exception(self, error: BaseException) -> None:
+        self.connection.pending.pop(self.rid, None)
+
+
 class _ClientConnection(asyncio.Protocol):
     """The gateway's end of a channel: requests out, replies matched to their calls."""
 
@@ -627,19 +657,49 @@ class _ClientConnection(asyncio.Protocol):
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.frames = _Frames()
-        self.pending: dict[int, tuple[asyncio.Future[Any] | _Then, list[type]]] = {}
+        self.pending: dict[int, tuple[asyncio.Future[Any] | _Then | _Ping, list[type]]] = {}
         self.open = False
+        self.heard = self.loop.time()  # when the shard last sent anything
+        self.asked: float | None = None  # when a status request went out, unanswered
+        self._pings = itertools.count(-1, -1)  # request ids no caller uses
+        self._timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # typeshed types it BaseTransport for every protocol; a stream's is a Transport
         self.transport = transport  # type: ignore[assignment]
         self.open = True
+        self.heard = self.loop.time()
+        self._timer = self.loop.call_later(WATCH_EVERY_S, self._watch)
+
+    def _watch(self) -> None:
+        """Calls wait and the shard said nothing for a while: ask it for its status; still
+        nothing long after: drop the connection (its calls fail, ``Unavailable``)."""
+        if not self.open or self.transport is None:
+            return
+        now = self.loop.time()
+        if self.pending and now - self.heard > PING_AFTER_S:
+            if self.asked is None:
+                rid = next(self._pings)
+                self.pending[rid] = (_Ping(self, rid), [Status])
+                self.asked = now
+                self.send(Status(rid, True))
+            elif now - self.asked > SILENT_S:
+                log.warning(
+                    "channel: a shard answered nothing for %.0f s (paused, or cut off): "
+                    "dropping the connection; its calls fail and are retried",
+                    now - self.heard,
+                )
+                self.transport.abort()
+                return
+        self._timer = self.loop.call_later(WATCH_EVERY_S, self._watch)
 
     def send(self, request: Any) -> None:
         if self.transport is not None and self.open:
             self.transport.write(_frame(_encoder.encode(request)))
 
     def data_received(self, data: bytes) -> None:
+        self.heard = self.loop.time()
+        self.asked = None
         try:
             for frame in self.frames.feed(data):
                 reply = _reply_decoder.decode(frame)
@@ -664,6 +724,8 @@ class _ClientConnection(asyncio.Protocol):
             log.warning("channel to a shard broke: %r", exc)
         self.open = False
         self.transport = None
+        if self._timer is not None:
+            self._timer.cancel()
         lost = Unavailable("the connection to the queue's shard broke; the call may have happened")
         for fut, _ in list(self.pending.values()):
             if not fut.done():

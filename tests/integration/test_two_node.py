@@ -531,7 +531,5 @@ def _fenced_lines(path: str) -> str:
         text = Path(path).read_text(errors="replace")
     except OSError as exc:
         return f"(log unreadable: {exc})"
-    lines = [
-        line for line in text.splitlines() if re.search(r"(?i)fenc|held by another|epoch", line)
-    ]
+    lines = [line for line in text.splitlines() if re.search(r"(?i)fenced|held by another", line)]
     return "\n".join(lines[-5:]) or "(no write of it was refused)"

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from actors import channel
 from actors.channel import ChannelClient, ChannelServer
 from actors.core import commands as cmd
 from actors.core import replies as rp
@@ -524,3 +525,60 @@ async def test_a_refusal_crosses_the_channel_and_the_directory_resends_where_it_
         for shard in shards:
             await shard.close()
         await store.close()
+
+
+@pytest.fixture
+def quick_watch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The silent-connection watch in tenths of a second instead of seconds."""
+    monkeypatch.setattr(channel, "PING_AFTER_S", 0.2)
+    monkeypatch.setattr(channel, "SILENT_S", 0.5)
+    monkeypatch.setattr(channel, "WATCH_EVERY_S", 0.05)
+
+
+async def test_a_silent_shard_fails_its_calls_and_the_next_call_reaches_the_new_one(
+    rig: Rig, quick_watch: None
+) -> None:
+    """A shard process paused (or cut off) keeps its connection open and says nothing: the
+    gateway asks for its status, hears nothing, drops the connection (the calls fail,
+    Unavailable) and asks where the shard is now: Ray's new incarnation."""
+    accepted: list[asyncio.StreamWriter] = []
+
+    async def silent(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        accepted.append(writer)  # reads nothing, answers nothing
+
+    paused = await asyncio.start_server(silent, "127.0.0.1", 0)
+    live = rig.address
+    rig.address = paused.sockets[0].getsockname()[:2]
+    client = rig.client()
+    try:
+        began = asyncio.get_running_loop().time()
+        with pytest.raises(Unavailable, match="broke"):
+            await asyncio.wait_for(client.execute_many("q", [cmd.Stats()]), 10)
+        assert asyncio.get_running_loop().time() - began < 5
+        assert accepted  # it was connected, not refused
+        rig.address = live  # Ray now names the new incarnation
+        [stats] = await client.execute_many("q", [cmd.Stats()])
+        assert isinstance(stats, rp.StatsView)
+    finally:
+        await client.close()
+        paused.close()
+        for writer in accepted:
+            writer.close()
+
+
+async def test_a_slow_call_on_a_live_shard_is_not_mistaken_for_silence(
+    rig: Rig, quick_watch: None
+) -> None:
+    """A batch that takes longer than the watch's limits (held in the shard) still gets its
+    answer: the shard answers the status requests meanwhile."""
+    rig.service.hold = asyncio.Event()
+    client = rig.client()
+    try:
+        call = asyncio.ensure_future(client.execute_many("q", [cmd.Stats()]))
+        await asyncio.sleep(1.5)  # three times PING_AFTER_S + SILENT_S
+        assert not call.done()
+        rig.service.hold.set()
+        [stats] = await asyncio.wait_for(call, 5)
+        assert isinstance(stats, rp.StatsView)
+    finally:
+        await client.close()
