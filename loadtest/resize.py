@@ -60,7 +60,9 @@ class Load:
         self.failed: list[str] = []
         self.latencies: list[float] = []  # s, each operation's (a take and its ack: one)
         self._lock = threading.Lock()
-        self._workers = [threading.Thread(target=self._run, args=(i,)) for i in range(threads)]
+        self._workers = [
+            threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(threads)
+        ]
 
     def start(self) -> None:
         for worker in self._workers:
@@ -139,6 +141,7 @@ def follow(url: str, task: str, what: str) -> Any:
 def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     log = work / "serve.log"
     server = EvqServe(work / "data", log, ["--shards", str(args.from_)])
+    load: Load | None = None
     try:
         server.wait_ready(180)
         queues = fill(server.url, args.queues, args.messages)
@@ -148,7 +151,7 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             time.sleep(1)
         begun = time.monotonic()
         if args.restart:
-            task = call(server.url, "POST", "/v1/admin/shards/restart", {})["task"]
+            task = call(server.url, "POST", "/v1/admin/shards/restart")["task"]
         else:
             task = call(server.url, "POST", "/v1/admin/shards", {"count": args.to})["task"]
         doc = follow(server.url, task, "shards restarted" if args.restart else "queues moved")
@@ -160,6 +163,8 @@ def run(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             raise RuntimeError(f"the task ended {doc['state']}: {doc.get('error')}")
         shards = call(server.url, "GET", "/v1/admin/shards")
     finally:
+        if load is not None:
+            load.finish()  # also when the run failed: its threads end
         server.stop()
     pauses = [float(m.group(1)) for m in _MOVED.finditer(log.read_text(errors="replace"))]
     result: dict[str, Any] = {"queues": args.queues, "messages_each": args.messages}
