@@ -179,6 +179,22 @@ class Ops:
             rec.t1 = t1
             self.history.add(rec)
 
+    def _ack_all(self, c: Client, w: str, q: str, msgs: list[Any]) -> None:
+        """Ack a whole take at once (the drain). One record a message, as :meth:`_end`
+        writes them."""
+        recs = [Rec(op="ack", w=w, q=q, id=m.id, lease=m.lease or "", t0=now_ms()) for m in msgs]
+        try:
+            results = c.ack(q, *msgs)
+            for rec, result in zip(recs, results, strict=True):
+                rec.res = result.status
+        except QueueError as exc:
+            for rec in recs:
+                rec.err = _code(exc)
+        t1 = now_ms()
+        for rec in recs:
+            rec.t1 = t1
+            self.history.add(rec)
+
     def _patch(self, c: Client, w: str, q: str, m: Any) -> bool:
         rec = Rec(op="patch", w=w, q=q, id=m.id, lease=m.lease or "", t0=now_ms())
         try:

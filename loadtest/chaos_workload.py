@@ -38,6 +38,10 @@ from evq.client import Client
 
 __all__ = ["Workload"]
 
+# How long the drain may take a queue (acks of a thousand at a time: ~10 s for 200,000 left
+# by a long campaign whose consumers fell behind).
+DRAIN_S = 600.0
+
 
 class Workload(Workers):
     """The threads of the mixed workload (see ``loadtest/chaos.py``'s doc)."""
@@ -141,12 +145,26 @@ class Workload(Workers):
         return left
 
     def _drain_queue(self, c: Client, q: str) -> int:
+        """Take (and ack, or release) until the queue is empty three times in a row.
+
+        Raises:
+            RuntimeError: it was not empty after ``DRAIN_S``: what is left would count as
+                lost, so the run stops here instead (its history says how far it got).
+        """
         taken, empty = 0, 0
-        deadline = time.monotonic() + 120
-        while empty < 3 and time.monotonic() < deadline:
+        deadline = time.monotonic() + DRAIN_S
+        while empty < 3:
+            if time.monotonic() > deadline:
+                stats = c.get_queue(q).stats
+                raise RuntimeError(
+                    f"{q} not drained in {DRAIN_S:.0f} s: {taken} taken, {stats.total} left"
+                )
             got = self._take(c, "drain", q, 1000, wait=0.5)
-            for m in got:
-                self._end(c, "drain", q, "release" if q == SRC else "ack", m)
+            if q == SRC:  # released one by one until its messages move to the dead letters
+                for m in got:
+                    self._end(c, "drain", q, "release", m)
+            elif got:
+                self._ack_all(c, "drain", q, got)
             taken += len(got)
             stats = c.get_queue(q).stats
             empty = empty + 1 if not got and (stats is None or stats.total == 0) else 0
