@@ -439,6 +439,12 @@ class QueueActor:
         a reader, runs keep their bodies and no snapshot reads any (0)."""
         return dict.fromkeys(snapshots, UNKNOWN_FLOOR if self.host.bodies is not None else 0)
 
+    def reads_no_bodies(self, seq: int) -> None:
+        """Snapshot ``seq`` holds every body it needs (a handover's: the source inlined
+        them), so it keeps no segment of this shard's log."""
+        if seq in self._snapshot_floors:
+            self._snapshot_floors[seq] = 0
+
     @property
     def floors_unknown(self) -> bool:
         """Whether a kept snapshot is from before this process (:meth:`_floors_unknown`)."""

@@ -846,6 +846,8 @@ class QueueShard:
                     with contextlib.suppress(DataError):
                         snapshots.append(keys.seq_of(k))
             queue = QueueActor(name, self, state, replayed.last_seq + 1, snapshots=snapshots)
+            if key is not None:  # the handover's snapshot holds its bodies: no snapshot due
+                queue.reads_no_bodies(keys.seq_of(key))
             self._attach(queue)
         self.arriving.discard(name)
         moving = queue.state.moving
