@@ -172,7 +172,8 @@ class _Routes:
     async def _routed(self, queue: str, call: Callable[[int], Awaitable[T]]) -> T:
         """``call(shard)`` on ``queue``'s shard, resent after refusals (raised, returned, or
         a list of them): where a WrongShard says, or, while the queue is moving, in a
-        moment (up to ``MOVING_WAIT_S``)."""
+        moment (up to ``MOVING_WAIT_S``); after ``MAX_HOPS`` refusals in a row, each resend
+        waits a moment too (shards that disagree until the newest map reaches them all)."""
         hops = 0
         wait = MovingWait()
         while True:
@@ -180,7 +181,7 @@ class _Routes:
                 result: Any = await call(self.shard_of(queue))
             except WrongShard as exc:
                 hops += 1
-                if hops == MAX_HOPS or not self.reroute(queue, exc):
+                if not await self._follow(queue, exc, hops, wait):
                     raise
                 continue
             except Moving as exc:
@@ -202,8 +203,16 @@ class _Routes:
             if refusal is None:
                 return result
             hops += 1
-            if hops == MAX_HOPS or not self.reroute(queue, refusal):
+            if not await self._follow(queue, refusal, hops, wait):
                 return result
+
+    async def _follow(self, queue: str, refusal: WrongShard, hops: int, wait: MovingWait) -> bool:
+        """Whether to resend after ``refusal``, the ``hops``-th in a row (learning from it
+        where the queue is); past ``MAX_HOPS``, after a moment's wait, until the moving
+        wait's budget is spent."""
+        if not self.reroute(queue, refusal):
+            return False
+        return hops < MAX_HOPS or await wait.again()
 
 
 class LocalDirectory(_Routes):

@@ -233,7 +233,9 @@ class Batchers:
     async def submit(self, queue: str, command: object) -> Any:
         """Run ``command`` on ``queue`` through its shard's batcher; a command a shard
         refused because the queue is elsewhere (no effect) is resent there, one refused
-        because the queue is moving there is sent again in a moment.
+        because the queue is moving there is sent again in a moment. After ``MAX_HOPS``
+        refusals in a row (shards that disagree: one was given the newest map, another not
+        yet) each resend waits a moment too, as for a move.
 
         Raises:
             QueueError: the command's error.
@@ -245,8 +247,10 @@ class Batchers:
                 return await self._submit(queue, command)
             except WrongShard as exc:
                 hops += 1
-                if hops == MAX_HOPS or self._reroute is None or not self._reroute(queue, exc):
+                if self._reroute is None or not self._reroute(queue, exc):
                     raise
+                if hops >= MAX_HOPS and not await moving.again():
+                    raise  # shards that still disagree once the map had time to reach them
             except Moving:  # being handed over (no effect): its new shard serves it soon
                 if not await moving.again():
                     raise

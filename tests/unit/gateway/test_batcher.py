@@ -9,7 +9,7 @@ import random
 import pytest
 
 from actors.core import commands as cmd
-from actors.errors import BadRequest, Overloaded, QueueError, Unavailable
+from actors.errors import BadRequest, Overloaded, QueueError, Unavailable, WrongShard
 from actors.shard import QueueShard
 from gateway.batcher import SHED_S, Batcher, Batchers
 
@@ -297,3 +297,38 @@ async def test_batchers_start_each_shard_s_batches_through_the_directory(tmp_pat
     assert await batchers.submit("q1", put) == ("done", ("q1", put))
     assert await batchers.submit("q0", cmd.Stats()) == ("done", ("q0", cmd.Stats()))
     assert [s for s, _ in started] == [1, 0]
+
+
+def _disagreeing(rounds: int) -> tuple[Batchers, list[int]]:
+    """Batchers over two shards that send a command back and forth ``rounds`` times (each
+    names the other: one was given the newest map, the other not yet), then serve it."""
+    where = {"q": 0}
+    sent: list[int] = []
+
+    async def send(shard: int, items: list[tuple[str, object]]) -> list[object]:
+        sent.append(shard)
+        if len(sent) <= rounds:
+            return [WrongShard("elsewhere", queue="q", shard=1 - shard, generation=1)]
+        return ["served"]
+
+    def reroute(queue: str, refusal: WrongShard) -> bool:
+        where[queue] = refusal.fields["shard"]
+        return True
+
+    return Batchers(send, lambda q: where[q], reroute=reroute), sent
+
+
+async def test_shards_that_disagree_for_a_moment_are_waited_for_not_answered() -> None:
+    """A rolling restart showed it: a command bounced between a shard given the newest map
+    and one not given it yet ran out of hops and reached the client as a 503. Past the
+    hops, each resend waits a moment (as for a queue that moves)."""
+    batchers, sent = _disagreeing(12)
+    assert await batchers.submit("q", cmd.Stats()) == "served"
+    assert len(sent) == 13
+
+
+async def test_shards_that_keep_disagreeing_answer_the_refusal_in_the_end() -> None:
+    batchers, sent = _disagreeing(10_000)
+    with pytest.raises(WrongShard):
+        await asyncio.wait_for(batchers.submit("q", cmd.Stats()), 10)
+    assert 4 < len(sent) < 100  # waited between resends, then gave up (MOVING_WAIT_S)
