@@ -175,12 +175,6 @@ class Unavailable(QueueError):
     code = "Unavailable"
 
 
-class LogHeld(Unavailable):
-    """A shard's local log is locked by another process: an older incarnation of the shard
-    that has not exited yet (paused, or still closing), or a second server on the same data
-    directory."""
-
-
 class Moving(QueueError):
     """The queue is being handed to another shard (a resize or a rolling restart): retry in
     a moment, when its new shard serves it."""

@@ -46,7 +46,6 @@ from actors.errors import (
     Conflict,
     DataError,
     Fenced,
-    LogHeld,
     Moving,
     NotReady,
     QueueError,
@@ -61,7 +60,7 @@ from actors.keyspace import ShardKeys, is_partition, partition_of
 from actors.log import keys
 from actors.log.archive import Archive
 from actors.log.bodies import Bodies, Readable, inline_runs
-from actors.log.device import LogDevice, ObjectLogDevice, open_device
+from actors.log.device import LogDevice, LogHeld, ObjectLogDevice, open_device
 from actors.log.placement import Placement
 from actors.log.replay import replay
 from actors.log.shard_recovery import (

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Protocol
 
 from actors.clock import Clock, SystemClock
-from actors.errors import DataError, Fenced, LogHeld, Unavailable
+from actors.errors import DataError, Fenced, Unavailable
 from actors.log import keys
 from actors.log.store import (
     NO_SPACE,
@@ -49,11 +49,19 @@ __all__ = [
     "Disk",
     "LocalLogDevice",
     "LogDevice",
+    "LogHeld",
     "ObjectLogDevice",
     "OwnWriteLanded",
     "SegmentFiles",
     "open_device",
 ]
+
+
+class LogHeld(Unavailable):
+    """A shard's local log is locked by another process: an older incarnation of the shard
+    that has not exited yet (paused, or still closing), or a second server on the same data
+    directory (its wire code stays ``Unavailable``)."""
+
 
 log = logging.getLogger(__name__)
 
