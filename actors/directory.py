@@ -21,7 +21,7 @@ from actors.core import replies as rp
 from actors.errors import InternalError, Moving, QueueError, Unavailable, WrongShard
 from actors.handover import move_queue
 from actors.keyspace import home_of
-from actors.log.placement import MAX_HOPS, MovingWait, Placement, refused_to
+from actors.log.placement import MovingWait, Placement, follow_refusal, refused_to
 from actors.log.store import ObjectStore
 from actors.metrics import QueueMetrics
 from actors.resize import Progress, resize, restart_shards
@@ -207,12 +207,8 @@ class _Routes:
                 return result
 
     async def _follow(self, queue: str, refusal: WrongShard, hops: int, wait: MovingWait) -> bool:
-        """Whether to resend after ``refusal``, the ``hops``-th in a row (learning from it
-        where the queue is); past ``MAX_HOPS``, after a moment's wait, until the moving
-        wait's budget is spent."""
-        if not self.reroute(queue, refusal):
-            return False
-        return hops < MAX_HOPS or await wait.again()
+        """Whether to resend after ``refusal`` (learning from it where the queue is)."""
+        return await follow_refusal(self.reroute(queue, refusal), hops, wait)
 
 
 class LocalDirectory(_Routes):

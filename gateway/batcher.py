@@ -28,7 +28,7 @@ from typing import Any
 from actors.channel import CALLS_IN_FLIGHT, PUT_BYTES_PER_CALL
 from actors.core import commands as cmd
 from actors.errors import Moving, Overloaded, QueueError, Unavailable, WrongShard
-from actors.log.placement import MAX_HOPS, MovingWait
+from actors.log.placement import MovingWait, follow_refusal
 
 __all__ = ["BatchStats", "Batcher", "Batchers"]
 
@@ -247,10 +247,9 @@ class Batchers:
                 return await self._submit(queue, command)
             except WrongShard as exc:
                 hops += 1
-                if self._reroute is None or not self._reroute(queue, exc):
+                learnt = self._reroute is not None and self._reroute(queue, exc)
+                if not await follow_refusal(learnt, hops, moving):
                     raise
-                if hops >= MAX_HOPS and not await moving.again():
-                    raise  # shards that still disagree once the map had time to reach them
             except Moving:  # being handed over (no effect): its new shard serves it soon
                 if not await moving.again():
                     raise

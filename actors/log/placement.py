@@ -86,6 +86,14 @@ class MovingWait:
         return True
 
 
+async def follow_refusal(learnt: bool, hops: int, wait: MovingWait) -> bool:
+    """Whether to resend a command after a ``WrongShard``, the ``hops``-th in a row, once
+    the caller ``learnt`` from it where the queue is: at once up to ``MAX_HOPS``, then each
+    after a moment's wait (shards that disagree until the newest map reaches them all),
+    until the moving wait's budget is spent."""
+    return learnt and (hops < MAX_HOPS or await wait.again())
+
+
 KEPT_GENERATIONS = 8  # older generations are pruned past this many
 _WIDTH = 20
 

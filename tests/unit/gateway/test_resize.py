@@ -21,6 +21,16 @@ from tests.unit.gateway.conftest import Api, Serve
 QUEUES = [f"r{i}" for i in range(12)]
 
 
+async def _one_shard_with(serve: Serve, prefix: str, count: int) -> tuple[Api, list[str]]:
+    """A gateway on one shard with ``count`` queues, one message each (``<name>-body``)."""
+    api = await serve(count=1)
+    names = [f"{prefix}{i}" for i in range(count)]
+    for name in names:
+        await api.create(name)
+        await api.put(name, f"{name}-body")
+    return api, names
+
+
 def _directory(api: Api) -> LocalDirectory:
     directory = api.app[native.DIRECTORY]
     assert isinstance(directory, LocalDirectory)
@@ -141,11 +151,7 @@ async def test_a_server_grows_and_shrinks_under_load_and_loses_nothing(
 async def test_a_cancelled_resize_leaves_every_queue_served_and_a_second_one_finishes_it(
     serve: Serve,
 ) -> None:
-    api = await serve(count=1)
-    names = [f"c{i}" for i in range(40)]
-    for name in names:
-        await api.create(name)
-        await api.put(name, f"{name}-body")
+    api, names = await _one_shard_with(serve, "c", 40)
     directory = _directory(api)
     release, moving = asyncio.Event(), asyncio.Event()
     real = directory.shards[0].hand_over
@@ -369,11 +375,7 @@ async def test_a_resize_whose_takeovers_failed_is_finished_by_the_next_one(serve
     """The map of a batch is written but its targets fail to take over (a target
     restarting): the queues wait, fenced, for their new shard; asking again takes them over,
     though no queue is pinned any more."""
-    api = await serve(count=1)
-    names = [f"t{i}" for i in range(6)]
-    for name in names:
-        await api.create(name)
-        await api.put(name, f"{name}-body")
+    api, names = await _one_shard_with(serve, "t", 6)
     directory = _directory(api)
     real = _InProcess.take_over
     failing = [True]
