@@ -36,6 +36,7 @@ import asyncio
 import functools
 import http.client
 import inspect
+import os
 import random
 import select
 import ssl
@@ -85,6 +86,7 @@ __all__ = [
     "Resend",
     "RetryPolicy",
     "TransportError",
+    "tls_context",
 ]
 
 T = TypeVar("T")
@@ -149,6 +151,18 @@ def _dressed(method: F, build: Callable[..., Any], signature: inspect.Signature)
     return method
 
 
+def tls_context(ca_bundle: str | None = None) -> ssl.SSLContext:
+    """A client TLS context that verifies the server's certificate and name against
+    ``ca_bundle`` (a PEM file, or a directory of hashed PEM files), else the system's CAs.
+
+    Raises:
+        OSError: the bundle does not read. ssl.SSLError: it holds no certificate.
+    """
+    if ca_bundle and os.path.isdir(ca_bundle):
+        return ssl.create_default_context(capath=ca_bundle)
+    return ssl.create_default_context(cafile=ca_bundle or None)
+
+
 class _Base:
     """What both clients share: their settings, retries and servers, and every call of the
     API, each defined once (:class:`_Endpoint`); a client adds only its transport."""
@@ -175,8 +189,13 @@ class _Base:
         token: str | None = None,
         binary: bool = False,
         rng: random.Random | None = None,
+        ca_bundle: str | None = None,
     ) -> None:
         self._links = [None, None]  # opened on first use
+        # https: verify the server against this CA bundle (a PEM file or a directory of
+        # them), else $EVQ_CA_BUNDLE, else the system's CAs.
+        self.ca_bundle = ca_bundle or os.environ.get("EVQ_CA_BUNDLE") or None
+        self._tls: ssl.SSLContext | None = None
         self.servers = _servers(base_url)
         self._use(0)
         self.timeout = timeout
@@ -212,6 +231,12 @@ class _Base:
 
     def _left_server(self) -> None:
         """The client moved to another server (connections to the old one may go)."""
+
+    def _tls_context(self) -> ssl.SSLContext:
+        """The context https connections verify the server with (made once)."""
+        if self._tls is None:
+            self._tls = tls_context(self.ca_bundle)
+        return self._tls
 
     def _prepare(self, call: wire.Call[Any]) -> wire.Prepared:
         return wire.prepare(call, binary=self.binary, token=self._token)
@@ -622,7 +647,9 @@ class AsyncClient(_Base):
         if session is None or session.closed:
             import aiohttp  # loaded on first use: the CLI and the blocking Client never need it
 
-            session = self._links[hot] = aiohttp.ClientSession()
+            tls = any(u.startswith("https:") for u in self.servers)
+            connector = aiohttp.TCPConnector(ssl=self._tls_context()) if tls else None
+            session = self._links[hot] = aiohttp.ClientSession(connector=connector)
         return session
 
     async def _exchange(
@@ -736,8 +763,9 @@ class Client(_Base):
         self._drop(hot)
         host, port = self._parts.hostname or "", self._parts.port
         if self._parts.scheme == "https":
-            context = ssl.create_default_context()
-            conn = http.client.HTTPSConnection(host, port, timeout=self.timeout, context=context)
+            conn = http.client.HTTPSConnection(
+                host, port, timeout=self.timeout, context=self._tls_context()
+            )
         else:
             conn = http.client.HTTPConnection(host, port, timeout=self.timeout)
         try:

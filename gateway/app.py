@@ -6,6 +6,7 @@ import asyncio
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from ipaddress import ip_network
 
 import msgspec
 from aiohttp import web
@@ -18,6 +19,7 @@ from gateway.batcher import Batchers
 from gateway.errors import MAX_BODY, error_middleware, error_response, wants_msgpack
 from gateway.fast import FAST, Fast
 from gateway.limits import FAST_CONNECTIONS, IN_FLIGHT, LIMITS, Limits
+from gateway.proxy import forwarded_middleware
 from gateway.settings import MAX_BODY_BYTES, ServerSettings, is_loopback
 from gateway.tasks import TASKS, Board, Tasks
 
@@ -48,6 +50,9 @@ class AppOptions(msgspec.Struct, frozen=True, kw_only=True):
     # The cluster secret (signs SQS receipt handles alike on every gateway); None: random.
     cluster_secret: str | None = None
     tokens: list[Token] = []  # bearer tokens (gateway/auth.py); empty: no auth
+    # Behind a TLS-terminating proxy: the networks whose X-Forwarded-* are believed
+    # (gateway/proxy.py); empty: none.
+    trusted_proxies: list[str] = []
     fast_path: bool = True  # the front door serves the hot commands itself (gateway/fast.py)
     watch: watches.WatchOptions = msgspec.field(default_factory=watches.WatchOptions)
 
@@ -70,6 +75,9 @@ def app_options(
         tokens=list(tokens),
         batch_in_flight=settings.batch_in_flight,
         batch_split_at=settings.batch_split_at,
+        trusted_proxies=(
+            [str(n) for n in settings.proxy_networks()] if settings.behind_tls_proxy else []
+        ),
         watch=watches.WatchOptions(
             max_watchers=settings.max_watchers,
             send_buffer_limit=settings.ws_send_buffer_bytes,
@@ -83,6 +91,11 @@ def make_app(directory: Directory, options: AppOptions | None = None) -> web.App
     app = web.Application(
         client_max_size=options.max_body_bytes,
         middlewares=[
+            *(
+                [forwarded_middleware([ip_network(n) for n in options.trusted_proxies])]
+                if options.trusted_proxies
+                else []
+            ),
             metrics.metrics_middleware,
             *([auth_middleware(_auth_error)] if options.tokens else []),
             _limit_middleware,

@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import logging
 import os
+import signal
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -33,8 +34,9 @@ from aiohttp import web
 from gateway.accept import AcceptSite
 from gateway.fast import FAST, PREFIX, Fast, FastHttp, may_be_fast
 from gateway.limits import FAST_CONNECTIONS
+from gateway.tls import Certificates
 
-__all__ = ["UPGRADES", "DoorRunner", "Head", "Upgrade", "new_loop", "parse_head", "run"]
+__all__ = ["HUP", "UPGRADES", "DoorRunner", "Head", "Upgrade", "new_loop", "parse_head", "run"]
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +82,9 @@ def parse_head(data: bytes) -> Head | None:
 Upgrade = Callable[["Doorway", Head, asyncio.Transport], "asyncio.Protocol | None"]
 # {path: Upgrade}; a path ending in "/" takes every path under it
 UPGRADES = web.AppKey[dict[str, Upgrade]]("door_upgrades")
+# Called on SIGHUP, after this process reloaded its certificate (the main process tells its
+# gateway workers)
+HUP = web.AppKey[list[Callable[[], None]]]("door_hup")
 
 
 def _switch(transport: asyncio.Transport, protocol: asyncio.Protocol, data: bytes) -> None:
@@ -267,12 +272,20 @@ def run(
     backlog: int = 4096,
     shutdown_timeout: float = 60.0,
     on_listening: Callable[[], None] | None = None,
+    tls: tuple[str, str] | None = None,
 ) -> None:
-    """Serve ``app`` until SIGINT or SIGTERM, then shut it down gracefully."""
+    """Serve ``app`` until SIGINT or SIGTERM, then shut it down gracefully; with ``tls``
+    (certificate and key files) over HTTPS, the pair reloaded when the files change and on
+    SIGHUP (:mod:`gateway.tls`).
+
+    Raises:
+        gateway.tls.TlsError: the certificate and key do not load.
+    """
+    certificates = Certificates(*tls) if tls is not None else None
     loop = new_loop()
     asyncio.set_event_loop(loop)
     main = loop.create_task(
-        _serve(app, host, port, reuse_port, backlog, shutdown_timeout, on_listening)
+        _serve(app, host, port, reuse_port, backlog, shutdown_timeout, on_listening, certificates)
     )
     try:
         loop.run_until_complete(main)
@@ -298,6 +311,7 @@ async def _serve(
     backlog: int,
     shutdown_timeout: float,
     on_listening: Callable[[], None] | None,
+    certificates: Certificates | None,
 ) -> None:
     runner = DoorRunner(
         app,
@@ -309,16 +323,33 @@ async def _serve(
         handler_cancellation=True,
     )
     await runner.setup()
+    watch: asyncio.Future[None] | None = None
     try:
         # Not web.TCPSite: under uvloop it takes one new connection per turn of the loop
         # (gateway.accept says what that did under overload).
-        site = AcceptSite(runner, host, port, backlog=backlog, reuse_port=reuse_port)
+        context = certificates.context if certificates is not None else None
+        site = AcceptSite(
+            runner, host, port, backlog=backlog, reuse_port=reuse_port, ssl_context=context
+        )
         await site.start()
+        if certificates is not None:
+            watch = asyncio.ensure_future(certificates.watch())
+            loop = asyncio.get_running_loop()
+            loop.add_signal_handler(signal.SIGHUP, _hangup, certificates, app.get(HUP, []))
         if on_listening is not None:
             on_listening()
         await asyncio.Event().wait()
     finally:
+        if watch is not None:
+            watch.cancel()
+            asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
         await runner.cleanup()
+
+
+def _hangup(certificates: Certificates, hooks: list[Callable[[], None]]) -> None:
+    certificates.reload()
+    for hook in hooks:
+        hook()
 
 
 def _cancel_all(loop: asyncio.AbstractEventLoop) -> None:

@@ -38,6 +38,7 @@ from gateway.settings import (
     is_loopback,
     load_settings,
 )
+from gateway.tls import Certificates, subject
 from gateway.workers import supervise
 
 if TYPE_CHECKING:
@@ -53,6 +54,10 @@ def main(args: argparse.Namespace) -> int:
     try:
         settings = load_settings(args)
         settings.sqs_key_map()  # a malformed key list stops the start here
+        settings.proxy_networks()
+        tls = settings.tls_files()
+        if tls is not None:
+            Certificates(*tls)  # files that do not load stop the start here
         tokens = read_tokens(settings.tokens_file, os.environ.get("EVQ_TOKENS"))
     except (QueueError, OSError, ValueError) as exc:
         print(f"evq serve: {exc}", file=sys.stderr)
@@ -62,6 +67,15 @@ def main(args: argparse.Namespace) -> int:
             f"evq serve: no tokens configured: the API would be open to anyone on "
             f"{settings.host}; configure tokens (--tokens-file or EVQ_TOKENS) or listen on "
             f"127.0.0.1",
+            file=sys.stderr,
+        )
+        return 2
+    if tls is None and not settings.behind_tls_proxy and not is_loopback(settings.host):
+        print(
+            f"evq serve: listening on {settings.host} without TLS would send tokens and messages "
+            f"in clear text: give a certificate and its key (--tls-cert FILE --tls-key FILE, "
+            f"or EVQ_TLS_CERT and EVQ_TLS_KEY), or, if a proxy in front terminates TLS, "
+            f"--behind-tls-proxy (EVQ_BEHIND_TLS_PROXY=true)",
             file=sys.stderr,
         )
         return 2
@@ -89,6 +103,12 @@ def main(args: argparse.Namespace) -> int:
                 )
     else:
         log.warning("no tokens configured: the API is open, listening on %s only", settings.host)
+    if tls is not None and subject(tls[0]).startswith(PLACEHOLDER):
+        log.error(
+            "the TLS certificate is the shipped placeholder (%s…): its key is public, so the "
+            "connections are not private; replace the pair (EVQ_TLS_CERT, EVQ_TLS_KEY)",
+            PLACEHOLDER,
+        )
     return run(settings, tokens)
 
 
@@ -216,6 +236,7 @@ def run(settings: ServerSettings, tokens: Sequence[Token] = ()) -> int:
             ray.shutdown()
             return 2
     app = make_app(directory, app_options(settings, secret, tokens))
+    app[door.HUP] = []
     if workers > 1:
         assert isinstance(directory, RayDirectory)
         app.cleanup_ctx.append(
@@ -229,7 +250,8 @@ def run(settings: ServerSettings, tokens: Sequence[Token] = ()) -> int:
             )
         )
     log.info(
-        "evq serving on http://%s:%d (store %s, %d shard(s), %d gateway process(es)%s)",
+        "evq serving on %s://%s:%d (store %s, %d shard(s), %d gateway process(es)%s)",
+        "https" if settings.tls_files() else "http",
         settings.host,
         settings.port,
         settings.store_target(),
@@ -246,6 +268,7 @@ def run(settings: ServerSettings, tokens: Sequence[Token] = ()) -> int:
             reuse_port=workers > 1,
             shutdown_timeout=settings.shutdown_timeout_s,
             backlog=4096,  # bursts of connecting watchers
+            tls=settings.tls_files(),
         )
     finally:
         if not settings.no_ray:

@@ -57,6 +57,15 @@ class ServerSettings(msgspec.Struct, kw_only=True):
     s3_retry_timeout_ms: Annotated[int, msgspec.Meta(gt=0)] | None = None
     host: str = "127.0.0.1"
     port: int = 8700
+    # HTTPS on the port (every route): the certificate chain and its key, PEM files; reloaded
+    # when they change (gateway/tls.py). Off loopback, a server needs them, or
+    # behind_tls_proxy: a proxy in front terminates TLS.
+    tls_cert: str | None = None
+    tls_key: str | None = None
+    behind_tls_proxy: bool = False
+    # Behind a proxy: the addresses (IPs or networks, comma-separated) whose X-Forwarded-For
+    # and X-Forwarded-Proto are believed (default: loopback only).
+    trusted_proxies: str = "127.0.0.1/8,::1"
     workers: int = 1  # gateway processes sharing the port (SO_REUSEPORT)
     # default: the store's count (actors.log.layout), else one per two CPUs (memory-bound)
     shards: Annotated[int, msgspec.Meta(ge=1)] | None = None
@@ -146,6 +155,33 @@ class ServerSettings(msgspec.Struct, kw_only=True):
                 raise BadRequest("sqs_keys must be KEY:SECRET pairs separated by commas")
             keys[key] = secret
         return keys
+
+    def tls_files(self) -> tuple[str, str] | None:
+        """The certificate and key files, or None for plain HTTP.
+
+        Raises:
+            BadRequest: one is given without the other.
+        """
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise BadRequest("TLS needs both a certificate (--tls-cert) and its key (--tls-key)")
+        return (self.tls_cert, self.tls_key) if self.tls_cert and self.tls_key else None
+
+    def proxy_networks(self) -> list[ipaddress.IPv4Network | ipaddress.IPv6Network]:
+        """The networks whose X-Forwarded-* headers are believed.
+
+        Raises:
+            BadRequest: an entry is not an address or a network.
+        """
+        networks = []
+        for entry in self.trusted_proxies.split(","):
+            if entry.strip():
+                try:
+                    networks.append(ipaddress.ip_network(entry.strip(), strict=False))
+                except ValueError:
+                    raise BadRequest(
+                        f"trusted_proxies: {entry.strip()!r} is not an address or a network"
+                    ) from None
+        return networks
 
     def store_target(self) -> str:
         """The store to open: the URL, or the data directory as an absolute path."""
@@ -247,6 +283,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     add("--host", help="address to listen on (default 127.0.0.1)")
     add("--port", type=int, help="port to listen on (default 8700)")
+    add("--tls-cert", metavar="FILE", help="serve HTTPS with this certificate chain (PEM)")
+    add("--tls-key", metavar="FILE", help="the certificate's private key (PEM)")
+    add(
+        "--behind-tls-proxy",
+        action="store_true",
+        default=None,
+        help="plain HTTP off loopback: a proxy in front terminates TLS",
+    )
+    add(
+        "--trusted-proxies",
+        metavar="NETS",
+        help="addresses whose X-Forwarded-For/-Proto are believed (default 127.0.0.1/8,::1)",
+    )
     add(
         "--workers",
         type=int,

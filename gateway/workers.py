@@ -33,6 +33,7 @@ from aiohttp import web
 from actors.errors import BadRequest, QueueError, Unavailable
 from gateway.app import READY_CHECKS
 from gateway.auth import Token
+from gateway.door import HUP
 from gateway.tasks import FORWARD
 
 __all__ = ["WorkerSpec", "supervise", "worker_main"]
@@ -82,6 +83,7 @@ def supervise(
         for proc in procs:
             await proc.start()
         app[READY_CHECKS].append(lambda: all(p.listening for p in procs))
+        app[HUP].extend(p.hangup for p in procs)  # they reload their certificate too
         log.info("%d gateway worker process(es) started", len(procs))
         try:
             yield
@@ -171,6 +173,10 @@ class _Worker:
         await asyncio.sleep(1.0)
         if not self.stopping:
             await self.start()
+
+    def hangup(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.send_signal(signal.SIGHUP)
 
     async def stop(self) -> None:
         self.stopping = True
@@ -276,6 +282,7 @@ def worker_main() -> int:
             shutdown_timeout=settings.shutdown_timeout_s,
             backlog=4096,  # bursts of connecting watchers
             on_listening=lambda: print(LISTENING.decode(), flush=True),
+            tls=settings.tls_files(),
         )
     return 0
 

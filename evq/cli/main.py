@@ -74,6 +74,13 @@ def build_parser() -> argparse.ArgumentParser:
         f"be reached (default: $EVQ_SERVER or {DEFAULT_URL})",
     )
     p.add_argument("--token", default=None, help="bearer token (default: $EVQ_TOKEN)")
+    p.add_argument(
+        "--ca-bundle",
+        default=None,
+        metavar="FILE",
+        help="https: the CAs to verify the server with, PEM (default: $EVQ_CA_BUNDLE, else "
+        "the system's)",
+    )
     p.add_argument("--json", action="store_true", help="machine output (JSON / JSON lines)")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
@@ -539,7 +546,11 @@ def main(
     own = client is None
     if client is None:
         server = args.server or os.environ.get("EVQ_SERVER") or DEFAULT_URL
-        client = Client(server, token=args.token or os.environ.get("EVQ_TOKEN") or None)
+        client = Client(
+            server,
+            token=args.token or os.environ.get("EVQ_TOKEN") or None,
+            ca_bundle=args.ca_bundle,
+        )
     try:
         return COMMANDS[args.command](client, args, out, stdin if stdin is not None else sys.stdin)
     except _Usage as e:

@@ -15,6 +15,7 @@ import json
 import os
 import re
 import signal
+import ssl
 import subprocess
 import sys
 import time
@@ -102,8 +103,11 @@ class Server:
         env: dict[str, str] | None = None,
         host: str = "127.0.0.1",
         evq: list[str] | None = None,
+        ca_bundle: Path | None = None,
     ) -> None:
         self.data = data
+        # HTTPS (the caller gives --tls-cert/--tls-key): probes verify with this CA bundle
+        self.ca_bundle = ca_bundle
         self.evq = evq or EVQ  # how to run `evq` (another virtualenv's python, say)
         self.host = host
         self.port = port or free_port()
@@ -116,7 +120,8 @@ class Server:
     @property
     def url(self) -> str:
         """Base URL of the server."""
-        return f"http://{self.host}:{self.port}"
+        scheme = "https" if self.ca_bundle is not None else "http"
+        return f"{scheme}://{self.host}:{self.port}"
 
     @property
     def pid(self) -> int:
@@ -160,7 +165,10 @@ class Server:
 
     def _probe(self, path: str) -> bool:
         try:
-            with urllib.request.urlopen(f"{self.url}{path}", timeout=2) as r:
+            context = None
+            if self.ca_bundle is not None:
+                context = ssl.create_default_context(cafile=str(self.ca_bundle))
+            with urllib.request.urlopen(f"{self.url}{path}", timeout=2, context=context) as r:
                 return bool(r.status == 200)
         except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
             return False
@@ -280,6 +288,7 @@ def request(
     *,
     data: bytes | None = None,
     headers: dict[str, str] | None = None,
+    context: ssl.SSLContext | None = None,
 ) -> tuple[int, dict]:
     """A JSON request with the standard library: (status, decoded body or {})."""
     if data is None and doc is not None:
@@ -291,7 +300,7 @@ def request(
         headers={"Content-Type": "application/json", **(headers or {})},
     )
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
+        with urllib.request.urlopen(req, timeout=timeout, context=context) as r:
             raw = r.read()
             return r.status, (json.loads(raw) if raw else {})
     except urllib.error.HTTPError as e:

@@ -18,7 +18,9 @@ What a pod has and this machine has not is replaced, and only that:
 
 The container's ``/bin/sh -c`` line then runs unchanged: ``ray start`` joins the cluster as
 a node without CPUs, and ``exec evq serve --ray-address=auto`` starts, creates the shards
-on the node that offers ``evq_shard``, and serves on ``0.0.0.0`` with the shipped tokens.
+on the node that offers ``evq_shard``, and serves HTTPS on ``0.0.0.0`` with the shipped
+tokens and certificate (the Secret ``evq-tls`` written where the test's environment points
+``EVQ_TLS_*``, as its volume would be mounted).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -42,9 +45,9 @@ from tests.integration.server import (
     eventually,
     free_port,
     kill_until_gone,
-    request,
     session_pids,
 )
+from tests.integration.server import request as plain_request
 from tests.integration.test_two_node import HEAD_IP, RayNode, cluster_env, ray_status
 from tests.k8s.kustomize import render
 from tests.k8s.objects import World
@@ -135,7 +138,21 @@ def test_the_gateway_container_starts_as_shipped_and_serves_with_its_tokens(
         s3.create_bucket(Bucket=bucket)
     finally:
         s3.close()
-    url = f"http://127.0.0.1:{env['EVQ_PORT']}"
+    # The Secret evq-tls, as its volume mounts it in the pod.
+    tls = manifests.world.get("Secret", "evq-tls")
+    assert tls is not None
+    mounted = tmp_path / "tls"
+    mounted.mkdir()
+    for name, text in tls["stringData"].items():
+        (mounted / name).write_text(text)
+    for setting in ("EVQ_TLS_CERT", "EVQ_TLS_KEY"):
+        env[setting] = str(mounted / Path(env[setting]).name)
+    # The placeholder is self-signed: a client that trusts it verifies the server with it.
+    context = ssl.create_default_context(cafile=str(mounted / "tls.crt"))
+    url = f"https://127.0.0.1:{env['EVQ_PORT']}"
+
+    def request(*args: Any, **kwargs: Any) -> tuple[int, dict]:
+        return plain_request(*args, context=context, **kwargs)
 
     log_path = tmp_path / "gateway.log"
     with log_path.open("ab") as log:
@@ -172,6 +189,7 @@ def test_the_gateway_container_starts_as_shipped_and_serves_with_its_tokens(
         [token] = json.loads(env["EVQ_TOKENS"])["token"]
         text = log_path.read_text(errors="replace")
         assert "shipped placeholder" in text  # said loudly, for the token and the secret
+        assert "TLS certificate is the shipped placeholder" in text
         assert request("PUT", f"{url}/v1/queues/jobs", {})[0] == 401
         bearer = {"Authorization": f"Bearer {token['token']}"}
         status, doc = request("PUT", f"{url}/v1/queues/jobs", {}, headers=bearer)

@@ -712,6 +712,8 @@ def test_who_gets_in(
     expected = WHO_GETS_IN[configuration, host]
     args, env = CONFIGURATIONS[configuration].args_and_env(factory.root)
     args += ["--host", host]  # the server is reached on 127.0.0.1 either way
+    if host == "0.0.0.0":
+        args += ["--behind-tls-proxy"]  # plain HTTP off loopback is refused otherwise
     if expected is None:
         data = factory.root / f"data-{next(_serial)}"
         done = subprocess.run(

@@ -294,6 +294,32 @@ def _sleep_s(handler: Obj) -> float:
     return seconds + float((handler.get("sleep") or {}).get("seconds", 0))
 
 
+def _tls_problems(c: dict[str, Any], env: dict[str, str], where: str) -> list[str]:
+    """evq serve refuses plain HTTP off loopback unless a proxy in front terminates TLS; its
+    certificate and key must be files in the pod; its probes must then speak HTTPS."""
+    if env.get("EVQ_HOST", "127.0.0.1") in ("127.0.0.1", "localhost"):
+        return []
+    cert, key = env.get("EVQ_TLS_CERT"), env.get("EVQ_TLS_KEY")
+    proxied = env.get("EVQ_BEHIND_TLS_PROXY", "").lower() in ("true", "1", "yes")
+    if not (cert and key):
+        if proxied:
+            return []
+        return [
+            f"{where}: serves plain HTTP on {env.get('EVQ_HOST')} (no EVQ_TLS_CERT and "
+            "EVQ_TLS_KEY, nor EVQ_BEHIND_TLS_PROXY)"
+        ]
+    found = []
+    mounts = [m.get("mountPath", "").rstrip("/") + "/" for m in c.get("volumeMounts") or []]
+    for setting, path in (("EVQ_TLS_CERT", cert), ("EVQ_TLS_KEY", key)):
+        if not any(path.startswith(m) for m in mounts):
+            found.append(f"{where}: {setting} {path} is not on a mounted volume")
+    for probe in ("startupProbe", "livenessProbe", "readinessProbe"):
+        get = (c.get(probe) or {}).get("httpGet")
+        if get is not None and get.get("scheme", "HTTP") != "HTTPS":
+            found.append(f"{where}: {probe} speaks HTTP to the HTTPS port")
+    return found
+
+
 def check_gateway(obj: Obj, world: World) -> list[str]:
     """An evq server listens on its declared port and has time for its graceful stop."""
     found: list[str] = []
@@ -311,6 +337,7 @@ def check_gateway(obj: Obj, world: World) -> list[str]:
             elif not (env.get("EVQ_TOKENS") or env.get("EVQ_TOKENS_FILE")):
                 # evq serve refuses an open API on a non-loopback address (exit 2).
                 found.append(f"{where}: listens on {env.get('EVQ_HOST')} without tokens")
+            found += _tls_problems(c, env, where)
             words = " ".join(str(w) for w in [*(c.get("command") or []), *(c.get("args") or [])])
             if "--ray-address" in words and not (
                 len(env.get("EVQ_CLUSTER_SECRET", "")) >= MIN_SECRET_CHARS

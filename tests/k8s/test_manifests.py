@@ -221,6 +221,21 @@ BROKEN: list[tuple[str, Mutation, str]] = [
         "listens on 0.0.0.0 without tokens",
     ),
     (
+        "gateway on the pod address without TLS",
+        lambda o: _pop(find(o, "ConfigMap", "evq-config")["data"], "EVQ_TLS_CERT"),
+        "serves plain HTTP on 0.0.0.0",
+    ),
+    (
+        "certificate not on a mounted volume",
+        lambda o: _pop(_gateway(o), "volumeMounts"),
+        "EVQ_TLS_CERT /etc/evq/tls/tls.crt is not on a mounted volume",
+    ),
+    (
+        "probe speaking HTTP to the HTTPS port",
+        lambda o: _pop(_gateway(o)["readinessProbe"]["httpGet"], "scheme"),
+        "readinessProbe speaks HTTP to the HTTPS port",
+    ),
+    (
         "cluster secret too short",
         lambda o: _set(find(o, "Secret", "evq-cluster"), "stringData.EVQ_CLUSTER_SECRET", "short"),
         "without a cluster secret of at least 16 characters",

@@ -398,9 +398,9 @@ def test_the_server_url_comes_from_the_flag_then_the_environment(
     made: list[tuple[str, Any]] = []
 
     class Recording(FakeClient):
-        def __init__(self, url: str, token: str | None = None) -> None:
+        def __init__(self, url: str, token: str | None = None, ca_bundle: str | None = None):
             super().__init__(list_queues=[])
-            made.append((url, token))
+            made.append((url, token, ca_bundle))
 
     monkeypatch.setattr(cli, "Client", Recording)
     monkeypatch.setenv("EVQ_SERVER", "http://env:1")
@@ -410,7 +410,13 @@ def test_the_server_url_comes_from_the_flag_then_the_environment(
     monkeypatch.delenv("EVQ_SERVER")
     monkeypatch.delenv("EVQ_TOKEN")
     run(["queues"])
-    assert made == [("http://env:1", "tok"), ("http://flag:2", "t2"), (cli.DEFAULT_URL, None)]
+    run(["--server", "https://flag:3", "--ca-bundle", "ca.pem", "queues"])
+    assert made == [
+        ("http://env:1", "tok", None),
+        ("http://flag:2", "t2", None),
+        (cli.DEFAULT_URL, None, None),
+        ("https://flag:3", None, "ca.pem"),
+    ]
 
 
 def test_serve_without_the_server_module_says_not_available(
