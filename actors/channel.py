@@ -8,14 +8,17 @@ Ray places the shard processes, restarts them and tells a gateway where a shard 
 whose work in the shard took 2.2 ms, most of it serialisation and thread hand-offs in both
 processes; this channel adds a fraction of a millisecond.
 
-Frames are a 4-byte little-endian length and a msgpack body. A connection starts with
-``Hello(secret)`` (the cluster secret: ``EVQ_CLUSTER_SECRET``, or made per embedded ``evq
-serve``; given to every shard at spawn);
-then requests (``Batch``, ``TakeWait``, ``Cancel``, …) and replies (``Reply``) with request
-ids, answered in any order. A ``Batch`` carries ``(queue, command)`` items for any queues of
-the shard: the shard decides them all at once, so they share one group commit, and answers
-with one frame when all are durable. Each result is ``[0, reply]`` or ``[1, error]`` and is
-decoded by the gateway with the reply type of its command.
+Frames are a 4-byte little-endian length and a msgpack body. A connection starts with the
+handshake of :mod:`actors.handshake`: the shard's ``Challenge``, the gateway's ``Hello``, the
+shard's ``Welcome``; each end proves the cluster secret (``EVQ_CLUSTER_SECRET``, or made per
+embedded ``evq serve``; given to every shard at spawn) without sending it, and a connection
+that does not is refused and logged. Unless both ends are on loopback and the shard allows it
+(the embedded server), every frame after the handshake is sealed (ChaCha20-Poly1305, keys of
+this connection only). Then requests (``Batch``, ``TakeWait``, ``Cancel``, …) and replies
+(``Reply``) with request ids, answered in any order. A ``Batch`` carries ``(queue, command)``
+items for any queues of the shard: the shard decides them all at once, so they share one
+group commit, and answers with one frame when all are durable. Each result is ``[0, reply]``
+or ``[1, error]`` and is decoded by the gateway with the reply type of its command.
 
 A connection that breaks fails every call in flight on it with ``Unavailable`` (the call may
 or may not have happened, as with any lost reply); the next call reconnects, asking Ray for
@@ -30,7 +33,7 @@ calls for ever: they fail, and the retries reach the new incarnation.
 from __future__ import annotations
 
 import asyncio
-import hmac
+import ipaddress
 import itertools
 import logging
 import struct
@@ -40,6 +43,7 @@ from typing import Any, Protocol, cast
 import msgspec
 
 from actors import errors as _errors
+from actors import handshake
 from actors.core import commands as cmd
 from actors.core import replies as rp
 from actors.errors import QueueError, Unavailable
@@ -70,13 +74,25 @@ _LEN = struct.Struct("<I")
 MAX_FRAME = 1 << 30
 # A silent connection (see the module docstring): when to ask, when to give up, how often
 # to look.
+HANDSHAKE_S = 10.0  # a gateway that has not proved the secret by then is dropped
 PING_AFTER_S = 2.0
 SILENT_S = 10.0
 WATCH_EVERY_S = 1.0
 
 
+# The handshake (actors/handshake.py): frames in a fixed order, so only Hello is tagged
+class Challenge(msgspec.Struct, array_like=True):
+    key: bytes  # the shard's ephemeral X25519 public key
+    encrypt: bool  # whether the frames after the handshake are sealed
+
+
 class Hello(msgspec.Struct, array_like=True, tag=True):
-    secret: str
+    key: bytes  # the gateway's ephemeral X25519 public key
+    proof: bytes
+
+
+class Welcome(msgspec.Struct, array_like=True):
+    proof: bytes
 
 
 class Batch(msgspec.Struct, array_like=True, tag=True):
@@ -165,6 +181,8 @@ _encoder = msgspec.msgpack.Encoder()
 _request_decoder: msgspec.msgpack.Decoder[Request] = msgspec.msgpack.Decoder(Request)
 _reply_decoder = msgspec.msgpack.Decoder(Reply)
 _error_decoder = msgspec.msgpack.Decoder(ErrorWire)
+_challenge_decoder = msgspec.msgpack.Decoder(Challenge)
+_welcome_decoder = msgspec.msgpack.Decoder(Welcome)
 
 # The reply type of each command, to decode its result.
 _REPLY_TYPES: dict[type, Any] = {
@@ -215,6 +233,13 @@ _ERROR_CLASSES: dict[str, type[QueueError]] = {
     for cls in vars(_errors).values()
     if isinstance(cls, type) and issubclass(cls, QueueError) and cls is not QueueError
 }
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def _frame(body: bytes) -> bytes:
@@ -301,9 +326,13 @@ class Service(Protocol):
 class ChannelServer:
     """Serves one shard to gateways over TCP."""
 
-    def __init__(self, service: Service, secret: str) -> None:
+    def __init__(self, service: Service, secret: str, *, encrypt: bool | None = None) -> None:
+        """``encrypt``: seal every connection's frames (True), or all but those whose two
+        ends are on loopback (None, the embedded server's choice)."""
         self._service = service
         self._secret = secret
+        self._encrypt = encrypt
+        self.refused = 0  # connections that did not prove the secret
         self._server: asyncio.Server | None = None
         self._connections: set[_ServerConnection] = set()
 
@@ -337,16 +366,42 @@ class _ServerConnection(asyncio.Protocol):
         self.service = server._service
         self.transport: asyncio.Transport | None = None
         self.frames = _Frames()
-        self.hello = False
+        self.handshake: handshake.Server | None = None  # until the gateway proved the secret
+        self.sealer: handshake.Sealed | None = None
+        self.opener: handshake.Sealed | None = None
         self.calls: dict[int, asyncio.Task[None]] = {}
+        self._timer: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # typeshed types it BaseTransport for every protocol; a stream's is a Transport
         self.transport = transport  # type: ignore[assignment]
         self.server._connections.add(self)
+        encrypt = self.server._encrypt
+        if encrypt is None:
+            ends = (transport.get_extra_info("sockname"), transport.get_extra_info("peername"))
+            encrypt = not all(end and _loopback(end[0]) for end in ends)
+        self.handshake = handshake.Server(self.server._secret, encrypt)
+        self.transport.write(  # type: ignore[union-attr]
+            _frame(_encoder.encode(Challenge(self.handshake.public, encrypt)))
+        )
+        self._timer = asyncio.get_running_loop().call_later(
+            HANDSHAKE_S, self._refuse, "no proof of the secret in time"
+        )
+
+    def _refuse(self, why: str) -> None:
+        self.server.refused += 1
+        log.warning(
+            "channel: refused a connection from %s: %s (EVQ_CLUSTER_SECRET differs?)",
+            self.transport.get_extra_info("peername") if self.transport else None,
+            why,
+        )
+        if self.transport is not None:
+            self.transport.abort()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server._connections.discard(self)
+        if self._timer is not None:
+            self._timer.cancel()
         for call in list(self.calls.values()):
             call.cancel()  # the gateway went away: its waiting calls end with it
         self.transport = None
@@ -357,25 +412,52 @@ class _ServerConnection(asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         try:
-            for frame in self.frames.feed(data):
-                self._handle(_request_decoder.decode(frame))
-        except (ConnectionError, msgspec.DecodeError) as exc:
-            log.warning("channel: dropping a connection that spoke nonsense: %s", exc)
-            self.close()
+            frames = self.frames.feed(data)
+        except ConnectionError as exc:
+            self._refuse(str(exc)) if self.handshake else self._drop(exc)
+            return
+        for frame in frames:
+            if self.transport is None or self.transport.is_closing():
+                return
+            if self.handshake is not None:
+                self._hello(frame)
+                continue
+            try:
+                if self.opener is not None:
+                    frame = self.opener.open(frame)
+                request = _request_decoder.decode(frame)
+            except (ConnectionError, msgspec.DecodeError) as exc:
+                self._drop(exc)
+                return
+            self._handle(request)
+
+    def _drop(self, exc: Exception) -> None:
+        log.warning("channel: dropping a connection that spoke nonsense: %s", exc)
+        if self.transport is not None:
+            self.transport.abort()
+
+    def _hello(self, frame: bytes) -> None:
+        """The gateway's first frame: its proof of the secret, or the connection's end."""
+        shake = self.handshake
+        assert shake is not None
+        assert self.transport is not None
+        try:
+            hello = _request_decoder.decode(frame)
+            if not isinstance(hello, Hello):
+                raise handshake.Refused(f"{type(hello).__name__} before the handshake")
+            proof, self.sealer, self.opener = shake.accept(hello.key, hello.proof)
+        except (handshake.Refused, msgspec.DecodeError) as exc:
+            self._refuse(str(exc) or type(exc).__name__)
+            return
+        self.handshake = None
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        self.transport.write(_frame(_encoder.encode(Welcome(proof))))
 
     def _handle(self, request: Any) -> None:
-        if not self.hello:
-            if not isinstance(request, Hello) or not hmac.compare_digest(
-                request.secret, self.server._secret
-            ):
-                log.warning(
-                    "channel: refused a connection from %s without this cluster's secret "
-                    "(EVQ_CLUSTER_SECRET)",
-                    self.transport.get_extra_info("peername") if self.transport else None,
-                )
-                self.close()
-                return
-            self.hello = True
+        if isinstance(request, Hello):
+            self._drop(ConnectionError("a second Hello"))
             return
         if isinstance(request, Batch):
             call = self.service.begin(request.items)
@@ -409,8 +491,10 @@ class _ServerConnection(asyncio.Protocol):
     def _reply(self, rid: int, results: list[Any]) -> None:
         transport = self.transport
         if transport is not None and not transport.is_closing():
-            reply = _Results(rid, [_result_item(r) for r in results])
-            transport.write(_frame(_encoder.encode(reply)))
+            body = _encoder.encode(_Results(rid, [_result_item(r) for r in results]))
+            if self.sealer is not None:
+                body = self.sealer.seal(body)
+            transport.write(_frame(body))
 
     async def _dispatch(self, request: Any) -> list[Any]:
         service = self.service
@@ -585,11 +669,17 @@ class ChannelClient:
             try:
                 host, port = await self._address()
                 _, connection = await asyncio.get_running_loop().create_connection(
-                    _ClientConnection, host, port
+                    lambda: _ClientConnection(self._secret), host, port
                 )
-            except (OSError, QueueError) as exc:
-                raise Unavailable(f"the queue's shard cannot be reached: {exc}") from None
-            connection.send(Hello(self._secret))
+                # The shard's challenge, answered; requests may follow the answer at once
+                # (the shard reads none before the proof), replies wait for its own proof.
+                # A shard that says nothing (paused, cut off) is dropped as a silent one is.
+                silence = PING_AFTER_S + SILENT_S
+                await asyncio.wait_for(asyncio.shield(connection.challenged), silence)
+            except (OSError, QueueError, TimeoutError, handshake.Refused) as exc:
+                if connection_made := locals().get("connection"):
+                    connection_made.abort()
+                raise Unavailable(f"the queue's shard cannot be reached: {exc!r}") from None
             self._connection = connection
             return connection
 
@@ -653,10 +743,15 @@ class _Ping:
 class _ClientConnection(asyncio.Protocol):
     """The gateway's end of a channel: requests out, replies matched to their calls."""
 
-    def __init__(self) -> None:
+    def __init__(self, secret: str) -> None:
         self.loop = asyncio.get_running_loop()
         self.transport: asyncio.Transport | None = None
         self.frames = _Frames()
+        self.handshake: handshake.Client | None = handshake.Client(secret)
+        self.challenged: asyncio.Future[None] = self.loop.create_future()
+        self.welcomed = False
+        self.sealer: handshake.Sealed | None = None
+        self.opener: handshake.Sealed | None = None
         self.pending: dict[int, tuple[asyncio.Future[Any] | _Then | _Ping, list[type]]] = {}
         self.open = False
         self.heard = self.loop.time()  # when the shard last sent anything
@@ -695,13 +790,40 @@ class _ClientConnection(asyncio.Protocol):
 
     def send(self, request: Any) -> None:
         if self.transport is not None and self.open:
-            self.transport.write(_frame(_encoder.encode(request)))
+            body = _encoder.encode(request)
+            if self.sealer is not None:
+                body = self.sealer.seal(body)
+            self.transport.write(_frame(body))
+
+    def _shake(self, frame: bytes) -> None:
+        """The shard's challenge (answered at once), then its proof (checked)."""
+        shake = self.handshake
+        assert shake is not None
+        assert self.transport is not None
+        if not self.challenged.done():
+            challenge = _challenge_decoder.decode(frame)
+            proof, sealer, self.opener = shake.answer(challenge.key, challenge.encrypt)
+            self.transport.write(_frame(_encoder.encode(Hello(shake.public, proof))))
+            self.sealer = sealer  # what is sent from now on is sealed
+            self.challenged.set_result(None)
+            return
+        shake.confirm(_welcome_decoder.decode(frame).proof)
+        self.handshake = None
+
+    def abort(self) -> None:
+        if self.transport is not None:
+            self.transport.abort()
 
     def data_received(self, data: bytes) -> None:
         self.heard = self.loop.time()
         self.asked = None
         try:
             for frame in self.frames.feed(data):
+                if self.handshake is not None:
+                    self._shake(frame)
+                    continue
+                if self.opener is not None:
+                    frame = self.opener.open(frame)
                 reply = _reply_decoder.decode(frame)
                 pending = self.pending.get(reply.rid)
                 if pending is None:
@@ -711,9 +833,16 @@ class _ClientConnection(asyncio.Protocol):
                     fut.set_result(
                         [_decode_result(i, t) for i, t in zip(reply.items, types, strict=True)]
                     )
+        except handshake.Refused as exc:
+            log.warning("channel: a shard did not prove this cluster's secret: %s", exc)
+            if not self.challenged.done():
+                self.challenged.set_exception(exc)
+            self.abort()
         except (ConnectionError, msgspec.DecodeError) as exc:
             log.warning("channel to a shard broke: %r", exc)
-            self.close()
+            if not self.challenged.done():
+                self.challenged.set_exception(ConnectionError(f"bad handshake: {exc!r}"))
+            self.abort()
 
     def close(self) -> None:
         if self.transport is not None:
@@ -724,6 +853,8 @@ class _ClientConnection(asyncio.Protocol):
             log.warning("channel to a shard broke: %r", exc)
         self.open = False
         self.transport = None
+        if not self.challenged.done():
+            self.challenged.set_exception(ConnectionError("closed during the handshake"))
         if self._timer is not None:
             self._timer.cancel()
         lost = Unavailable("the connection to the queue's shard broke; the call may have happened")

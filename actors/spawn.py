@@ -24,6 +24,7 @@ from typing import Any, cast
 import msgspec
 import ray
 
+from actors import handshake
 from actors.channel import IN_FLIGHT_PER_CONNECTION, ChannelServer
 from actors.core import commands as cmd
 from actors.errors import QueueError
@@ -69,6 +70,9 @@ class ShardSpec(msgspec.Struct, frozen=True):
     log_settings: LogSettings = msgspec.field(default_factory=LogSettings)
     memory_budget_bytes: int | None = None  # puts refused past it (QueueShard)
     log: LogConfig = msgspec.field(default_factory=LogConfig)  # the gateway's --log-*
+    # The data channel's frames go unsealed when both ends are on loopback (the embedded
+    # server: one machine); otherwise, and always in a cluster, they are encrypted.
+    plain_on_loopback: bool = False
 
 
 class ShardActor:
@@ -92,7 +96,9 @@ class ShardActor:
         )
         self._started: asyncio.Task[ShardStatus] | None = None
         self._handles: dict[int, Any] = {}
-        self._channel = ChannelServer(self.shard, spec.secret)
+        self._channel = ChannelServer(
+            self.shard, spec.secret, encrypt=None if spec.plain_on_loopback else True
+        )
         # the puts each gateway can have on their way in, which the shard cannot refuse
         self.shard.memory.in_flight = lambda: IN_FLIGHT_PER_CONNECTION * self._channel.connections
         self._address: asyncio.Future[tuple[str, int]] | None = None
@@ -126,10 +132,12 @@ class ShardActor:
         no reach beyond the cluster's own."""
         return self.shard.count, self.spec.secret
 
-    async def check(self, count: int, store: str, secret: str) -> str | None:
-        """Why a gateway with this shard count, store and cluster secret may not use this
-        shard (None: it may). The secret is compared, never returned."""
-        if not hmac.compare_digest(secret.encode(), self.spec.secret.encode()):
+    async def check(self, count: int, store: str, fingerprint: str) -> str | None:
+        """Why a gateway with this shard count, store and cluster secret (its
+        :func:`actors.handshake.fingerprint`, not the secret) may not use this shard (None:
+        it may)."""
+        mine = handshake.fingerprint(self.spec.secret)
+        if not hmac.compare_digest(fingerprint.encode(), mine.encode()):
             return (
                 f"shard {self.index} of this Ray cluster holds another cluster secret: every "
                 "gateway of a cluster needs the same EVQ_CLUSTER_SECRET (or cluster_secret_file)"

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from actors import handshake
 from actors.directory import Directory, LocalDirectory, RayDirectory
 from actors.errors import QueueError
 from actors.logsetup import LogConfig, forward_ray_output
@@ -344,6 +345,7 @@ def _ray_directory(
         log_settings=log_settings,
         memory_budget_bytes=settings.shard_memory_bytes(),
         log=LogConfig(settings.log_level, settings.log_format, settings.log_mode),
+        plain_on_loopback=local,  # the embedded server; a cluster's channels are encrypted
     )
     spawner = ShardSpawner(
         spec, spread=settings.shard_spread, resource=settings.shard_resource, detached=not local
@@ -378,7 +380,8 @@ def _check_shards(handles: list[Any], spec: ShardSpec) -> None:
     """
     import ray
 
-    checks = [h.check.remote(spec.count, spec.store, spec.secret) for h in handles]
+    fingerprint = handshake.fingerprint(spec.secret)  # the secret stays in this process
+    checks = [h.check.remote(spec.count, spec.store, fingerprint) for h in handles]
     done, waiting = ray.wait(checks, num_returns=len(checks), timeout=CHECK_WAIT_S)
     refused = [r for r in ray.get(done) if r is not None]
     if refused:

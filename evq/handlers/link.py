@@ -10,8 +10,12 @@ actor call, which matters for a handler that should start within milliseconds of
 
 Frames are a 4-byte little-endian length and a pickle: ``(rid, messages)`` in,
 ``(rid, outcomes)`` or ``(rid, None, error text)`` out. A connection begins with the
-runtime's secret (made per runtime and given to its workers when they are created); the
-worker unpickles nothing before it matches. A connection that breaks is a lost worker: its
+handshake of :mod:`actors.handshake` on the runtime's secret (made per runtime and given to
+its workers when they are created): the worker's challenge (its ephemeral key and whether it
+seals, 33 bytes), the runtime's key and proof (64 bytes), the worker's proof (32 bytes). The
+secret never crosses the wire, a connection that does not prove it is refused and logged, and
+the worker unpickles nothing before the proof matches; unless both ends are on loopback every
+frame after it is sealed. A connection that breaks is a lost worker: its
 chunk's outcome is unknown (:class:`~evq.handlers.executor.WorkerLost`).
 
 :class:`WorkerPool` keeps the workers: chunks wait in one line and each worker that is up
@@ -26,7 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hmac
+import ipaddress
 import itertools
 import logging
 import pickle
@@ -37,6 +41,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from actors import handshake
 from evq.handlers.executor import TaskFailed, WorkerLost
 
 __all__ = ["Chunk", "WorkerLink", "WorkerPool", "WorkerServer"]
@@ -45,6 +50,8 @@ log = logging.getLogger(__name__)
 
 _LEN = struct.Struct("<I")
 MAX_FRAME = 1 << 30
+HANDSHAKE_S = 10.0  # each step of the handshake, at most
+HELLO_BYTES = 64  # the runtime's key and proof
 
 
 def _recv_exactly(sock: socket.socket, size: int) -> bytes:
@@ -69,12 +76,29 @@ def _frame(data: bytes) -> bytes:
     return _LEN.pack(len(data)) + data
 
 
+def _loopback(address: Any) -> bool:
+    try:
+        return ipaddress.ip_address(address[0]).is_loopback
+    except (ValueError, TypeError, IndexError):
+        return False
+
+
 class WorkerServer:
     """The worker's end: runs ``run(messages) -> outcomes`` for each chunk received."""
 
-    def __init__(self, run: Callable[[Sequence[Any]], list[Any]], secret: str, host: str) -> None:
+    def __init__(
+        self,
+        run: Callable[[Sequence[Any]], list[Any]],
+        secret: str,
+        host: str,
+        *,
+        encrypt: bool | None = None,
+    ) -> None:
+        """``encrypt``: seal every connection (True), or those not on loopback (None)."""
         self._run = run
+        self._encrypt = encrypt
         self._secret = secret.encode()
+        self.refused = 0  # connections that did not prove the secret
         self._listener = socket.create_server((host, 0))
         self.address: tuple[str, int] = (host, int(self._listener.getsockname()[1]))
         self._serving: socket.socket | None = None
@@ -95,11 +119,27 @@ class WorkerServer:
                 self._serving = None
 
     def _chunks(self, sock: socket.socket) -> None:
-        if not hmac.compare_digest(_recv_frame(sock), self._secret):
-            log.warning("worker: refused a connection without the right secret")
+        encrypt = self._encrypt
+        if encrypt is None:
+            encrypt = not (_loopback(sock.getsockname()) and _loopback(sock.getpeername()))
+        shake = handshake.Server(self._secret, encrypt)
+        sock.sendall(_frame(shake.public + (b"\x01" if encrypt else b"\x00")))
+        sock.settimeout(HANDSHAKE_S)
+        try:
+            (size,) = _LEN.unpack(_recv_exactly(sock, 4))
+            if size != HELLO_BYTES:
+                raise handshake.Refused(f"a first frame of {size} bytes, not a proof")
+            hello = _recv_exactly(sock, size)
+            proof, sealer, opener = shake.accept(hello[:32], hello[32:])
+        except (handshake.Refused, TimeoutError) as exc:
+            self.refused += 1
+            log.warning("worker: refused a connection from %s: %s", sock.getpeername(), exc)
             return
+        sock.settimeout(None)
+        sock.sendall(_frame(proof))
         while True:
-            rid, messages = pickle.loads(_recv_frame(sock))
+            frame = _recv_frame(sock)
+            rid, messages = pickle.loads(opener.open(frame) if opener else frame)
             try:
                 reply: tuple[Any, ...] = (rid, self._run(messages))
             except Exception as exc:  # run_task answers per message; this is a bug or OOM
@@ -108,7 +148,7 @@ class WorkerServer:
                 data = pickle.dumps(reply, protocol=pickle.HIGHEST_PROTOCOL)
             except Exception as exc:  # an outcome that does not pickle
                 data = pickle.dumps((rid, None, f"an outcome could not be sent back: {exc}"))
-            sock.sendall(_frame(data))
+            sock.sendall(_frame(sealer.seal(data) if sealer else data))
 
     def close(self) -> None:
         """Stop accepting (a connection being served ends with the process)."""
@@ -130,6 +170,8 @@ class WorkerLink:
     def __init__(self, address: tuple[str, int], secret: str) -> None:
         self.address = address
         self._secret = secret.encode()
+        self._sealer: handshake.Sealed | None = None
+        self._opener: handshake.Sealed | None = None
         self._reader: asyncio.StreamReader | None = None
         self._writer: asyncio.StreamWriter | None = None
         self._rids = itertools.count(1)
@@ -145,7 +187,7 @@ class WorkerLink:
         data = pickle.dumps((rid, list(messages)), protocol=pickle.HIGHEST_PROTOCOL)
         try:
             writer = await self._connect()
-            writer.write(_frame(data))
+            writer.write(_frame(self._sealer.seal(data) if self._sealer else data))
             reply = await self._reply()
         except (OSError, asyncio.IncompleteReadError, ConnectionError, EOFError) as exc:
             self.close()
@@ -168,15 +210,23 @@ class WorkerLink:
         sock = self._writer.get_extra_info("socket")
         if sock is not None:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._writer.write(_frame(self._secret))
+        challenge = await asyncio.wait_for(self._frame(), HANDSHAKE_S)
+        me = handshake.Client(self._secret)
+        proof, self._sealer, self._opener = me.answer(challenge[:32], challenge[32:] == b"\x01")
+        self._writer.write(_frame(me.public + proof))
+        me.confirm(await asyncio.wait_for(self._frame(), HANDSHAKE_S))  # Refused: WorkerLost
         return self._writer
 
-    async def _reply(self) -> tuple[Any, ...]:
+    async def _frame(self) -> bytes:
         assert self._reader is not None
         (size,) = _LEN.unpack(await self._reader.readexactly(4))
         if size > MAX_FRAME:
             raise ConnectionError(f"frame of {size} bytes over the limit")
-        return pickle.loads(await self._reader.readexactly(size))
+        return await self._reader.readexactly(size)
+
+    async def _reply(self) -> tuple[Any, ...]:
+        frame = await self._frame()
+        return pickle.loads(self._opener.open(frame) if self._opener else frame)
 
     def close(self) -> None:
         """Drop the connection (a call in flight ends with WorkerLost)."""

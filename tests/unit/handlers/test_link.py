@@ -6,12 +6,14 @@ chunk, idle workers beyond the warm ones go, a worker that cannot start fails wh
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
+from actors import handshake
 from evq.handlers.executor import TaskFailed, WorkerLost
 from evq.handlers.link import WorkerLink, WorkerPool, WorkerServer
 
@@ -84,6 +86,70 @@ async def test_a_worker_refuses_a_link_without_the_secret() -> None:
     finally:
         link.close()
         server.close()
+
+
+async def test_a_sealed_link_runs_chunks_and_the_wire_holds_neither_secret_nor_payload() -> None:
+    server = WorkerServer(double, SECRET, "127.0.0.1", encrypt=True)
+    seen = bytearray()
+    piped = asyncio.Event()
+
+    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up_reader, up_writer = await asyncio.open_connection(*server.address)
+
+        async def copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+            while data := await src.read(65536):
+                seen.extend(data)
+                dst.write(data)
+            dst.close()
+            await dst.wait_closed()
+
+        await asyncio.gather(copy(reader, up_writer), copy(up_reader, writer))
+        piped.set()
+
+    tap = await asyncio.start_server(pipe, "127.0.0.1", 0)
+    link = WorkerLink(tap.sockets[0].getsockname()[:2], SECRET)
+    try:
+        assert await link.run(["private-payload"]) == ["private-payload" * 2]
+        assert await link.run([3]) == [6]
+    finally:
+        link.close()
+        await asyncio.wait_for(piped.wait(), 10)
+        server.close()
+        tap.close()
+    assert len(seen) > 100
+    assert SECRET.encode() not in bytes(seen)
+    assert b"private-payload" not in bytes(seen)
+
+
+async def test_a_replayed_or_missing_proof_is_refused_by_the_worker() -> None:
+    ran: list[Any] = []
+    server = WorkerServer(lambda m: ran.extend(m) or [], SECRET, "127.0.0.1")
+    # a good handshake, recorded
+    reader, writer = await asyncio.open_connection(*server.address)
+    size = int.from_bytes(await reader.readexactly(4), "little")
+    challenge = await reader.readexactly(size)
+    me = handshake.Client(SECRET)
+    proof, _, _ = me.answer(challenge[:32], challenge[32:] == b"\x01")
+    recorded = (64).to_bytes(4, "little") + me.public + proof
+    writer.write(recorded)
+    size = int.from_bytes(await reader.readexactly(4), "little")
+    me.confirm(await reader.readexactly(size))
+    writer.close()
+    for attempt in (recorded, b"\x05\x00\x00\x00hello"):  # replayed; not a proof at all
+        reader, writer = await asyncio.open_connection(*server.address)
+        size = int.from_bytes(await reader.readexactly(4), "little")
+        await reader.readexactly(size)
+        writer.write(attempt)
+        with contextlib.suppress(ConnectionResetError):  # reset: the attempt went unread
+            assert await asyncio.wait_for(reader.read(), 5) == b""  # closed, nothing answered
+        writer.close()
+    for _ in range(50):
+        if server.refused == 2:
+            break
+        await asyncio.sleep(0.05)
+    assert server.refused == 2
+    assert ran == []
+    server.close()
 
 
 async def test_a_worker_that_cannot_run_a_chunk_answers_task_failed_and_goes_on() -> None:
