@@ -15,8 +15,12 @@ Callers ("tokens") come from a TOML or JSON file (``--tokens-file``) or from ``E
     "*" = "read"
 
 A caller has a bearer token, an SQS key pair, or both: one set of permissions and one rate
-limit, whichever API it calls. The SQS actions map onto the same three levels
-(``gateway/sqs/access.py``).
+limit, whichever API it calls. The file may hold a token's SHA-256 instead of the token
+(``token_sha256 = "…64 hex digits…"``, made with ``printf %s "$TOKEN" | sha256sum``): the
+server then never has the token itself, only what it takes to recognise it (a bearer token
+is a long random string, so its hash is as good as a password's slow one). An SQS secret key
+cannot be stored so: SigV4 signs with the secret itself. The SQS actions map onto the same
+three levels (``gateway/sqs/access.py``).
 
 ``read``: look (describe, stats, peek and browse messages, list, get and watch keys);
 ``write``: also produce and consume (put, take, ack, release, touch, update, delete
@@ -39,7 +43,7 @@ keep cheap, and a single point that every gateway waits on.
 from __future__ import annotations
 
 import fnmatch
-import hmac
+import hashlib
 import json
 import math
 import tomllib
@@ -78,11 +82,20 @@ class Token(msgspec.Struct, frozen=True, kw_only=True):
 
     name: str
     token: str | None = None  # bearer token (native API)
+    token_sha256: str | None = None  # or its SHA-256, hex (the file then holds no token)
     queues: dict[str, str] = {}  # glob → read | write | admin
     rate: float | None = None
     burst: float | None = None
     sqs_access_key: str | None = None  # SigV4 key pair (SQS API)
     sqs_secret_key: str | None = None
+
+    def digest(self) -> bytes | None:
+        """The SHA-256 of the bearer token (None: no bearer token)."""
+        if self.token is not None:
+            return hashlib.sha256(self.token.encode()).digest()
+        if self.token_sha256 is not None:
+            return bytes.fromhex(self.token_sha256)
+        return None
 
     def level(self, resource: str) -> int:
         """The highest permission this token has on ``resource``."""
@@ -119,23 +132,32 @@ def check_tokens(tokens: list[Token]) -> None:
         BadRequest: a caller without credentials, a short secret, a credential listed twice,
             an unknown permission, or a rate that is not positive.
     """
-    seen: set[str] = set()
+    seen: set[bytes] = set()
     keys: set[str] = set()
     for t in tokens:
-        if t.token is None and t.sqs_access_key is None:
+        if t.token is None and t.token_sha256 is None and t.sqs_access_key is None:
             raise BadRequest(f"token {t.name!r}: give a token, an SQS key pair, or both")
-        if t.token is not None:
-            if len(t.token) < MIN_SECRET_CHARS:
-                raise BadRequest(f"token {t.name!r}: tokens must be at least 16 characters")
-            if t.token in seen:
+        if t.token is not None and t.token_sha256 is not None:
+            raise BadRequest(f"token {t.name!r}: give token or token_sha256, not both")
+        if t.token is not None and len(t.token) < MIN_SECRET_CHARS:
+            raise BadRequest(f"token {t.name!r}: tokens must be at least 16 characters")
+        if t.token_sha256 is not None and not _is_sha256(t.token_sha256):
+            raise BadRequest(f"token {t.name!r}: token_sha256 is 64 hex digits (sha256sum)")
+        digest = t.digest()
+        if digest is not None:
+            if digest in seen:
                 raise BadRequest(f"token {t.name!r} is listed twice")
-            seen.add(t.token)
+            seen.add(digest)
         _check_sqs_key(t, keys)
         bad = sorted(set(t.queues.values()) - set(LEVELS))
         if bad:
             raise BadRequest(f"token {t.name!r}: unknown permission {bad[0]!r}")
         if t.rate is not None and t.rate <= 0:
             raise BadRequest(f"token {t.name!r}: rate must be positive")
+
+
+def _is_sha256(text: str) -> bool:
+    return len(text) == 64 and all(c in "0123456789abcdefABCDEF" for c in text)
 
 
 def _check_sqs_key(t: Token, keys: set[str]) -> None:
@@ -187,7 +209,9 @@ class Auth:
 
     def __init__(self, tokens: list[Token], clock: Clock | None = None) -> None:
         self.callers = list(tokens)
-        self.tokens = {t.token.encode(): t for t in tokens if t.token is not None}
+        # SHA-256 of each bearer token → its caller: what is kept, whether the file held the
+        # token or its hash
+        self.tokens = {d: t for t in tokens if (d := t.digest()) is not None}
         self.sqs_callers = {t.sqs_access_key: t for t in tokens if t.sqs_access_key is not None}
         # access key → secret, as the SigV4 check takes them
         self.sqs_secrets = {k: t.sqs_secret_key or "" for k, t in self.sqs_callers.items()}
@@ -201,15 +225,11 @@ class Auth:
         return bool(self.callers)
 
     def identify(self, presented: str | None) -> Token | None:
-        """The token presented, if it is one of ours (constant-time comparison)."""
+        """The token presented, if it is one of ours. Looked up by its SHA-256: the time it
+        takes says nothing about any token (finding a preimage is the only way to use it)."""
         if not presented:
             return None
-        given = presented.encode()
-        found = None
-        for secret, token in self.tokens.items():
-            if hmac.compare_digest(secret, given):
-                found = token
-        return found
+        return self.tokens.get(hashlib.sha256(presented.encode()).digest())
 
     def admit(self, token: Token) -> float | None:
         """Leaky bucket: None if the request may go on, else seconds to wait."""

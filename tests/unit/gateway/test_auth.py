@@ -5,6 +5,7 @@ test_sqs_auth.py.)"""
 
 from __future__ import annotations
 
+import hashlib
 import json
 from typing import Any
 
@@ -214,3 +215,71 @@ def test_without_tokens_the_server_refuses_to_listen_beyond_loopback(tmp_path: A
 )
 def test_only_loopback_addresses_may_serve_without_tokens(host: str, loopback: bool) -> None:
     assert is_loopback(host) is loopback
+
+
+# ---------------------------------------------------------------- secrets at rest, in logs
+
+
+HASHED_SECRET = "hashed-caller-token-0123456789"
+HASHED = Token(
+    name="hashed",
+    token_sha256=hashlib.sha256(HASHED_SECRET.encode()).hexdigest(),
+    queues={"*": "write"},
+)
+
+
+async def test_a_token_given_by_its_hash_authenticates_on_every_face(serve: Serve) -> None:
+    api = await serve(AppOptions(tokens=[ADMIN, HASHED]))
+    assert await call(api, "PUT", "/v1/queues/hq", ADMIN, {}) in (200, 201)
+    put = {"messages": [{"body": "x"}]}
+    assert await call(api, "POST", "/v1/queues/hq/messages", HASHED_SECRET, put) == 200
+    # the hash itself is not a token
+    assert await call(api, "POST", "/v1/queues/hq/messages", HASHED.token_sha256, put) == 401
+    assert await call(api, "PUT", "/v1/queues/other", HASHED_SECRET, {}) == 403  # write only
+    async with api.client.get(
+        "/v1/watch/queue:hq?timeout=0.1", headers=auth(HASHED_SECRET)
+    ) as resp:
+        assert resp.status in (200, 204)
+
+
+def test_hashed_token_documents_are_validated() -> None:
+    digest = hashlib.sha256(b"a-long-enough-token-123").hexdigest()
+    [token] = load_tokens(f'[[token]]\nname = "h"\ntoken_sha256 = "{digest}"\n', toml=True)
+    assert token.digest() == bytes.fromhex(digest)
+    for bad in (
+        '[[token]]\nname = "h"\ntoken_sha256 = "abc"\n',
+        f'[[token]]\nname = "h"\ntoken_sha256 = "{"g" * 64}"\n',
+        f'[[token]]\nname = "h"\ntoken = "a-long-enough-token-123"\ntoken_sha256 = "{digest}"\n',
+        # the same caller twice: once as the token, once as its hash
+        f'[[token]]\nname = "a"\ntoken = "a-long-enough-token-123"\n'
+        f'[[token]]\nname = "b"\ntoken_sha256 = "{digest}"\n',
+    ):
+        with pytest.raises(BadRequest):
+            load_tokens(bad, toml=True)
+
+
+async def test_no_token_is_echoed_in_an_answer_or_the_log(
+    serve: Serve, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level("DEBUG")
+    api = await serve(AppOptions(tokens=[ADMIN, WRITER, HASHED]))
+    wrong = "wrong-token-that-must-not-be-echoed-42"
+    answers = []
+    for method, path, token in (
+        ("GET", "/v1/queues", wrong),
+        ("PUT", "/v1/queues/orders", WRITER),  # 403
+        ("POST", "/v1/queues/orders/messages", wrong),  # the fast path's 401
+        ("GET", "/v1/watch/orders-key?timeout=0.1", wrong),
+        ("GET", "/metrics", wrong),
+    ):
+        async with api.client.request(method, path, headers=auth(token), data=b"{}") as resp:
+            answers.append(await resp.text() + str(dict(resp.headers)))
+    async with api.client.get(f"/v1/ws?token={wrong}") as resp:
+        answers.append(await resp.text())
+    # (aiohttp's access log, which the test server keeps and evq serve turns off, would show
+    # a WebSocket's query string)
+    logged = "\n".join(r.getMessage() for r in caplog.records if r.name != "aiohttp.access")
+    seen = "\n".join(answers) + logged
+    for secret in (wrong, ADMIN.token, WRITER.token, HASHED_SECRET, HASHED.token_sha256):
+        assert secret is not None
+        assert secret not in seen
