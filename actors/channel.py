@@ -426,7 +426,7 @@ class _ServerConnection(asyncio.Protocol):
                 if self.opener is not None:
                     frame = self.opener.open(frame)
                 request = _request_decoder.decode(frame)
-            except (ConnectionError, msgspec.DecodeError) as exc:
+            except (ConnectionError, msgspec.DecodeError, UnicodeDecodeError) as exc:
                 self._drop(exc)
                 return
             self._handle(request)
@@ -446,7 +446,7 @@ class _ServerConnection(asyncio.Protocol):
             if not isinstance(hello, Hello):
                 raise handshake.Refused(f"{type(hello).__name__} before the handshake")
             proof, self.sealer, self.opener = shake.accept(hello.key, hello.proof)
-        except (handshake.Refused, msgspec.DecodeError) as exc:
+        except (handshake.Refused, msgspec.DecodeError, UnicodeDecodeError) as exc:
             self._refuse(str(exc) or type(exc).__name__)
             return
         self.handshake = None
@@ -838,7 +838,7 @@ class _ClientConnection(asyncio.Protocol):
             if not self.challenged.done():
                 self.challenged.set_exception(exc)
             self.abort()
-        except (ConnectionError, msgspec.DecodeError) as exc:
+        except (ConnectionError, msgspec.DecodeError, UnicodeDecodeError) as exc:
             log.warning("channel to a shard broke: %r", exc)
             if not self.challenged.done():
                 self.challenged.set_exception(ConnectionError(f"bad handshake: {exc!r}"))

@@ -143,7 +143,7 @@ def decode(data: bytes, type_: type[Any], *, msgpack: bool = False) -> Any:
         data = b"\x80" if msgpack else b"{}"
     try:
         return decoder.decode(data)
-    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+    except (msgspec.ValidationError, msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise BadRequest(f"invalid request body: {exc}") from None
 
 

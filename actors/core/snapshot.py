@@ -229,7 +229,7 @@ def decode_snapshot(data: bytes) -> Snapshot:
     """
     try:
         snap = _decoder.decode(data)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise DataError(f"undecodable snapshot: {exc}") from exc
     if snap.version != SNAPSHOT_VERSION:
         raise DataError(f"unknown snapshot version {snap.version}")

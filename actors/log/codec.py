@@ -199,7 +199,7 @@ def decode_segment(data: bytes) -> SegmentRead:
                                 decompressor = zstandard.ZstdDecompressor()
                             record = _inflate(decompressor, payload, MAX_RECORD)
                         events.append(decode(record))
-                    except (zstandard.ZstdError, msgspec.DecodeError) as exc:
+                    except (zstandard.ZstdError, msgspec.DecodeError, UnicodeDecodeError) as exc:
                         reason = f"record does not decode: {exc}"
         if reason is not None:
             damage = Damage(pos, reason, header.count - len(events))

@@ -67,7 +67,7 @@ async def read_layout(store: ObjectStore) -> Layout | None:
         return None
     try:
         layout = _decoder.decode(data)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise DataError(f"{keys.LAYOUT} does not decode: {exc}") from exc
     if layout.format != LAYOUT_FORMAT:
         raise DataError(f"{keys.LAYOUT}: format {layout.format} is not readable by this version")

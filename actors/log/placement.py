@@ -191,7 +191,7 @@ async def read_placement(store: ObjectStore, count: int) -> Placement:
             continue
         try:
             found = _decoder.decode(data)
-        except msgspec.DecodeError as exc:
+        except (msgspec.DecodeError, UnicodeDecodeError) as exc:
             raise DataError(f"{key} does not decode: {exc}") from exc
         if found.format != PLACEMENT_FORMAT:
             raise DataError(f"{key}: format {found.format} is not readable by this version")

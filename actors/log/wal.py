@@ -165,7 +165,7 @@ def decode_record(raw: bytes | msgspec.Raw) -> Event:
             # says any buffer, as for an Ext built by hand.
             data = _inflate(bytes(ext.data))
         return _event_decoder.decode(data)
-    except (msgspec.DecodeError, zstandard.ZstdError) as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError, zstandard.ZstdError) as exc:
         raise DataError(f"record does not decode: {exc}") from exc
 
 
@@ -236,7 +236,7 @@ def decode_groups(block: Block) -> list[Group]:
     """
     try:
         groups: list[Group] = _groups_decoder.decode(block.body)
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:
         raise DataError(f"block at offset {block.offset} does not decode: {exc}") from exc
     if sum(len(recs) for _, _, recs in groups) != block.count:
         raise DataError(f"block at offset {block.offset} holds another count than it says")

@@ -74,7 +74,7 @@ def parse_json(target: str, body: bytes) -> Call:
         raise SqsError("UnknownOperationException", f"Unknown operation {target[:100]!r}.")
     try:
         params = _json_decoder.decode(body) if body.strip() else {}
-    except msgspec.DecodeError as exc:
+    except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # a string that is not UTF-8
         raise SqsError("SerializationException", f"The body is not valid JSON: {exc}") from None
     if not isinstance(params, dict):
         raise SqsError("SerializationException", "The body must be a JSON object.")

@@ -640,3 +640,36 @@ async def test_on_shutdown_idle_fast_connections_close_and_a_waiting_take_answer
     assert await busy.closed()
     again = await serve()  # the same data: nothing after the take ran
     assert (await again.stats("q"))["total"] == 1
+
+
+# ------------------------------------------------------------------ found by fuzzing
+
+
+async def test_a_hot_request_asking_for_an_upgrade_is_answered_not_dropped(
+    api: Api, connect: Connect
+) -> None:
+    """httptools raises its upgrade signal outside HttpParserError: the fast path used to let
+    it escape and drop the connection unanswered (tests/data/fuzz/http_head/)."""
+    conn = await connect(api)
+    request = put("q", "x", Connection="Upgrade", Upgrade="websocket")
+    [answer] = await conn.ask(request)
+    assert not answer.fast  # given back to aiohttp, which answers it
+    assert answer.status in (200, 400, 404)
+
+
+@pytest.mark.parametrize("msgpack", [False, True], ids=["json", "msgpack"])
+async def test_a_body_whose_strings_are_not_utf8_is_a_400(
+    api: Api, connect: Connect, msgpack: bool
+) -> None:
+    """msgspec raises UnicodeDecodeError, not DecodeError, for such a string: it was a 500
+    (tests/data/fuzz/native_*/)."""
+    conn = await connect(api)
+    body = (
+        b"\x81\xa8messages\x91\x81\xa4bo\xffy\xa1x"
+        if msgpack
+        else (b'{"messages": [{"body": "\xff\xfe"}]}')
+    )
+    kind = MSGPACK if msgpack else JSON
+    [answer] = await conn.ask(http("POST", "/v1/queues/q/messages", body, {"Content-Type": kind}))
+    assert answer.status == 400
+    assert answer.code == "BadRequest"
