@@ -56,6 +56,11 @@ log = logging.getLogger(__name__)
 PREFIX = b"POST /v1/queues/"  # what a fast connection's first request starts with
 HEAD_LIMIT = 8192  # a longer head is aiohttp's to refuse
 PIPELINE_BUFFER = 256 * 1024  # bytes read ahead of the request being served, at most
+# A request that is coming (head or body) must make progress: REQUEST_S without
+# PROGRESS_BYTES more of it and it is answered 408 and the connection closed (a slowloris
+# holds a connection for that long, not for ever).
+REQUEST_S = 30.0
+PROGRESS_BYTES = 1024
 _PATH = re.compile(rb"/v1/queues/([A-Za-z0-9_.-]{1,100})/(messages|take|ack|release|touch)")
 # Each verb's route as aiohttp names it (metrics and auth rules), built once.
 _ROUTE = {verb: f"/v1/queues/{{name}}/{verb}" for verb in VERBS}
@@ -148,6 +153,8 @@ class FastHttp(asyncio.Protocol):
         self.task: asyncio.Task[None] | None = None
         self.closing = False
         self.paused = False  # reading paused: PIPELINE_BUFFER bytes wait behind a request
+        self._timer: asyncio.TimerHandle | None = None  # a request coming: its deadline
+        self._mark = 0  # how much of it had come when the deadline was set
 
     # ---------------------------------------------------------------- the connection
 
@@ -159,7 +166,37 @@ class FastHttp(asyncio.Protocol):
         self.buf += data
         if self.task is None:
             self._next()
+            self._watch()
         self._flow()
+
+    def _watch(self) -> None:
+        """Set, move or drop the deadline of the request that is coming (if one is)."""
+        coming = self.task is None and bool(self.buf) and self.transport is not None
+        if not coming:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+            return
+        if self._timer is None or len(self.buf) - self._mark >= PROGRESS_BYTES:
+            if self._timer is not None:
+                self._timer.cancel()
+            self._mark = len(self.buf)
+            self._timer = asyncio.get_running_loop().call_later(REQUEST_S, self._too_slow)
+
+    def _too_slow(self) -> None:
+        """The request coming made no progress for REQUEST_S: 408, and close."""
+        self._timer = None
+        transport = self.transport
+        if transport is None or self.task is not None or not self.buf:
+            return
+        body = _json.encode(
+            {"error": {"code": "RequestTimeout", "message": "the request came too slowly"}}
+        )
+        transport.write(
+            b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\n"
+            b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
+        transport.close()
 
     def _flow(self) -> None:
         """Read while no request is served (the one in the buffer may still be coming) or
@@ -180,6 +217,9 @@ class FastHttp(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.app[limits.FAST_CONNECTIONS].discard(self)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self.task is not None:
             self.task.cancel()  # the client went away: so does its request
         self.transport = None
@@ -254,6 +294,9 @@ class FastHttp(asyncio.Protocol):
         every byte not consumed yet."""
         transport, self.transport = self.transport, None
         self.app[limits.FAST_CONNECTIONS].discard(self)
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if transport is not None and self.paused:
             self.paused = False
             transport.resume_reading()  # aiohttp reads from here on
@@ -281,6 +324,7 @@ class FastHttp(asyncio.Protocol):
         self.app[METRICS].observe(_ROUTE[verb], "POST", status, time.perf_counter() - started)
         if self.transport is not None and not self.closing:
             self._next()
+            self._watch()
             self._flow()
 
     async def _answer(

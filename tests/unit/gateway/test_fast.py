@@ -20,6 +20,7 @@ import msgspec
 import pytest
 
 from actors.log.store import LocalDirStore
+from gateway import fast as fast_module
 from gateway import limits
 from gateway.app import AppOptions
 from gateway.auth import Token
@@ -673,3 +674,44 @@ async def test_a_body_whose_strings_are_not_utf8_is_a_400(
     [answer] = await conn.ask(http("POST", "/v1/queues/q/messages", body, {"Content-Type": kind}))
     assert answer.status == 400
     assert answer.code == "BadRequest"
+
+
+# ------------------------------------------------------------------ slow requests
+
+
+@pytest.fixture
+def quick_deadline(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(fast_module, "REQUEST_S", 0.3)
+
+
+@pytest.mark.parametrize("cut", ["head", "body"])
+async def test_a_request_that_stops_coming_is_answered_408_and_closed(
+    api: Api, connect: Connect, quick_deadline: None, cut: str
+) -> None:
+    """A slowloris (a head or a body trickled, or stopped) holds a connection for
+    REQUEST_S, not for ever."""
+    await api.create("q")
+    conn = await connect(api)
+    request = put("q", "x" * 100)
+    head_end = request.index(b"\r\n\r\n") + 4
+    conn.send(request[: head_end - 10] if cut == "head" else request[: head_end + 20])
+    answer = await conn.reply()
+    assert answer.status == 408
+    assert answer.code == "RequestTimeout"
+    assert await conn.closed()
+
+
+async def test_a_slow_request_that_keeps_coming_is_served(
+    api: Api, connect: Connect, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(fast_module, "REQUEST_S", 1.5)
+    await api.create("q")
+    conn = await connect(api)
+    request = put("q", "y" * 6000)
+    # ~1.1 KiB every 0.5 s: 3 s in all, twice the deadline, but progress within each
+    for i in range(0, len(request), 1100):
+        conn.send(request[i : i + 1100])
+        await asyncio.sleep(0.5)
+    answer = await conn.reply()
+    assert answer.status == 200
+    assert answer.fast
