@@ -345,7 +345,8 @@ def _ray_directory(
         log_settings=log_settings,
         memory_budget_bytes=settings.shard_memory_bytes(),
         log=LogConfig(settings.log_level, settings.log_format, settings.log_mode),
-        plain_on_loopback=local,  # the embedded server; a cluster's channels are encrypted
+        # the embedded server's loopback channels; a cluster's are always sealed
+        plain_on_loopback=local and not settings.seal_channel,
     )
     spawner = ShardSpawner(
         spec, spread=settings.shard_spread, resource=settings.shard_resource, detached=not local

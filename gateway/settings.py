@@ -63,6 +63,9 @@ class ServerSettings(msgspec.Struct, kw_only=True):
     tls_cert: str | None = None
     tls_key: str | None = None
     behind_tls_proxy: bool = False
+    # Seal the data channel's frames even when a gateway and its shard are both on loopback
+    # (the embedded server leaves them plain there; a cluster always seals).
+    seal_channel: bool = False
     # Behind a proxy: the addresses (IPs or networks, comma-separated) whose X-Forwarded-For
     # and X-Forwarded-Proto are believed (default: loopback only).
     trusted_proxies: str = "127.0.0.1/8,::1"
@@ -290,6 +293,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         action="store_true",
         default=None,
         help="plain HTTP off loopback: a proxy in front terminates TLS",
+    )
+    add(
+        "--seal-channel",
+        action="store_true",
+        default=None,
+        help="encrypt the gateway-shard channel on loopback too (a cluster's always is)",
     )
     add(
         "--trusted-proxies",

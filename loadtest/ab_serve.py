@@ -13,7 +13,11 @@ most (the last one counts).
 
 A and B differ by their tree (``--a-tree``/``--b-tree``: another checkout, run with its own
 directory first on ``PYTHONPATH``, Ray's workers included), their environment (``--a-env``,
-``--b-env``: ``KEY=VALUE``), or their ``evq serve`` arguments (``--a-args``, ``--b-args``).
+``--b-env``: ``KEY=VALUE``), their ``evq serve`` arguments (``--a-args``, ``--b-args``), or
+HTTPS (``--a-tls``, ``--b-tls``: a certificate of a CA made for the run; the load generator
+trusts that CA through ``SSL_CERT_FILE``). The cost of TLS on the per-operation rows::
+
+    .venv/bin/python loadtest/ab_serve.py --b-tls --rows p1,p64,mixed --rounds 6
 
     .venv/bin/python loadtest/ab_serve.py --b-tree ../wt --rounds 6 --duration 4 \\
         [--rows p1,p16,p64,mixed] [--a-env EVQ_UVLOOP=0] [--dir /work]
@@ -82,7 +86,9 @@ def summarize(
     return summary
 
 
-def measure(side: str, server: EvqServe, row: str, out: Path, args: argparse.Namespace) -> Any:
+def measure(
+    side: str, server: EvqServe, row: str, out: Path, args: argparse.Namespace, ca: str = ""
+) -> Any:
     """One run of ``row`` against ``server``; its record."""
     group = f"ab-{side}"
     cmd = [LOADGEN_PY, "loadgen.py", "--adapter", "http_json", "--target", server.url]
@@ -96,6 +102,7 @@ def measure(side: str, server: EvqServe, row: str, out: Path, args: argparse.Nam
         "ANCHORS_WARMUP": str(args.warmup),
         "ANCHORS_QUIET_MAX_WAIT": "0",
         "ANCHORS_ROOT_PID": str(os.getpid()),
+        **({"SSL_CERT_FILE": ca} if ca else {}),
     }
     records = out / f"{group}.jsonl"
     before = records.read_text().count("\n") if records.exists() else 0
@@ -108,13 +115,21 @@ def measure(side: str, server: EvqServe, row: str, out: Path, args: argparse.Nam
     return json.loads(lines[-1])
 
 
-def start(side: str, tree: Path, env: list[str], extra: str, tmp: Path) -> EvqServe:
-    """``evq serve`` of ``tree`` with ``env`` and ``extra`` arguments, on a fresh directory."""
+def start(
+    side: str, tree: Path, env: list[str], extra: str, tmp: Path, tls: Any = None
+) -> EvqServe:
+    """``evq serve`` of ``tree`` with ``env`` and ``extra`` arguments, on a fresh directory;
+    over HTTPS with ``tls`` (a pair of loadtest.tlscerts)."""
     environ = dict(item.split("=", 1) for item in env)
     if tree.resolve() != ROOT.resolve():
         environ["PYTHONPATH"] = str(tree.resolve())
     data = tmp / f"data-{side}"
-    return EvqServe(data, tmp / f"serve-{side}.log", shlex.split(extra), env=environ, cwd=tree)
+    args = shlex.split(extra)
+    if tls is not None:
+        args += ["--tls-cert", str(tls.cert), "--tls-key", str(tls.key)]
+    scheme = "https" if tls is not None else "http"
+    log = tmp / f"serve-{side}.log"
+    return EvqServe(data, log, args, env=environ, cwd=tree, scheme=scheme)
 
 
 def main() -> None:
@@ -127,6 +142,8 @@ def main() -> None:
     ap.add_argument("--b-env", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--a-args", default="", help="evq serve's arguments for A (one string)")
     ap.add_argument("--b-args", default="", help="evq serve's arguments for B (one string)")
+    ap.add_argument("--a-tls", action="store_true", help="A serves HTTPS")
+    ap.add_argument("--b-tls", action="store_true", help="B serves HTTPS")
     ap.add_argument("--rows", default="p1,p16,mixed")
     ap.add_argument("--rounds", type=int, default=6)
     ap.add_argument("--duration", type=float, default=4.0)
@@ -150,9 +167,20 @@ def main() -> None:
     p50: dict[str, list[float]] = {"a": [], "b": []}
     with tempfile.TemporaryDirectory(dir=args.dir) as tmp_dir:
         tmp = Path(tmp_dir)
+        ca = ""
+        pairs: dict[str, Any] = {"a": None, "b": None}
+        if args.a_tls or args.b_tls:
+            sys.path.insert(0, str(ROOT))
+            from loadtest.tlscerts import Authority
+
+            authority = Authority(tmp / "ca")
+            ca = str(authority.bundle)
+            os.environ["SSL_CERT_FILE"] = ca  # this process's readiness probes too
+            pairs = {s: authority.issue(s) if on else None for s, on in
+                     (("a", args.a_tls), ("b", args.b_tls))}  # fmt: skip
         servers = {
-            "a": start("a", args.a_tree, args.a_env, args.a_args, tmp),
-            "b": start("b", args.b_tree, args.b_env, args.b_args, tmp),
+            "a": start("a", args.a_tree, args.a_env, args.a_args, tmp, pairs["a"]),
+            "b": start("b", args.b_tree, args.b_env, args.b_args, tmp, pairs["b"]),
         }
         try:
             for server in servers.values():
@@ -162,7 +190,7 @@ def main() -> None:
                 for row in rows:
                     for side in order:
                         for _ in range(args.tries):  # the host took the CPU: measure again
-                            rec = measure(side, servers[side], row, out, args)
+                            rec = measure(side, servers[side], row, out, args, ca)
                             [run] = rec["runs"]
                             if run.get("steal_cpu_pct", 0.0) <= args.max_steal:
                                 break

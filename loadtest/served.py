@@ -121,9 +121,10 @@ class EvqServe:
         env: dict[str, str] | None = None,
         cwd: Path = ROOT,
         python: str = sys.executable,
+        scheme: str = "http",
     ) -> None:
         self.port = port or free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
+        self.url = f"{scheme}://127.0.0.1:{self.port}"
         self.log_path = log_path
         self.command = [python, "-m", "evq", "serve", "--data", str(data)]
         self.command += ["--host", "127.0.0.1", "--port", str(self.port), *extra]

@@ -1,7 +1,8 @@
 """``evq serve --tls-cert --tls-key``: every route family over HTTPS on the one port, verified
 against a private CA — the native API (aiohttp's routes and the fast path), the Python
-clients and the CLI, SQS through boto3, WebSocket and long-poll watches, ``/metrics`` — and a
-certificate rotated under load (files replaced, and SIGHUP) with no failed request."""
+clients and the CLI, SQS through boto3, WebSocket and long-poll watches, ``/metrics`` — with
+the gateway-shard channel sealed as in a cluster (``--seal-channel``), and a certificate
+rotated under load (files replaced, and SIGHUP) with no failed request."""
 
 from __future__ import annotations
 
@@ -25,8 +26,8 @@ from cryptography import x509
 
 from actors.errors import QueueError
 from evq.client import AsyncClient, Client, TransportError, tls_context
+from loadtest.tlscerts import Authority, Issued
 from tests.integration.server import EVQ, ROOT, Server, eventually, server_env
-from tests.tlscerts import Authority, Issued
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -45,6 +46,7 @@ class Tls:
             str(self.pair.key),
             "--shards",
             "1",
+            "--seal-channel",  # and the gateway-shard channel sealed, as in a cluster
             ca_bundle=self.ca.bundle,
         )
 

@@ -21,7 +21,7 @@ from evq.client import tls_context
 from gateway.proxy import origin
 from gateway.settings import ServerSettings
 from gateway.tls import Certificates, TlsError
-from tests.tlscerts import Authority
+from loadtest.tlscerts import Authority
 
 
 class Echo(asyncio.Protocol):
