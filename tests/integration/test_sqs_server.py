@@ -252,6 +252,12 @@ TASKS = textwrap.dedent(
     from celery import Celery
 
     OUT = Path(os.environ["EVQ_TEST_OUT"])
+    if os.environ.get("EVQ_TEST_HTTPS") == "1":
+        # kombu's asynchronous SQS client (the worker's receives) verifies the server with
+        # certifi's bundle only, whatever AWS_CA_BUNDLE says: point it at the private CA
+        import kombu.asynchronous.aws.connection as kombu_aws
+
+        kombu_aws.get_cert_path = lambda verify: os.environ["AWS_CA_BUNDLE"]
     app = Celery("evqtest", broker=os.environ["EVQ_TEST_BROKER"])
     app.conf.update(
         broker_transport_options={
@@ -260,6 +266,8 @@ TASKS = textwrap.dedent(
             "polling_interval": 0.1,
             "visibility_timeout": 60,
             "queue_name_prefix": os.environ["EVQ_TEST_PREFIX"],
+            # https to the broker's host (its CA: AWS_CA_BUNDLE, which botocore reads)
+            "is_secure": os.environ.get("EVQ_TEST_HTTPS") == "1",
         },
         task_default_queue="work",
         worker_enable_remote_control=False,

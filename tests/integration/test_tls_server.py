@@ -12,11 +12,13 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import aiohttp
 import boto3
@@ -28,6 +30,8 @@ from actors.errors import QueueError
 from evq.client import AsyncClient, Client, TransportError, tls_context
 from loadtest.tlscerts import Authority, Issued
 from tests.integration.server import EVQ, ROOT, Server, eventually, server_env
+from tests.integration.test_sqs_server import BIN, KEY, SECRET, TASKS, cli_env
+from tests.unit.gateway.sqs_support import unique
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
 
@@ -273,3 +277,62 @@ def test_a_certificate_rotated_under_load_fails_no_request(tls: Tls) -> None:
     assert done[0] > 50
     assert tls.server.running()
     assert tls.server.log(whole=True).count("certificate reloaded") >= 3
+
+
+def test_the_aws_cli_and_celery_over_https_with_a_private_ca(tls: Tls, tmp_path: Path) -> None:
+    env = cli_env(tmp_path)
+    aws = [str(BIN / "aws"), "--endpoint-url", tls.server.url, "--output", "json"]
+
+    def cli(*args: str, bundle: bool = True) -> subprocess.CompletedProcess[str]:
+        extra = ["--ca-bundle", str(tls.ca.bundle)] if bundle else []
+        return subprocess.run(
+            [*aws, *extra, "sqs", *args], env=env, capture_output=True, text=True, timeout=60
+        )
+
+    done = cli("create-queue", "--queue-name", "tls-cli")
+    assert done.returncode == 0, done.stderr
+    url = json.loads(done.stdout)["QueueUrl"]
+    assert url.startswith("https://")
+    assert cli("send-message", "--queue-url", url, "--message-body", "hi").returncode == 0
+    got = json.loads(cli("receive-message", "--queue-url", url).stdout)["Messages"]
+    assert [m["Body"] for m in got] == ["hi"]
+    refused = cli("list-queues", bundle=False)  # the system's CAs do not know ours
+    assert refused.returncode != 0
+    assert "CERTIFICATE_VERIFY_FAILED" in refused.stderr or "SSL" in refused.stderr
+
+    # Celery's SQS transport (kombu, botocore): https to the broker, our CA in AWS_CA_BUNDLE
+    (tmp_path / "celery_tasks.py").write_text(TASKS)
+    out = tmp_path / "out.txt"
+    env.update(
+        EVQ_TEST_OUT=str(out),
+        EVQ_TEST_PREFIX=unique("tls-celery") + "-",
+        EVQ_TEST_BROKER=f"sqs://{KEY}:{quote(SECRET, safe='')}@{HOST}:{tls.server.port}",
+        EVQ_TEST_HTTPS="1",
+        AWS_CA_BUNDLE=str(tls.ca.bundle),
+        PYTHONPATH=str(tmp_path),
+    )
+    log = (tmp_path / "worker.log").open("wb")
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "celery", "-A", "celery_tasks", "worker", "--pool=solo",
+         "--without-gossip", "--without-mingle", "--without-heartbeat", "--loglevel=INFO"],
+        cwd=tmp_path, env=env, stdout=log, stderr=subprocess.STDOUT,
+    )  # fmt: skip
+    try:
+        producer = "import celery_tasks as t; t.add.delay(20, 22)"
+        subprocess.run(
+            [sys.executable, "-c", producer], cwd=tmp_path, env=env, check=True, timeout=60
+        )
+        eventually(
+            lambda: out.exists() and "add 42" in out.read_text(),
+            timeout=60,
+            what=lambda: (tmp_path / "worker.log").read_text()[-3000:],
+        )
+    finally:
+        worker.send_signal(signal.SIGTERM)
+        try:
+            worker.wait(30)
+        except subprocess.TimeoutExpired:
+            worker.kill()
+            worker.wait(10)
+        log.close()
+    assert "Traceback" not in (tmp_path / "worker.log").read_text()
