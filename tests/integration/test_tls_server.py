@@ -210,6 +210,9 @@ def test_watches_over_websocket_and_long_poll_and_metrics_over_https(tls: Tls) -
             assert answer.status == 200
             assert (await answer.json())["value"] == "x"
             answer.release()
+            async with session.get(f"{url}/") as r:  # the dashboard's page
+                assert r.status == 200
+                assert "<html" in (await r.text()).lower()
             async with session.get(f"{url}/metrics") as r:
                 assert r.status == 200
                 assert "evq_" in await r.text()
