@@ -339,3 +339,37 @@ def test_the_aws_cli_and_celery_over_https_with_a_private_ca(tls: Tls, tmp_path:
             worker.wait(10)
         log.close()
     assert "Traceback" not in (tmp_path / "worker.log").read_text()
+
+
+def test_every_gateway_process_serves_https_and_reloads_on_sighup(tmp_path: Path) -> None:
+    """With --workers 2 each gateway process has its own context: both serve the pair, and a
+    SIGHUP to the server reaches both (the main process passes it on)."""
+    ca = Authority(tmp_path / "ca")
+    pair = ca.issue()
+    server = Server(
+        tmp_path / "data",
+        *("--tls-cert", str(pair.cert), "--tls-key", str(pair.key)),
+        *("--workers", "2", "--shards", "1"),
+        ca_bundle=ca.bundle,
+    )
+    server.start()
+    try:
+        with Client(server.url, ca_bundle=str(ca.bundle)) as client:
+            client.create_queue("tls-workers")
+        for _ in range(20):  # new connections: the kernel spreads them over both processes
+            with Client(server.url, ca_bundle=str(ca.bundle), retries=0) as client:
+                client.put("tls-workers", b"x")
+        fresh = ca.issue()
+        os.kill(server.pid, signal.SIGHUP)
+        eventually(
+            lambda: server.log().count("certificate reloaded") >= 2,
+            timeout=30,
+            what=lambda: server.log(lines=50),
+        )
+        for _ in range(20):
+            with Client(server.url, ca_bundle=str(ca.bundle), retries=0) as client:
+                assert client.put("tls-workers", b"y")
+        assert fresh.serial != pair.serial
+        assert server.running()
+    finally:
+        server.stop()
