@@ -344,14 +344,29 @@ def _fifo_order(
         for end in ix.ends.get(d.lease, []):
             if end.op == "ack" and end.res != "stale_lease":
                 done[tok] = min(done.get(tok, end.t0), end.t0)
+    # Sorted by seq, with, for each prefix, the K latest "done" moments (never done: inf)
+    # of its tokens: K = one more than a take's size, so that tokens of the take itself
+    # (which may be undone when it is answered) cannot hide one that counts. Linear in the
+    # group's deliveries (a long run's FIFO groups hold tens of thousands: pairwise was hours).
+    k = 1 + max((len(take.got) for take, _, _ in held), default=0)
+    order = sorted(seq_of.items(), key=lambda item: item[1])
+    seqs = [s2 for _, s2 in order]
+    inf = float("inf")
+    tops: list[list[tuple[float, str, int]]] = [[]]  # tops[j]: of the first j tokens
+    top: list[tuple[float, str, int]] = []
+    for tok, s2 in order:
+        at = done.get(tok)
+        top = sorted([*top, (inf if at is None else at, tok, s2)], reverse=True)[:k]
+        tops.append(top)
     for take, i, d in held:
         s = seq_of.get(token_of(d.body))
         if s is None:
             continue
         same_take = {token_of(x.body) for x in take.got[:i]}
-        for tok, s2 in seq_of.items():
-            at = done.get(tok)
-            if s2 < s and tok not in same_take and (at is None or at > take.t1):
+        for at, tok, s2 in tops[bisect.bisect_left(seqs, s)]:
+            if at <= take.t1:
+                break  # sorted: none after it is later
+            if tok not in same_take:
                 v.add(
                     "fifo_order",
                     token_of(d.body),

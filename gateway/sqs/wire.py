@@ -152,7 +152,9 @@ def _shape(node: dict[str, Any]) -> dict[str, Any]:
             member, key_name, value_name = _MAPS[name]
             mapping: dict[str, Any] = {}
             for entry in _numbered(name, value):
-                if not isinstance(entry, dict) or key_name not in entry:
+                if not isinstance(entry, dict) or not isinstance(entry.get(key_name), str):
+                    # no name, or a name with parts of its own (``X.1.Name.1=…``): a 500
+                    # once (found by loadtest/fuzz.py, tests/data/fuzz/sqs_query/)
                     raise _malformed(name)
                 mapping[entry[key_name]] = entry.get(value_name)
             out[member] = mapping

@@ -224,6 +224,11 @@ def test_query_forms_fold_into_the_json_shape() -> None:
         ([("Action", "ListQueues"), ("AttributeName.x", "A")], "MalformedQueryString"),
         ([("Action", "ListQueues"), ("AttributeName.0", "A")], "MalformedQueryString"),
         ([("Action", "ListQueues"), ("A", "1"), ("A.B", "2")], "MalformedQueryString"),
+        # a map entry's name with parts of its own (found by loadtest/fuzz.py)
+        (
+            [("Action", "SendMessage"), ("MessageAttribute.1.Name.1.X", "a")],
+            "MalformedQueryString",
+        ),
     ],
 )
 def test_malformed_query_forms_are_refused(pairs: list[tuple[str, str]], code: str) -> None:
