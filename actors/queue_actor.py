@@ -626,13 +626,17 @@ class QueueActor:
                         await self.host.route_dead_letters(self.name, target, letters)
                     await self.execute(cmd.ConfirmDeadLetters([m.seq for m in letters]))
                     delay = 0.2
-                except QueueError as exc:
+                except Exception as exc:
+                    # Any failure, not only a QueueError: a Ray call to a shard that died
+                    # raised out of here once and stranded the outbox until the queue's next
+                    # change, for ever if the failure came back each time (the campaign
+                    # during resizes, loadtest/RESULTS.md).
                     if self.stopped is not None:
                         return
                     log.warning(
                         "queue %s: dead-letter routing failed (%s); retrying in %.1fs",
                         self.name,
-                        exc,
+                        exc if isinstance(exc, QueueError) else repr(exc),
                         delay,
                     )
                     await asyncio.sleep(delay)

@@ -23,11 +23,12 @@ from typing import Any, cast
 
 import msgspec
 import ray
+import ray.exceptions
 
 from actors import handshake
 from actors.channel import IN_FLIGHT_PER_CONNECTION, ChannelServer
 from actors.core import commands as cmd
-from actors.errors import QueueError
+from actors.errors import QueueError, Unavailable
 from actors.handover import move_queue
 from actors.log.placement import MAX_HOPS, Placement, refused_to
 from actors.log.stores import open_store
@@ -254,7 +255,18 @@ class ShardActor:
     async def _forward(self, target: str, commands: list[object]) -> list[Any]:
         index = self.shard.placement.shard_of(target)
         for _ in range(MAX_HOPS):
-            results = await self._handle(index).execute_many.remote(target, commands)
+            try:
+                results = await self._handle(index).execute_many.remote(target, commands)
+            except (
+                ray.exceptions.RayActorError,
+                ray.exceptions.ActorUnavailableError,
+                ValueError,  # ray.get_actor: no such shard now
+            ) as exc:
+                # That incarnation is gone (killed by a resize, restarting): ask Ray for
+                # the shard by name next time instead of calling the dead handle for ever
+                # (dead letters waited on one for the rest of a campaign: RESULTS.md).
+                self._handles.pop(index, None)
+                raise Unavailable(f"shard {index} is restarting: {type(exc).__name__}") from None
             moved = refused_to(results)
             if moved is None or moved == index:
                 break

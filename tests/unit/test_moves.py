@@ -195,3 +195,24 @@ async def test_a_running_task_goes_on_after_its_shards_restart(tmp_path: Path) -
         assert await peek_all(directory, DLQ) == []
     finally:
         await directory.close()
+
+
+async def test_dead_letters_reach_their_queue_after_any_failure_of_the_route(
+    queues: LocalDirectory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The route to the dead-letter queue failing with something else than a QueueError (a
+    Ray call to a shard that died: ActorDiedError) used to end the routing task and strand
+    the dead letters until the queue's next change; they are retried like any failure."""
+    shard = queues.shards[placement(SOURCE, 2)]
+    real = shard.route_dead_letters
+    failures = [RuntimeError("the actor died"), RuntimeError("the actor died")]
+
+    async def flaky(source: str, target: str, letters: list[Any]) -> None:
+        if failures:
+            raise failures.pop()
+        await real(source, target, letters)
+
+    monkeypatch.setattr(shard, "route_dead_letters", flaky)
+    ids = await dead_letter(queues, SOURCE, [b"one", b"two"])  # waits for them in the DLQ
+    assert not failures  # both failures happened, and the letters arrived after them
+    assert len(ids) == 2
