@@ -133,12 +133,14 @@ def _numbered(name: str, node: Any) -> list[Any]:
         return []
     if not isinstance(node, dict):
         raise _malformed(name)
-    items = []
+    items: dict[int, Any] = {}
     for index, value in node.items():
         if not index.isdigit() or not 1 <= int(index) <= _MAX_INDEX:
             raise _malformed(f"{name}.{index}")
-        items.append((int(index), value))
-    return [value for _, value in sorted(items)]
+        if int(index) in items:  # "1" and "01": one number twice (a 500 once: loadtest/fuzz.py)
+            raise _malformed(f"{name}.{index}")
+        items[int(index)] = value
+    return [items[i] for i in sorted(items)]
 
 
 def _shape(node: dict[str, Any]) -> dict[str, Any]:

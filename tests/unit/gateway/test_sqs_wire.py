@@ -224,6 +224,15 @@ def test_query_forms_fold_into_the_json_shape() -> None:
         ([("Action", "ListQueues"), ("AttributeName.x", "A")], "MalformedQueryString"),
         ([("Action", "ListQueues"), ("AttributeName.0", "A")], "MalformedQueryString"),
         ([("Action", "ListQueues"), ("A", "1"), ("A.B", "2")], "MalformedQueryString"),
+        # one index written twice, "1" and "01" (found by loadtest/fuzz.py)
+        (
+            [
+                ("Action", "SendMessage"),
+                ("MessageAttribute.1.Name", "a"),
+                ("MessageAttribute.01.Name", "b"),
+            ],
+            "MalformedQueryString",
+        ),
         # a map entry's name with parts of its own (found by loadtest/fuzz.py)
         (
             [("Action", "SendMessage"), ("MessageAttribute.1.Name.1.X", "a")],
