@@ -111,6 +111,9 @@ def campaign(args: argparse.Namespace) -> int:
         done = re.findall(r"Done (\d+) runs", text)
         runs = int(done[-1]) if done else max([0, *map(int, re.findall(r"^#(\d+)", text, re.M))])
         found = _findings(args.out / name)
+        if code.returncode != 0 and not found:  # a crash whose input libFuzzer did not write
+            crash = "Uncaught Python exception" in text
+            found = [f"{'crash' if crash else 'exit'} {code.returncode} (see {log})"]
         report[name] = {
             "runs": runs,
             "seconds": round(time.monotonic() - start, 1),
