@@ -27,12 +27,11 @@ import hashlib
 import hmac
 import struct
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X25519PublicKey
-from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+if TYPE_CHECKING:  # cryptography (the server extra) is imported on first use: the base
+    # install (the client) imports the channel's module without it
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
 __all__ = [
     "PROTOCOL",
@@ -73,6 +72,12 @@ def _proof(key: bytes, role: bytes, transcript: bytes) -> bytes:
     return hmac.new(key, role + transcript, hashlib.sha256).digest()
 
 
+def _new_key() -> X25519PrivateKey:
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+
+    return X25519PrivateKey.generate()
+
+
 def _public(private: X25519PrivateKey) -> bytes:
     from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
@@ -83,6 +88,10 @@ def _session(
     private: X25519PrivateKey, peer: bytes, key: bytes, transcript: bytes
 ) -> tuple[bytes, bytes]:
     """(client → server key, server → client key)."""
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PublicKey
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
     try:
         shared = private.exchange(X25519PublicKey.from_public_bytes(peer))
     except ValueError:
@@ -99,7 +108,9 @@ class Sealed:
     __slots__ = ("_aead", "_count")
 
     def __init__(self, key: bytes) -> None:
-        self._aead = ChaCha20Poly1305(key)
+        from cryptography.hazmat.primitives.ciphers.aead import ChaCha20Poly1305
+
+        self._aead: Any = ChaCha20Poly1305(key)
         self._count = 0
 
     def seal(self, body: bytes) -> bytes:
@@ -109,6 +120,8 @@ class Sealed:
 
     def open(self, body: bytes) -> bytes:
         """Raises: Refused: the frame was changed, replayed, reordered or is not ours."""
+        from cryptography.exceptions import InvalidTag
+
         nonce = _NONCE.pack(self._count)
         try:
             plain = self._aead.decrypt(nonce, body, None)
@@ -124,7 +137,7 @@ class Server:
 
     secret: str | bytes
     encrypt: bool
-    _private: X25519PrivateKey = field(default_factory=X25519PrivateKey.generate, init=False)
+    _private: X25519PrivateKey = field(default_factory=_new_key, init=False)
     public: bytes = field(default=b"", init=False)  # sent in the challenge
 
     def __post_init__(self) -> None:
@@ -153,7 +166,7 @@ class Client:
     """The connecting end of one connection's handshake."""
 
     secret: str | bytes
-    _private: X25519PrivateKey = field(default_factory=X25519PrivateKey.generate, init=False)
+    _private: X25519PrivateKey = field(default_factory=_new_key, init=False)
     public: bytes = field(default=b"", init=False)
     _transcript: bytes = field(default=b"", init=False)
 

@@ -292,7 +292,7 @@ def test_the_aws_cli_and_celery_over_https_with_a_private_ca(tls: Tls, tmp_path:
             [*aws, *extra, "sqs", *args], env=env, capture_output=True, text=True, timeout=60
         )
 
-    done = cli("create-queue", "--queue-name", "tls-cli")
+    done = cli("create-queue", "--queue-name", "tls-awscli")
     assert done.returncode == 0, done.stderr
     url = json.loads(done.stdout)["QueueUrl"]
     assert url.startswith("https://")
