@@ -34,7 +34,7 @@ def run(tmp_path_factory: pytest.TempPathFactory) -> Run:
     command = [
         sys.executable, str(ROOT / "loadtest" / "overload.py"), "overload",
         "--minutes", "0.2", "--shard-memory-mb", str(BUDGET_MB), "--shards", "2",
-        "--workers", "2", "--calibrate", "2", "--recovery-limit", "60", "--progress", "4",
+        "--workers", "2", "--calibrate", "4", "--recovery-limit", "60", "--progress", "4",
         "--then-soak", "10", "--warmup", "2", "--dir", str(tmp_path),
     ]  # fmt: skip
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
