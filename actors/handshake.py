@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import os
 import struct
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -72,10 +73,15 @@ def _proof(key: bytes, role: bytes, transcript: bytes) -> bytes:
     return hmac.new(key, role + transcript, hashlib.sha256).digest()
 
 
-def _new_key() -> X25519PrivateKey:
+def _ephemeral(encrypt: bool) -> tuple[X25519PrivateKey | None, bytes]:
+    """This end's fresh key pair, or, without encryption, a fresh 32-byte nonce in its place
+    (the proofs need only freshness: cryptography, ~16 MiB of a process, stays unloaded)."""
+    if not encrypt:
+        return None, os.urandom(32)
     from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
 
-    return X25519PrivateKey.generate()
+    private = X25519PrivateKey.generate()
+    return private, _public(private)
 
 
 def _public(private: X25519PrivateKey) -> bytes:
@@ -137,11 +143,11 @@ class Server:
 
     secret: str | bytes
     encrypt: bool
-    _private: X25519PrivateKey = field(default_factory=_new_key, init=False)
+    _private: X25519PrivateKey | None = field(default=None, init=False)
     public: bytes = field(default=b"", init=False)  # sent in the challenge
 
     def __post_init__(self) -> None:
-        self.public = _public(self._private)
+        self._private, self.public = _ephemeral(self.encrypt)
 
     def accept(self, client_key: bytes, proof: bytes) -> tuple[bytes, Sealed | None, Sealed | None]:
         """Check the client's answer; return (the server's proof, the sealer of what it sends,
@@ -157,6 +163,7 @@ class Server:
         mine = _proof(key, b"server", transcript)
         if not self.encrypt:
             return mine, None, None
+        assert self._private is not None
         c2s, s2c = _session(self._private, client_key, key, transcript)
         return mine, Sealed(s2c), Sealed(c2s)
 
@@ -166,12 +173,9 @@ class Client:
     """The connecting end of one connection's handshake."""
 
     secret: str | bytes
-    _private: X25519PrivateKey = field(default_factory=_new_key, init=False)
-    public: bytes = field(default=b"", init=False)
+    _private: X25519PrivateKey | None = field(default=None, init=False)
+    public: bytes = field(default=b"", init=False)  # sent with the proof (made by answer())
     _transcript: bytes = field(default=b"", init=False)
-
-    def __post_init__(self) -> None:
-        self.public = _public(self._private)
 
     def answer(
         self, server_key: bytes, encrypt: bool
@@ -184,10 +188,12 @@ class Client:
             Refused: a malformed key.
         """
         key = _auth_key(self.secret)
+        self._private, self.public = _ephemeral(encrypt)
         self._transcript = _transcript(server_key, self.public, encrypt)
         proof = _proof(key, b"client", self._transcript)
         if not encrypt:
             return proof, None, None
+        assert self._private is not None
         c2s, s2c = _session(self._private, server_key, key, self._transcript)
         return proof, Sealed(c2s), Sealed(s2c)
 
