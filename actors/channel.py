@@ -33,7 +33,6 @@ calls for ever: they fail, and the retries reach the new incarnation.
 from __future__ import annotations
 
 import asyncio
-import ipaddress
 import itertools
 import logging
 import struct
@@ -235,13 +234,6 @@ _ERROR_CLASSES: dict[str, type[QueueError]] = {
 }
 
 
-def _loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def _frame(body: bytes) -> bytes:
     return _LEN.pack(len(body)) + body
 
@@ -379,7 +371,7 @@ class _ServerConnection(asyncio.Protocol):
         encrypt = self.server._encrypt
         if encrypt is None:
             ends = (transport.get_extra_info("sockname"), transport.get_extra_info("peername"))
-            encrypt = not all(end and _loopback(end[0]) for end in ends)
+            encrypt = not handshake.on_loopback(*ends)
         self.handshake = handshake.Server(self.server._secret, encrypt)
         self.transport.write(  # type: ignore[union-attr]
             _frame(_encoder.encode(Challenge(self.handshake.public, encrypt)))

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
 import os
 import struct
 from dataclasses import dataclass, field
@@ -41,6 +42,7 @@ __all__ = [
     "Sealed",
     "Server",
     "fingerprint",
+    "on_loopback",
 ]
 
 PROTOCOL = b"evq-link/1"
@@ -51,6 +53,15 @@ _NONCE = struct.Struct("<Q4x")  # 12 bytes: a frame counter
 class Refused(ConnectionError):
     """The other end did not prove the secret (wrong, replayed or missing credential), or a
     sealed frame did not open."""
+
+
+def on_loopback(*ends: Any) -> bool:
+    """Whether every end (a socket address, ``(host, port, …)``) is on loopback: the only
+    case where a connection may go unsealed."""
+    try:
+        return bool(ends) and all(ipaddress.ip_address(end[0]).is_loopback for end in ends)
+    except (ValueError, TypeError, IndexError):
+        return False
 
 
 def _auth_key(secret: str | bytes) -> bytes:

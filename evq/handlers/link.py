@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import itertools
 import logging
 import pickle
@@ -76,13 +75,6 @@ def _frame(data: bytes) -> bytes:
     return _LEN.pack(len(data)) + data
 
 
-def _loopback(address: Any) -> bool:
-    try:
-        return ipaddress.ip_address(address[0]).is_loopback
-    except (ValueError, TypeError, IndexError):
-        return False
-
-
 class WorkerServer:
     """The worker's end: runs ``run(messages) -> outcomes`` for each chunk received."""
 
@@ -121,7 +113,7 @@ class WorkerServer:
     def _chunks(self, sock: socket.socket) -> None:
         encrypt = self._encrypt
         if encrypt is None:
-            encrypt = not (_loopback(sock.getsockname()) and _loopback(sock.getpeername()))
+            encrypt = not handshake.on_loopback(sock.getsockname(), sock.getpeername())
         shake = handshake.Server(self._secret, encrypt)
         sock.sendall(_frame(shake.public + (b"\x01" if encrypt else b"\x00")))
         sock.settimeout(HANDSHAKE_S)
