@@ -47,6 +47,7 @@ __all__ = [
 
 PROTOCOL = b"evq-link/1"
 KEY_BYTES = 32
+MIN_SECRET_CHARS = 16  # a cluster secret's least length (gateway settings, shard nodes)
 _NONCE = struct.Struct("<Q4x")  # 12 bytes: a frame counter
 
 

@@ -11,6 +11,13 @@ shards are detached: they belong to the cluster, not to the gateway that created
 call. Calls are not retried by Ray: a call that died with its actor may have taken
 effect, and only the client can decide whether repeating it is safe (its puts carry
 idempotency keys).
+
+The cluster secret does not travel through Ray in a cluster (Ray's own traffic between
+nodes is not encrypted unless Ray's TLS is set up): a shard reads it from its node's
+environment (``EVQ_CLUSTER_SECRET``, or a file named by ``EVQ_CLUSTER_SECRET_FILE``), as it
+reads its store's credentials, and the gateway that spawned it checks that they share it by a
+fingerprint. Only the embedded server, whose Ray runs on this machine alone, hands its shards
+the secret in their spec.
 """
 
 from __future__ import annotations
@@ -19,6 +26,8 @@ import asyncio
 import contextlib
 import hmac
 import logging
+import os
+import secrets
 from typing import Any, cast
 
 import msgspec
@@ -47,6 +56,7 @@ __all__ = [
     "ShardActor",
     "ShardSpawner",
     "ShardSpec",
+    "node_secret",
     "running_shards",
     "spawn_shards",
 ]
@@ -61,12 +71,29 @@ def shard_name(index: int) -> str:
     return f"evq-shard-{index}"
 
 
+def node_secret() -> str | None:
+    """The cluster secret as this process's environment holds it (its node's: a Ray worker
+    inherits its raylet's): ``EVQ_CLUSTER_SECRET``, or the file ``EVQ_CLUSTER_SECRET_FILE``
+    names. None when neither is set, or the secret is too short to be one."""
+    value = os.environ.get("EVQ_CLUSTER_SECRET", "").strip()
+    path = os.environ.get("EVQ_CLUSTER_SECRET_FILE")
+    if not value and path:
+        try:
+            with open(path, encoding="utf-8") as f:
+                value = f.read().strip()
+        except OSError as exc:
+            log.error("the cluster secret's file %s does not read: %s", path, exc.strerror)
+            return None
+    return value if len(value) >= handshake.MIN_SECRET_CHARS else None
+
+
 class ShardSpec(msgspec.Struct, frozen=True):
-    """What every shard process needs: its store, and the secret gateways present."""
+    """What every shard process needs: its store, and the secret gateways present (or
+    None: each shard reads its node's, :func:`node_secret`)."""
 
     count: int
     store: str
-    secret: str
+    secret: str | None
     store_options: dict[str, Any] = msgspec.field(default_factory=dict)
     log_settings: LogSettings = msgspec.field(default_factory=LogSettings)
     memory_budget_bytes: int | None = None  # puts refused past it (QueueShard)
@@ -97,8 +124,13 @@ class ShardActor:
         )
         self._started: asyncio.Task[ShardStatus] | None = None
         self._handles: dict[int, Any] = {}
+        secret = spec.secret if spec.secret is not None else node_secret()
+        # A shard whose node has no secret serves no channel (one made up here refuses
+        # every connection) and says why to the gateways that check it.
+        self._no_secret = secret is None
+        self._secret = secret if secret is not None else secrets.token_hex(32)
         self._channel = ChannelServer(
-            self.shard, spec.secret, encrypt=None if spec.plain_on_loopback else True
+            self.shard, self._secret, encrypt=None if spec.plain_on_loopback else True
         )
         # the puts each gateway can have on their way in, which the shard cannot refuse
         self.shard.memory.in_flight = lambda: IN_FLIGHT_PER_CONNECTION * self._channel.connections
@@ -126,18 +158,25 @@ class ShardActor:
             log.info("shard %d: data channel on %s:%d", self.index, *address)
         return await asyncio.shield(self._address)
 
-    async def channel_access(self) -> tuple[int, str]:
+    async def channel_access(self) -> tuple[int, str | None]:
         """The shard count and the data channels' secret, for in-cluster clients that take
-        straight from the shards (handler runtimes, ``evq.handlers``). Whoever can call
-        this can already call every method of this actor through Ray, so the secret gives
-        no reach beyond the cluster's own."""
+        straight from the shards (handler runtimes, ``evq.handlers``): the secret only when
+        the spec carried it (the embedded server, one machine); in a cluster, None, and the
+        client reads its node's (:func:`node_secret`), so that the answer, which crosses
+        Ray's network, does not carry it."""
         return self.shard.count, self.spec.secret
 
     async def check(self, count: int, store: str, fingerprint: str) -> str | None:
         """Why a gateway with this shard count, store and cluster secret (its
         :func:`actors.handshake.fingerprint`, not the secret) may not use this shard (None:
         it may)."""
-        mine = handshake.fingerprint(self.spec.secret)
+        if self._no_secret:
+            return (
+                f"shard {self.index} has no cluster secret: its Ray node needs "
+                "EVQ_CLUSTER_SECRET (or EVQ_CLUSTER_SECRET_FILE) in its environment, the "
+                "gateways' own (in a cluster the secret is not sent through Ray)"
+            )
+        mine = handshake.fingerprint(self._secret)
         if not hmac.compare_digest(fingerprint.encode(), mine.encode()):
             return (
                 f"shard {self.index} of this Ray cluster holds another cluster secret: every "
@@ -252,21 +291,30 @@ class ShardActor:
 
         return os.getpid()
 
+    async def _remote(self, index: int, method: str, *args: Any) -> Any:
+        """``method(*args)`` of shard ``index``, over Ray.
+
+        Raises:
+            Unavailable: that incarnation is gone (killed by a resize, restarting): its
+                handle is forgotten, so the next call asks Ray for the shard by name instead
+                of calling the dead one for ever (dead letters waited on one for the rest of
+                a campaign: RESULTS.md); and a QueueError is what the callers (the dead
+                letters' route, a handover's take-backs) know to retry or step over.
+        """
+        try:
+            return await getattr(self._handle(index), method).remote(*args)
+        except (
+            ray.exceptions.RayActorError,
+            ray.exceptions.ActorUnavailableError,
+            ValueError,  # ray.get_actor: no such shard now
+        ) as exc:
+            self._handles.pop(index, None)
+            raise Unavailable(f"shard {index} is restarting: {type(exc).__name__}") from None
+
     async def _forward(self, target: str, commands: list[object]) -> list[Any]:
         index = self.shard.placement.shard_of(target)
         for _ in range(MAX_HOPS):
-            try:
-                results = await self._handle(index).execute_many.remote(target, commands)
-            except (
-                ray.exceptions.RayActorError,
-                ray.exceptions.ActorUnavailableError,
-                ValueError,  # ray.get_actor: no such shard now
-            ) as exc:
-                # That incarnation is gone (killed by a resize, restarting): ask Ray for
-                # the shard by name next time instead of calling the dead handle for ever
-                # (dead letters waited on one for the rest of a campaign: RESULTS.md).
-                self._handles.pop(index, None)
-                raise Unavailable(f"shard {index} is restarting: {type(exc).__name__}") from None
+            results = await self._remote(index, "execute_many", target, commands)
             moved = refused_to(results)
             if moved is None or moved == index:
                 break
@@ -276,7 +324,7 @@ class ShardActor:
 
 class _ActorCalls:
     """A coordinator's calls (actors.handover.ShardCalls) from one shard actor: on itself
-    directly, on the others over Ray."""
+    directly, on the others over Ray (a dead one's answer: Unavailable)."""
 
     def __init__(self, actor: ShardActor) -> None:
         self.actor = actor
@@ -284,13 +332,13 @@ class _ActorCalls:
     async def hand_over(self, shard: int, name: str, to: int, generation: int) -> str:
         if shard == self.actor.index:
             return await self.actor.shard.hand_over(name, to, generation)
-        return cast(str, await self.actor._handle(shard).hand_over.remote(name, to, generation))
+        return cast(str, await self.actor._remote(shard, "hand_over", name, to, generation))
 
     async def take_back(self, shard: int, name: str, generation: int | None = None) -> None:
         if shard == self.actor.index:
             await self.actor.shard.take_back(name, generation)
         else:
-            await self.actor._handle(shard).take_back.remote(name, generation)
+            await self.actor._remote(shard, "take_back", name, generation)
 
     async def placed(self, placement: Placement) -> dict[str, int]:
         strays: dict[str, int] = {}
@@ -298,7 +346,7 @@ class _ActorCalls:
             if shard == self.actor.index:
                 names = self.actor.shard.placed(placement)
             else:
-                names = await self.actor._handle(shard).placed.remote(placement)
+                names = await self.actor._remote(shard, "placed", placement)
             strays.update(dict.fromkeys(names, shard))
         return strays
 
@@ -306,12 +354,12 @@ class _ActorCalls:
         if shard == self.actor.index:
             await self.actor.shard.fetch(name, key)
         else:
-            await self.actor._handle(shard).fetch.remote(name, key)
+            await self.actor._remote(shard, "fetch", name, key)
 
     async def take_over(self, shard: int, name: str, key: str | None = None) -> bool:
         if shard == self.actor.index:
             return await self.actor.shard.take_over(name, key)
-        return cast(bool, await self.actor._handle(shard).take_over.remote(name, key))
+        return cast(bool, await self.actor._remote(shard, "take_over", name, key))
 
 
 class ShardSpawner:

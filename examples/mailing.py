@@ -24,6 +24,7 @@ import argparse
 import contextlib
 import json
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -172,6 +173,10 @@ def main() -> None:
 
     os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")  # every report line, not "repeated 2x"
+    if not args.ray_address:
+        # Our own one-node cluster: its node holds the cluster secret (a cluster's nodes get
+        # it from their environment, as the server joining it does).
+        os.environ.setdefault("EVQ_CLUSTER_SECRET", secrets.token_hex(16))
     ray.init(address=args.ray_address, include_dashboard=False if not args.ray_address else None)
     try:
         with contextlib.ExitStack() as stack:

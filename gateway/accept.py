@@ -18,9 +18,15 @@ asyncio.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ctypes
 import errno
+import ipaddress
 import logging
+import math
 import socket
+import struct
+from collections.abc import Callable
 from typing import Any
 
 from aiohttp import web
@@ -34,6 +40,50 @@ ACCEPT_BATCH = 512  # connections taken per readiness of the listening socket, a
 # instead of spinning on a socket that stays readable (asyncio does the same).
 RESOURCE_ERRORS = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 RESOURCE_PAUSE_S = 1.0
+_DROPPED = bytearray(65536)  # what a refused connection sent, read and dropped
+_REFUSED_BODY = (
+    b'{"error": {"code": "Overloaded", "message": "this address sent too many requests'
+    b' that failed as HTTP; retry later"}}'
+)
+_REFUSED = (
+    b"HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\nRetry-After: %d\r\n"
+    b"Connection: close\r\nContent-Length: %d\r\n\r\n%s"
+)
+
+
+# Linux socket filters (classic BPF) on the listening socket: SYNs from the silenced
+# addresses are dropped before a connection exists. The program reads the IPv4 source
+# address (the network header's bytes 12-15, reached at SKF_NET_OFF) and compares it with
+# each address: two instructions an address (a jump may not reach past 255 of them).
+_SO_ATTACH_FILTER = 26
+_SO_DETACH_FILTER = 27
+_SKF_NET_OFF = -0x100000
+_BPF_LD_W_ABS, _BPF_JEQ_K, _BPF_RET_K = 0x20, 0x15, 0x06
+_KEEP, _DROP = 0xFFFFFFFF, 0
+
+
+def _ipv4(address: str) -> bool:
+    try:
+        return isinstance(ipaddress.ip_address(address), ipaddress.IPv4Address)
+    except ValueError:
+        return False
+
+
+def _attach_filter(sock: socket.socket, addresses: list[str]) -> None:
+    """Drop the TCP segments ``sock`` receives from ``addresses`` (none: no filter)."""
+    if not addresses:
+        with contextlib.suppress(OSError):  # none attached yet
+            sock.setsockopt(socket.SOL_SOCKET, _SO_DETACH_FILTER, 0)
+        return
+    program = [(_BPF_LD_W_ABS, 0, 0, (_SKF_NET_OFF + 12) & 0xFFFFFFFF)]
+    for address in addresses:
+        program.append((_BPF_JEQ_K, 0, 1, int(ipaddress.IPv4Address(address))))
+        program.append((_BPF_RET_K, 0, 0, _DROP))
+    program.append((_BPF_RET_K, 0, 0, _KEEP))
+    code = ctypes.create_string_buffer(b"".join(struct.pack("HBBI", *i) for i in program))
+    # struct sock_fprog {unsigned short len; struct sock_filter *filter;}: the kernel copies it
+    fprog = struct.pack("HL", len(program), ctypes.addressof(code))
+    sock.setsockopt(socket.SOL_SOCKET, _SO_ATTACH_FILTER, fprog)
 
 
 class Acceptor(asyncio.AbstractServer):
@@ -52,6 +102,13 @@ class Acceptor(asyncio.AbstractServer):
         self._ssl = ssl
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = asyncio.Event()
+        # (address) -> seconds its connections are still refused; the factory's, if it
+        # has one (gateway.door.Doorway: gateway/penalty.py)
+        self._refused: Callable[[str], float] | None = getattr(factory, "refused", None)
+        # () -> {address: seconds}: addresses the kernel should drop (gateway.door.Doorway)
+        self._silenced: Callable[[], dict[str, float]] | None = getattr(factory, "silenced", None)
+        self._dropping: frozenset[str] = frozenset()  # what the socket's filter drops now
+        self._lift: asyncio.TimerHandle | None = None
         sock.setblocking(False)
         loop.add_reader(sock.fileno(), self._ready)
 
@@ -63,22 +120,79 @@ class Acceptor(asyncio.AbstractServer):
         sock = self._sock
         if sock is None:
             return
+        refusals = 0
         for _ in range(ACCEPT_BATCH):
             try:
-                conn, _ = sock.accept()
+                conn, address = sock.accept()
             except (BlockingIOError, InterruptedError):
-                return
+                break
             except OSError as exc:
                 if exc.errno in RESOURCE_ERRORS:
                     log.error("accepting connections paused for %.0f s: %s", RESOURCE_PAUSE_S, exc)
                     self._loop.remove_reader(sock.fileno())
                     self._loop.call_later(RESOURCE_PAUSE_S, self._resume)
-                    return
+                    break
                 continue  # one connection went wrong (ECONNABORTED...): the next ones
             conn.setblocking(False)
+            if self._refused is not None and address:
+                wait = self._refused(address[0])
+                if wait > 0:
+                    self._refuse(conn, wait)
+                    refusals += 1
+                    continue
+            if self._dropping:  # the listening socket's filter is for new connections only
+                with contextlib.suppress(OSError):
+                    conn.setsockopt(socket.SOL_SOCKET, _SO_DETACH_FILTER, 0)
             task = self._loop.create_task(self._connect(conn))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+        if refusals:
+            self._drop_silenced()
+
+    def _drop_silenced(self) -> None:
+        """Have the kernel drop the new connections of the silenced addresses (a filter on
+        the listening socket discards their SYNs: they are never accepted, never answered),
+        until the first of their bans ends; then look again."""
+        sock = self._sock
+        if self._lift is not None:
+            self._lift.cancel()
+            self._lift = None
+        if sock is None or self._silenced is None or sock.family != socket.AF_INET:
+            return  # the filter reads IPv4 heads; IPv6 addresses keep their 429s
+        silenced = self._silenced()
+        wanted = frozenset(a for a in silenced if _ipv4(a))
+        if wanted != self._dropping:
+            try:
+                _attach_filter(sock, sorted(wanted))
+            except OSError as exc:
+                log.warning("could not have the kernel drop refused addresses: %s", exc)
+                self._silenced = None  # not on this system: refusing at accept goes on
+                return
+            for address in sorted(wanted - self._dropping):
+                log.warning(
+                    "dropping connections from %s unanswered for %.0f s: it goes on "
+                    "connecting while refused",
+                    address,
+                    silenced[address],
+                )
+            self._dropping = wanted
+        if wanted:
+            ends = min(silenced[a] for a in wanted)
+            self._lift = self._loop.call_later(ends + 0.01, self._drop_silenced)
+
+    def _refuse(self, conn: socket.socket, wait: float) -> None:
+        """Close a connection from a refused address at once: on plain HTTP after a 429
+        saying for how long (what it sent so far is read and dropped first, so the close
+        does not reset the answer away), on TLS without a word (no handshake is spent)."""
+        try:
+            if self._ssl is None:
+                with contextlib.suppress(BlockingIOError):
+                    conn.recv_into(_DROPPED)  # no allocation per refused connection
+                conn.send(_REFUSED % (math.ceil(wait), len(_REFUSED_BODY), _REFUSED_BODY))
+        except OSError:
+            pass
+        finally:
+            conn.close()
 
     def _resume(self) -> None:
         if self._sock is not None:
@@ -93,6 +207,9 @@ class Acceptor(asyncio.AbstractServer):
 
     # asyncio.AbstractServer
     def close(self) -> None:
+        if self._lift is not None:
+            self._lift.cancel()
+            self._lift = None
         sock, self._sock = self._sock, None
         if sock is not None:
             self._loop.remove_reader(sock.fileno())

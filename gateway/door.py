@@ -30,10 +30,11 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from gateway.accept import AcceptSite
 from gateway.fast import FAST, PREFIX, Fast, FastHttp, may_be_fast
-from gateway.limits import FAST_CONNECTIONS
+from gateway.limits import FAST_CONNECTIONS, PENALTIES, offend
 from gateway.tls import Certificates
 
 __all__ = ["HUP", "UPGRADES", "DoorRunner", "Head", "Upgrade", "new_loop", "parse_head", "run"]
@@ -241,9 +242,59 @@ class Doorway:
     def connections(self) -> list[Any]:
         return self.server.connections
 
+    def refused(self, peer: str) -> float:
+        """How long new connections from ``peer`` are still refused (0: not refused), asked
+        by the listening site (:mod:`gateway.accept`) before anything is made for one."""
+        refusals = self.app.get(PENALTIES)
+        return 0.0 if refusals is None else refusals.refused(peer)
+
+    def silenced(self) -> dict[str, float]:
+        """The addresses whose connections the listening site should have the kernel drop,
+        and for how long (gateway/penalty.py)."""
+        refusals = self.app.get(PENALTIES)
+        return {} if refusals is None else refusals.silenced()
+
+
+class HttpErrors:
+    """The logger aiohttp's request handlers get: a request that fails as HTTP
+    (``HttpProcessingError``: a malformed head, a line too long) is counted against its
+    sender (gateway/penalty.py) and logged at debug level, not with its traceback at error
+    level (a line per request of a flood of them); everything else goes to aiohttp's logger."""
+
+    def __init__(self, app: web.Application) -> None:
+        self.app = app
+        self.logger = logging.getLogger("aiohttp.server")
+
+    def _offence(self, args: tuple[Any, ...], exc_info: Any) -> bool:
+        if not isinstance(exc_info, HttpProcessingError):
+            return False
+        peer = args[1] if len(args) > 1 and isinstance(args[1], str) else None
+        offend(self.app, peer, "malformed", type(exc_info).__name__)
+        return True
+
+    def exception(self, *args: Any, exc_info: Any = True, **kw: Any) -> None:
+        if self._offence(args, exc_info):
+            self.logger.debug(*args, **kw)
+        else:
+            self.logger.exception(*args, exc_info=exc_info, **kw)
+
+    def debug(self, *args: Any, exc_info: Any = None, **kw: Any) -> None:
+        if self._offence(args, exc_info):
+            self.logger.debug(*args, **kw)
+        else:
+            self.logger.debug(*args, exc_info=exc_info, **kw)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.logger, name)
+
 
 class DoorRunner(web.AppRunner):
-    """An AppRunner whose connections pass the :class:`Door`."""
+    """An AppRunner whose connections pass the :class:`Door`, and whose request handlers
+    count the requests that fail as HTTP (:class:`HttpErrors`)."""
+
+    def __init__(self, app: web.Application, **kwargs: Any) -> None:
+        kwargs.setdefault("logger", HttpErrors(app))
+        super().__init__(app, **kwargs)
 
     async def _make_server(self) -> web.Server:
         server = await super()._make_server()

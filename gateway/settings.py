@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 import msgspec
 
 from actors.errors import BadRequest
+from actors.handshake import MIN_SECRET_CHARS
 
 __all__ = ["ServerSettings", "add_arguments", "is_loopback", "load_settings"]
 
@@ -28,7 +29,6 @@ SHARD_MEMORY_SHARE = 0.05
 SHARD_PROCESS_MIB = 52
 # A request body's limit: a queue's largest message (64 MiB) as base64 in JSON is 85.4 MiB.
 MAX_BODY_BYTES = 96 * MIB
-MIN_SECRET_CHARS = 16
 # The shipped Kubernetes manifests' secrets start with this: they work, and are logged as an
 # error until replaced.
 PLACEHOLDER = "REPLACE_ME"
@@ -69,6 +69,12 @@ class ServerSettings(msgspec.Struct, kw_only=True):
     # Behind a proxy: the addresses (IPs or networks, comma-separated) whose X-Forwarded-For
     # and X-Forwarded-Proto are believed (default: loopback only).
     trusted_proxies: str = "127.0.0.1/8,::1"
+    # A cost to the sender (gateway/penalty.py): this many requests that fail as HTTP (do
+    # not parse, or come too slowly) from one address within 10 s, and its connections are
+    # refused at accept for refuse_for_s, doubled at each ban that follows (up to 300 s).
+    # 0: never. Trusted proxies (behind_tls_proxy) are never refused.
+    refuse_after: Annotated[int, msgspec.Meta(ge=0)] = 20
+    refuse_for_s: Annotated[float, msgspec.Meta(gt=0)] = 10.0
     workers: int = 1  # gateway processes sharing the port (SO_REUSEPORT)
     # default: the store's count (actors.log.layout), else one per two CPUs (memory-bound)
     shards: Annotated[int, msgspec.Meta(ge=1)] | None = None
@@ -304,6 +310,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--trusted-proxies",
         metavar="NETS",
         help="addresses whose X-Forwarded-For/-Proto are believed (default 127.0.0.1/8,::1)",
+    )
+    add(
+        "--refuse-after",
+        type=int,
+        metavar="N",
+        help="refuse an address at accept after N requests within 10 s that fail as HTTP "
+        "(default 20; 0: never)",
+    )
+    add(
+        "--refuse-for-s",
+        type=float,
+        metavar="S",
+        help="how long such an address is refused, doubled at each ban that follows (default 10)",
     )
     add(
         "--workers",

@@ -91,7 +91,10 @@ def measure(
 ) -> Any:
     """One run of ``row`` against ``server``; its record."""
     group = f"ab-{side}"
-    cmd = [LOADGEN_PY, "loadgen.py", "--adapter", "http_json", "--target", server.url]
+    # With HTTPS on either side both use the adapter that speaks it (the same raw client
+    # over TLS or plain TCP: loadtest/tls_adapter.py), so that only the server differs.
+    adapter = "tls_adapter:TlsJsonAdapter" if args.a_tls or args.b_tls else "http_json"
+    cmd = [LOADGEN_PY, "loadgen.py", "--adapter", adapter, "--target", server.url]
     cmd += ["--opt", "create=1", "--size", "100", "--server-pid", str(server.pid)]
     cmd += ["--record-group", group, *ROWS[row], "--name", f"{row}"]
     env = {
@@ -103,6 +106,9 @@ def measure(
         "ANCHORS_QUIET_MAX_WAIT": "0",
         "ANCHORS_ROOT_PID": str(os.getpid()),
         **({"SSL_CERT_FILE": ca} if ca else {}),
+        "PYTHONPATH": os.pathsep.join(
+            p for p in (str(ROOT / "loadtest"), os.environ.get("PYTHONPATH", "")) if p
+        ),
     }
     records = out / f"{group}.jsonl"
     before = records.read_text().count("\n") if records.exists() else 0

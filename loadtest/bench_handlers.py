@@ -163,6 +163,9 @@ def main() -> None:
     print(f"load average before: {os.getloadavg()}", flush=True)
     # As evq serve's own local Ray: workers at the default niceness, not Ray's 15 (a shard
     # or a handler's worker behind everything else on a busy machine).
+    # The cluster's nodes hold its secret (the shards and handlers read their node's): this
+    # one is the bench's own process, and the server joining it shows the same.
+    secret = os.environ.setdefault("EVQ_CLUSTER_SECRET", secrets.token_hex(16))
     ray.init(
         num_cpus=2,
         include_dashboard=False,
@@ -175,7 +178,7 @@ def main() -> None:
         server = Server(
             Path(tmp) / "data",
             *("--ray-address", ray.get_runtime_context().gcs_address),
-            env=server_env(EVQ_CLUSTER_SECRET=secrets.token_hex(16)),  # joining needs one
+            env=server_env(EVQ_CLUSTER_SECRET=secret),  # joining needs one
         )
         server.start()
         try:

@@ -18,7 +18,7 @@ Guarantees (the names are the report's keys):
   workload drains every queue at the end), in its queue or, past ``max_receives``, in the
   dead-letter queue.
 - ``delivered_after_ack``: a message whose ack was answered ``ok`` is never delivered again
-  (by a take sent after that answer).
+  (by a take of its queue sent after that answer; ids are unique within a queue).
 - ``duplicated``: a put with an idempotency key makes one message, however often it is sent.
 - ``fifo_order``: within a FIFO group, message ``n`` is handed out only when every earlier
   message of the group is done (an ack was sent for it, or it came in the same take).
@@ -129,7 +129,9 @@ class _Index:
         self.put_of: dict[str, tuple[Rec, int]] = {}  # token → (first put sent, index)
         self.key_of: dict[str, str | None] = {}
         self.takes: list[tuple[Rec, int, Delivery]] = []  # (take, position, delivery)
-        self.acks: dict[str, list[Rec]] = defaultdict(list)  # id → acks sent
+        # (queue, id) → acks sent: ids are unique within a queue only (two queues of a shard
+        # may hand out the same one), so an ack in one queue says nothing of another's.
+        self.acks: dict[tuple[str, str], list[Rec]] = defaultdict(list)
         self.ends: dict[str, list[Rec]] = defaultdict(list)  # lease → ack/release/resched
         self.delays_after: dict[str, list[Rec]] = defaultdict(list)  # id → ok delays
         self.operations = 0
@@ -139,12 +141,12 @@ class _Index:
                 self._add(r)
         self.ids_of: dict[tuple[str, str], set[str]] = defaultdict(set)  # (queue, token)
         self.delivered: dict[str, list[tuple[Rec, int, Delivery]]] = defaultdict(list)
-        self.by_id: dict[str, list[tuple[Rec, int, Delivery]]] = defaultdict(list)
+        self.by_id: dict[tuple[str, str], list[tuple[Rec, int, Delivery]]] = defaultdict(list)
         for take, i, d in self.takes:
             tok = token_of(d.body)
             self.ids_of[(take.q, tok)].add(d.id)
             self.delivered[tok].append((take, i, d))
-            self.by_id[d.id].append((take, i, d))
+            self.by_id[(take.q, d.id)].append((take, i, d))
 
     def _add(self, r: Rec) -> None:
         if r.op == "put":
@@ -158,7 +160,7 @@ class _Index:
         elif r.op in ("ack", "release", "resched"):
             self.ends[r.lease].append(r)
             if r.op == "ack":
-                self.acks[r.id].append(r)
+                self.acks[(r.q, r.id)].append(r)
             elif r.err is None and r.res == "ok" and r.delay > 0:
                 self.delays_after[r.id].append(r)
 
@@ -212,17 +214,18 @@ def _check_lost(v: _Violations, ix: _Index) -> None:
 
 
 def _check_after_ack(v: _Violations, ix: _Index) -> None:
-    for mid, sent in ix.acks.items():
+    for (q, mid), sent in ix.acks.items():
         oks = [a.t1 for a in sent if a.err is None and a.res == "ok"]
         if not oks:
             continue
         first_ok = min(oks)
-        for take, _, d in ix.by_id.get(mid, []):
+        for take, _, d in ix.by_id.get((q, mid), []):
             if take.t0 > first_ok:
                 v.add(
                     "delivered_after_ack",
                     token_of(d.body),
-                    f"{mid} acked ok at {first_ok}, delivered again by a take sent at {take.t0}",
+                    f"{q}/{mid} acked ok at {first_ok}, delivered again by a take sent at "
+                    f"{take.t0}",
                 )
 
 

@@ -27,7 +27,7 @@ from actors.core import snapshot as core_snapshot
 from actors.errors import QueueError
 from actors.log import codec, wal
 from gateway import door, wire
-from gateway.fast import FastHttp, may_be_fast
+from gateway.fast import FastHttp, Malformed, may_be_fast
 from gateway.sqs import message_attrs, receipts
 from gateway.sqs import sigv4 as sqs_sigv4
 from gateway.sqs import wire as sqs_wire
@@ -66,7 +66,12 @@ def http_head(data: bytes) -> None:
     end = data.find(b"\r\n\r\n")
     head = data[:end] if end >= 0 else data
     door.parse_head(head)
-    FastHttp._parse(None, data[: end + 4] if end >= 0 else data)  # type: ignore[arg-type]
+    try:
+        FastHttp._parse(None, data[: end + 4] if end >= 0 else data)  # type: ignore[arg-type]
+    except Malformed as exc:  # answered 400 with llhttp's reason: one line of it
+        reason = str(exc)
+        if not reason or "\n" in reason:
+            raise AssertionError(f"a malformed head's reason: {reason!r}") from exc
 
 
 def _native(data: bytes, *, msgpack: bool) -> None:

@@ -22,6 +22,10 @@ from obstore.store import S3Store
 
 from actors.log.obstore_store import ObstoreStore, s3_config
 
+# The checks shared by several test modules live in helpers; pytest explains a failed
+# ``assert`` only in the modules it rewrites, so it rewrites these too (before their import).
+pytest.register_assert_rewrite("tests.integration", "tests.loadtest", "tests.fault")
+
 BUCKET = "evq-test"
 # moto accepts any credentials; real-looking values keep obstore's signer content.
 CREDENTIALS = {"access_key_id": "testing", "secret_access_key": "testing"}

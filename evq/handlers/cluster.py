@@ -44,7 +44,7 @@ import ray.exceptions as rex
 from actors.errors import Unavailable
 from actors.localray import init_local
 from actors.logsetup import LogConfig, configure, forward_ray_output
-from actors.spawn import NAMESPACE, shard_name
+from actors.spawn import NAMESPACE, node_secret, shard_name
 from evq.client_wire import DEFAULT_URL  # not evq.client: no aiohttp in workers
 from evq.handlers.api import Handler, Job
 from evq.handlers.executor import Running, TaskFailed, WorkerLost
@@ -187,7 +187,9 @@ class RayExecutor:
 
 
 async def _shard_access() -> tuple[int, str] | None:
-    """The shard count and channel secret of the evq server in this cluster, if any."""
+    """The shard count and channel secret of the evq server in this cluster, if any. In a
+    cluster the shards do not send the secret (it would cross Ray's network): this node's
+    environment gives it, as it gives the shards theirs (:func:`actors.spawn.node_secret`)."""
     try:
         first = ray.get_actor(shard_name(0), namespace=NAMESPACE)
     except ValueError:
@@ -197,6 +199,14 @@ async def _shard_access() -> tuple[int, str] | None:
     except (rex.RayActorError, rex.ActorUnavailableError, AttributeError) as exc:
         log.warning("evq shards found but not reachable: %r", exc)
         return None
+    if secret is None:
+        secret = node_secret()
+        if secret is None:
+            log.warning(
+                "evq shards found, but this Ray node has no cluster secret "
+                "(EVQ_CLUSTER_SECRET or EVQ_CLUSTER_SECRET_FILE): not taking from them directly"
+            )
+            return None
     return int(count), str(secret)
 
 

@@ -10,9 +10,11 @@ none, is refused with a clear error. ``evq shards status|stop`` lists and ends t
 
 from __future__ import annotations
 
+import contextlib
 import json
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 import urllib.request
@@ -33,9 +35,10 @@ MESSAGES = 20
 
 
 class Head:
-    """A one-node Ray cluster in a temp dir of its own."""
+    """A one-node Ray cluster in a temp dir of its own (its node's environment: ``env``,
+    else ``cluster_env()``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, env: dict[str, str] | None = None) -> None:
         # Short: Ray puts Unix sockets under it (a socket path holds at most 107 bytes).
         self.root = Path(tempfile.mkdtemp(prefix="evqsh-", dir="/tmp"))
         port = free_port()
@@ -48,6 +51,7 @@ class Head:
                 *("--include-dashboard", "false", "--temp-dir", str(self.root)),
             ],
             self.root / "head.log",
+            env=env,
         )
 
     def up(self) -> bool:
@@ -82,9 +86,9 @@ class Head:
         return {doc["shard"]: doc["pid"] for doc in self.shards()}
 
 
-@pytest.fixture
-def head() -> Iterator[Head]:
-    h = Head()
+@contextlib.contextmanager
+def running(env: dict[str, str] | None = None) -> Iterator[Head]:
+    h = Head(env)
     try:
         h.node.start()
         eventually(h.up, timeout=120, interval=1.0, what="a one-node Ray cluster")
@@ -92,6 +96,53 @@ def head() -> Iterator[Head]:
     finally:
         h.node.kill()
         shutil.rmtree(h.root, ignore_errors=True)
+
+
+@pytest.fixture
+def head() -> Iterator[Head]:
+    with running() as h:
+        yield h
+
+
+ASK_SHARD = """
+import sys, ray
+ray.init(address=sys.argv[1], namespace="evq", logging_level="ERROR")
+print(repr(ray.get(ray.get_actor("evq-shard-0").channel_access.remote())))
+"""
+
+
+def test_the_secret_does_not_travel_through_ray(head: Head) -> None:
+    """In a cluster the gateway gives the shards no secret (Ray's traffic between nodes is
+    not encrypted): each shard reads its node's, and what a shard tells other members of
+    the cluster (channel_access, for handlers) does not carry it either."""
+    gateway = head.gateway("g").start(ready_timeout=120)
+    try:
+        assert request("PUT", f"{gateway.url}/v1/queues/jobs", {})[0] in (200, 201)
+        status, doc = request(
+            "POST", f"{gateway.url}/v1/queues/jobs/messages", {"messages": [{"body": "x"}]}
+        )
+        assert status == 200, doc  # the channel works: both ends hold the node's secret
+        asked = subprocess.run(
+            [sys.executable, "-c", ASK_SHARD, head.address],
+            env=cluster_env(),
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
+        assert asked.returncode == 0, asked.stderr[-3000:]
+        assert asked.stdout.strip().splitlines()[-1] == f"({SHARDS}, None)"
+    finally:
+        _stop(gateway)
+
+
+def test_a_shard_node_without_the_secret_is_named_when_a_gateway_starts() -> None:
+    bare = {k: v for k, v in cluster_env().items() if k != "EVQ_CLUSTER_SECRET"}
+    with running(bare) as h:
+        gateway = h.gateway("g")
+        with pytest.raises(RuntimeError, match="has no cluster secret"):
+            gateway.start(ready_timeout=120)
+        _stop(gateway)
 
 
 def _stop(server: Server) -> None:

@@ -72,7 +72,10 @@ def test_delayed_puts_survive_restarts_and_wake_whole_at_their_time(
             c.get_message(q, soon[4])
         assert c.get_message(q, far[5]).body == b"far-005"
         listed = [x.id for x in c.browse_all(q, "delayed", limit=70)]
-        assert listed == [*soon[:4], *soon[5:], *later, *far]  # far[0] now 2 h away
+        # far[0] is now 2 h away. The first put's are listed until they are due: a slow
+        # host's stop and start took longer than the 20 s they had (CI, 2026-11-30).
+        assert listed in ([*soon[:4], *soon[5:], *later, *far], [*later, *far])
+        assert listed[0] == soon[0] or time.time() >= soon_at
         c.put(q, bodies("after"), delay=3600)  # in the log only: replayed after the kill
 
     server.kill()  # SIGKILL: recovery replays the log past the last snapshot

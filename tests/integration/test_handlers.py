@@ -60,20 +60,31 @@ class Cluster:
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    """Ray in this process (never ``ray stop``), and ``evq serve`` joined to it."""
-    with local_ray(num_cpus=2, namespace="evq-handler-tests") as ray:
-        address = ray.get_runtime_context().gcs_address
-        server = Server(
-            tmp_path_factory.mktemp("evq") / "data",
-            *("--ray-address", address),
-            env=server_env(EVQ_CLUSTER_SECRET="handler-tests-cluster-secret"),
-        )
-        try:
-            server.start()
-            yield Cluster(address, server)
-        finally:
-            if server.running():
-                server.stop(timeout=45)
+    """Ray in this process (never ``ray stop``), and ``evq serve`` joined to it. The Ray
+    node holds the cluster secret in its environment (this process's, which its raylet and
+    workers inherit): the shards and the handlers read it there, as on a cluster's nodes."""
+    secret = "handler-tests-cluster-secret"
+    before = os.environ.get("EVQ_CLUSTER_SECRET")
+    os.environ["EVQ_CLUSTER_SECRET"] = secret
+    try:
+        with local_ray(num_cpus=2, namespace="evq-handler-tests") as ray:
+            address = ray.get_runtime_context().gcs_address
+            server = Server(
+                tmp_path_factory.mktemp("evq") / "data",
+                *("--ray-address", address),
+                env=server_env(EVQ_CLUSTER_SECRET=secret),
+            )
+            try:
+                server.start()
+                yield Cluster(address, server)
+            finally:
+                if server.running():
+                    server.stop(timeout=45)
+    finally:
+        if before is None:
+            os.environ.pop("EVQ_CLUSTER_SECRET", None)
+        else:
+            os.environ["EVQ_CLUSTER_SECRET"] = before
 
 
 @pytest.fixture
@@ -127,6 +138,29 @@ def wait_stats(run: HandlerRun, check: Any, timeout: float = 60.0, what: str = "
 
 
 # ------------------------------------------------------------------ the runtime on Ray
+
+
+@pytest.mark.parametrize("transport", ["direct", "http"])
+def test_handlers_of_a_paused_queue_take_nothing_until_it_is_resumed(
+    client: Client, names: Names, handlers: Any, tmp_path: Path, transport: str
+) -> None:
+    queue = names("paused")
+    client.create_queue(queue)
+    log = tmp_path / "log"
+    assert client.pause(queue) is True
+    ids = [r.id for r in client.put(queue, bodies(log, 20))]  # puts go on while paused
+    run = handlers("record", queue, transport, batch_size=5, max_concurrency=2)
+    wait_stats(run, lambda s: s.state == "running", what="the handler running")
+    time.sleep(2)  # it watches the queue and waits in a take, and gets nothing
+    stats = run.stats()
+    assert (stats.acked, stats.taken) == (0, 0), stats
+    assert not events(log, "handled")
+    info = client.get_queue(queue).stats
+    assert info is not None
+    assert (info.ready, info.paused) == (20, True)
+    assert client.resume(queue) is False
+    wait_stats(run, lambda s: s.acked == 20, what="20 acks after the resume")
+    assert {f[1] for f in events(log, "handled")} == set(ids)
 
 
 @pytest.mark.parametrize("transport", ["direct", "http"])

@@ -360,6 +360,8 @@ def check_gateway(obj: Obj, world: World) -> list[str]:
                     f"after preStop + shutdown timeout ({needed:g} s); give it at least 10 s more"
                 )
             found += _shard_capacity(where, env, world)
+            if "--ray-address" in words:
+                found += _shard_secret(where, env, world)
     return found
 
 
@@ -388,6 +390,34 @@ def _shard_capacity(where: str, env: dict[str, str], world: World) -> list[str]:
     if not offers or max(offers) < shards:
         return [f"{where}: no Ray worker group offers {shards} units of {resource!r} per node"]
     return []
+
+
+def _shard_secret(where: str, env: dict[str, str], world: World) -> list[str]:
+    """The shards read the cluster secret from their node (the gateway sends them only its
+    fingerprint): every worker group that offers the shards' resource must hold the
+    gateway's."""
+    resource = env.get("EVQ_SHARD_RESOURCE")
+    if not resource:
+        return []
+    mine = (env.get("EVQ_CLUSTER_SECRET"), env.get("EVQ_CLUSTER_SECRET_FILE"))
+    found = []
+    for obj in world.objects:
+        if obj.get("kind") != "RayCluster":
+            continue
+        for group in (obj.get("spec") or {}).get("workerGroupSpecs") or []:
+            if not _ray_resources(group).get(resource):
+                continue
+            for c in ((group.get("template") or {}).get("spec") or {}).get("containers") or []:
+                theirs = world.env(c)
+                if (
+                    theirs.get("EVQ_CLUSTER_SECRET"),
+                    theirs.get("EVQ_CLUSTER_SECRET_FILE"),
+                ) != mine:
+                    found.append(
+                        f"{where}: Ray worker group {group.get('groupName')!r} (its shards) "
+                        "does not hold the gateway's cluster secret in its environment"
+                    )
+    return found
 
 
 RULES = (

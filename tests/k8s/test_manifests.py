@@ -110,6 +110,9 @@ def test_the_cluster_secret_reaches_the_gateway_that_joins_the_ray_cluster(base:
     assert "--ray-address" in " ".join(container["args"])  # joining: the secret is required
     assert {"secretRef": {"name": "evq-cluster"}} in container["envFrom"]
     assert "EVQ_CLUSTER_SECRET" in find(base, "Secret", "evq-cluster")["stringData"]
+    # and the shards' nodes, which read it there (it does not travel through Ray)
+    workers = _workers(base)["template"]["spec"]["containers"][0]
+    assert {"secretRef": {"name": "evq-cluster"}} in workers["envFrom"]
 
 
 def test_the_gateway_is_replicated_replaced_one_at_a_time_and_budgeted(base: Objs) -> None:
@@ -234,6 +237,11 @@ BROKEN: list[tuple[str, Mutation, str]] = [
         "probe speaking HTTP to the HTTPS port",
         lambda o: _pop(_gateway(o)["readinessProbe"]["httpGet"], "scheme"),
         "readinessProbe speaks HTTP to the HTTPS port",
+    ),
+    (
+        "shard nodes without the cluster secret",
+        lambda o: _workers(o)["template"]["spec"]["containers"][0]["envFrom"].pop(),
+        "Ray worker group 'shards' (its shards) does not hold the gateway's cluster secret",
     ),
     (
         "cluster secret too short",

@@ -119,6 +119,19 @@ def test_a_delivery_after_an_ok_ack_is_found_but_not_one_sent_before_it() -> Non
     assert check([*stale, take(20, d("m1", "a", "L2", rc=2))]).ok
 
 
+def test_an_ack_in_one_queue_says_nothing_of_the_same_id_in_another() -> None:
+    """Ids are unique within a queue: two queues of a shard may hand out the same one (the
+    campaign during resizes found it, and took it for a delivery after an ack)."""
+    history = [
+        put(0, "a", "m1"),
+        put(1, "b", "m1", q="other"),
+        take(5, d("m1", "a", "L1")),
+        end("ack", 10, "m1", "L1"),
+        take(20, d("m1", "b", "L2"), q="other"),
+    ]
+    assert check(history).ok
+
+
 def test_an_idempotent_put_that_made_two_messages_is_found() -> None:
     recs = [
         put(0, "a", "m1", key="k"),

@@ -6,7 +6,6 @@ sealed, a message's body)."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import struct
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -21,6 +20,7 @@ from actors.errors import Unavailable
 from actors.log.store import LocalDirStore
 from actors.settings import QueueSettings
 from actors.shard import QueueShard
+from tests.tap import Tap
 
 SECRET = "the-cluster-secret-0123456789"
 _LEN = struct.Struct("<I")
@@ -170,35 +170,6 @@ async def test_a_forged_welcome_is_not_believed(caplog: pytest.LogCaptureFixture
     assert heard  # it answered the challenge: a proof, not the secret
     assert SECRET.encode() not in heard[0]
     assert any("did not prove" in r.getMessage() for r in caplog.records)
-
-
-class Tap:
-    """A TCP proxy on 127.0.0.1 that records every byte each way."""
-
-    def __init__(self, upstream: tuple[str, int]) -> None:
-        self.upstream = upstream
-        self.seen = bytearray()
-        self.done = asyncio.Event()  # the connection through it ended both ways
-        self.server: asyncio.AbstractServer | None = None
-
-    async def start(self) -> tuple[str, int]:
-        self.server = await asyncio.start_server(self._pipe, "127.0.0.1", 0)
-        return self.server.sockets[0].getsockname()[:2]
-
-    async def _pipe(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection(*self.upstream)
-
-        async def copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-            with contextlib.suppress(ConnectionError):
-                while data := await src.read(65536):
-                    self.seen += data
-                    dst.write(data)
-            dst.close()
-            with contextlib.suppress(ConnectionError):
-                await dst.wait_closed()
-
-        await asyncio.gather(copy(reader, up_writer), copy(up_reader, writer))
-        self.done.set()
 
 
 async def test_the_bytes_on_the_wire_never_hold_the_secret(shard: Shard) -> None:

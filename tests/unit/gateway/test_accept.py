@@ -17,8 +17,12 @@ import pytest
 import uvloop
 from aiohttp import web
 
+from actors.clock import ManualClock
 from gateway import accept
 from gateway.accept import Acceptor, AcceptSite
+from gateway.door import DoorRunner
+from gateway.limits import PENALTIES, Refusals
+from gateway.penalty import Penalties
 
 LOOPS: dict[str, Callable[[], asyncio.AbstractEventLoop]] = {
     "uvloop": uvloop.new_event_loop,
@@ -181,3 +185,122 @@ def test_running_out_of_descriptors_pauses_taking_connections_then_resumes(
         client.close()
 
     run("uvloop", main)
+
+
+async def _send_from(source: str, port: int, request: bytes) -> bytes:
+    """``request`` on a new connection from ``source``; all that comes back."""
+    sock = socket.socket()
+    sock.bind((source, 0))
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+    reader, writer = await asyncio.open_connection(sock=sock)
+    writer.write(request)
+    try:
+        return await asyncio.wait_for(reader.read(), 5)
+    except ConnectionResetError:
+        return b"<reset>"
+    finally:
+        writer.close()
+
+
+@pytest.mark.parametrize("kind", sorted(LOOPS))
+def test_an_address_whose_requests_fail_as_http_is_refused_at_accept(kind: str) -> None:
+    """Two requests that do not parse from 127.0.0.2 (the limit): its next connections get
+    a 429 with Retry-After as soon as they are taken, before aiohttp sees them, until the
+    ban ends; 127.0.0.1 is served throughout."""
+
+    async def main() -> None:
+        app = web.Application()
+
+        async def hello(request: web.Request) -> web.Response:
+            return web.Response(text="hello")
+
+        app.router.add_get("/", hello)
+        clock = ManualClock()
+        app[PENALTIES] = Refusals(Penalties(limit=2, window_s=10, ban_s=30), clock)
+        runner = DoorRunner(app)
+        await runner.setup()
+        site = AcceptSite(runner, "127.0.0.1", 0)
+        await site.start()
+        good = b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        smuggled = b"GET / HTTP/1.1\r\nHost: x\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab"
+        try:
+            for _ in range(2):
+                answer = await _send_from("127.0.0.2", site.port, smuggled)
+                assert answer.startswith(b"HTTP/1.0 400 "), answer
+            for source in ("127.0.0.2", "127.0.0.2"):
+                answer = await _send_from(source, site.port, good)
+                assert answer.startswith(b"HTTP/1.1 429 "), answer
+                assert b"\r\nRetry-After: 30\r\n" in answer
+                assert b'"code": "Overloaded"' in answer
+            assert (await _send_from("127.0.0.1", site.port, good)).endswith(b"hello")
+            clock.advance(31_000)  # the ban is over
+            assert (await _send_from("127.0.0.2", site.port, good)).endswith(b"hello")
+            penalties = app[PENALTIES].penalties
+            assert (penalties.offences, penalties.bans, penalties.refusals) == (
+                {"malformed": 2},
+                1,
+                2,
+            )
+        finally:
+            await runner.cleanup()
+
+    run(kind, main)
+
+
+def _connects_from(source: str, port: int, within: float) -> bool:
+    """Whether a connection from ``source`` is set up within ``within`` seconds."""
+    sock = socket.socket()
+    sock.bind((source, 0))
+    sock.settimeout(within)
+    try:
+        sock.connect(("127.0.0.1", port))
+        return True
+    except TimeoutError:
+        return False
+    finally:
+        sock.close()
+
+
+@pytest.mark.parametrize("kind", sorted(LOOPS))
+def test_an_address_that_goes_on_connecting_while_refused_is_dropped_by_the_kernel(
+    kind: str,
+) -> None:
+    """Refused, 127.0.0.2 connects again and again: past ``silence_after`` refusals the
+    listening socket's filter drops its SYNs (its connections never come up, the gateway
+    never sees them) until the ban ends; 127.0.0.1 connects and is served throughout."""
+
+    async def main() -> None:
+        app = web.Application()
+
+        async def hello(request: web.Request) -> web.Response:
+            return web.Response(text="hello")
+
+        app.router.add_get("/", hello)
+        penalties = Penalties(limit=1, window_s=10, ban_s=1.5, silence_after=3)
+        app[PENALTIES] = Refusals(penalties)
+        runner = DoorRunner(app)
+        await runner.setup()
+        site = AcceptSite(runner, "127.0.0.1", 0)
+        await site.start()
+        port = site.port
+        good = b"GET / HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        loop = asyncio.get_running_loop()
+        try:
+            assert (await _send_from("127.0.0.2", port, b"\x00\r\n\r\n")).startswith(
+                b"HTTP/1.0 400"
+            )
+            for _ in range(3):
+                assert (await _send_from("127.0.0.2", port, good)).startswith(b"HTTP/1.1 429")
+            assert penalties.silent.keys() == {"127.0.0.2"}
+            dropped = await loop.run_in_executor(None, _connects_from, "127.0.0.2", port, 0.5)
+            assert not dropped
+            assert (await _send_from("127.0.0.1", port, good)).endswith(b"hello")
+            assert penalties.refusals == 3  # the dropped one never reached the gateway
+            await asyncio.sleep(1.6)  # the ban is over: the filter is lifted
+            assert (await _send_from("127.0.0.2", port, good)).endswith(b"hello")
+            assert not penalties.silent
+        finally:
+            await runner.cleanup()
+
+    run(kind, main)

@@ -187,3 +187,26 @@ def test_compaction_s_ratio_is_a_setting() -> None:
     assert log_settings_of(_settings({"EVQ_COMPACT_OVER": "3"})).compact_over == 3
     with pytest.raises(BadRequest, match="compact_over"):
         _settings({}, "--compact-over", "-1")
+
+
+def test_refusing_senders_of_bad_http_is_a_setting_that_reaches_the_app(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from actors.directory import LocalDirectory
+    from actors.log.store import LocalDirStore
+    from gateway.app import make_app
+    from gateway.limits import PENALTIES
+
+    default = app_options(_settings({}))
+    assert (default.refuse_after, default.refuse_for_s) == (20, 10.0)
+    options = app_options(_settings({"EVQ_REFUSE_AFTER": "5"}, "--refuse-for-s", "2.5"))
+    assert (options.refuse_after, options.refuse_for_s) == (5, 2.5)
+    proxied = app_options(
+        _settings(
+            {}, "--behind-tls-proxy", "--trusted-proxies", "10.0.0.0/8", "--refuse-after", "0"
+        )
+    )
+    app = make_app(LocalDirectory(LocalDirStore(tmp_path), count=1), proxied)
+    penalties = app[PENALTIES].penalties
+    assert penalties.limit == 0
+    assert [str(n) for n in penalties.exempt] == ["10.0.0.0/8"]
+    with pytest.raises(BadRequest, match="refuse_after"):
+        _settings({"EVQ_REFUSE_AFTER": "-1"})

@@ -16,6 +16,7 @@ import pytest
 from actors import handshake
 from evq.handlers.executor import TaskFailed, WorkerLost
 from evq.handlers.link import WorkerLink, WorkerPool, WorkerServer
+from tests.tap import Tap
 
 SECRET = "s3cret"
 
@@ -90,35 +91,20 @@ async def test_a_worker_refuses_a_link_without_the_secret() -> None:
 
 async def test_a_sealed_link_runs_chunks_and_the_wire_holds_neither_secret_nor_payload() -> None:
     server = WorkerServer(double, SECRET, "127.0.0.1", encrypt=True)
-    seen = bytearray()
-    piped = asyncio.Event()
-
-    async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        up_reader, up_writer = await asyncio.open_connection(*server.address)
-
-        async def copy(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-            while data := await src.read(65536):
-                seen.extend(data)
-                dst.write(data)
-            dst.close()
-            await dst.wait_closed()
-
-        await asyncio.gather(copy(reader, up_writer), copy(up_reader, writer))
-        piped.set()
-
-    tap = await asyncio.start_server(pipe, "127.0.0.1", 0)
-    link = WorkerLink(tap.sockets[0].getsockname()[:2], SECRET)
+    tap = Tap(server.address)
+    link = WorkerLink(await tap.start(), SECRET)
     try:
         assert await link.run(["private-payload"]) == ["private-payload" * 2]
         assert await link.run([3]) == [6]
     finally:
         link.close()
-        await asyncio.wait_for(piped.wait(), 10)
+        await asyncio.wait_for(tap.done.wait(), 10)
         server.close()
         tap.close()
+    seen = bytes(tap.seen)
     assert len(seen) > 100
-    assert SECRET.encode() not in bytes(seen)
-    assert b"private-payload" not in bytes(seen)
+    assert SECRET.encode() not in seen
+    assert b"private-payload" not in seen
 
 
 async def test_a_replayed_or_missing_proof_is_refused_by_the_worker() -> None:
