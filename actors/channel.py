@@ -201,6 +201,7 @@ _REPLY_TYPES: dict[type, Any] = {
     cmd.Browse: rp.BrowsePage,
     cmd.Delete: None,
     cmd.Purge: int,
+    cmd.Pause: bool,
     cmd.Stats: rp.StatsView,
     cmd.ConfirmDeadLetters: int,
     cmd.SetKey: rp.KeyView,

@@ -84,6 +84,7 @@ def queue_value(s: rp.StatsView) -> dict[str, Any]:
         "acked": s.acked,
         "enqueued": s.enqueued,
         "purged": s.purged,
+        "paused": s.paused,
     }
 
 

@@ -79,3 +79,4 @@ class QueueMetrics(msgspec.Struct, kw_only=True):
     # Appended with a default: a gateway and shards of different versions still agree.
     in_queue: Histogram | None = None
     spilled: int | None = None  # messages held in runs (actors/core/runs.py), not as objects
+    paused: int | None = None  # 1: takes hand out nothing (POST /v1/queues/{name}/pause)

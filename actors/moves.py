@@ -33,7 +33,7 @@ from actors.core import replies as rp
 from actors.core.state import QueueState
 from actors.errors import QueueError, QueueNotFound
 
-__all__ = ["BATCH", "MoveHost", "moved_copy", "run_move"]
+__all__ = ["BATCH", "MoveHost", "moved_copy", "run_move", "source_of"]
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +57,7 @@ class MoveHost(Protocol):
 Redeliver = Callable[[str, list[cmd.NewMessage]], Awaitable[None]]
 
 
-def moved_copy(task: str, d: rp.Delivery) -> cmd.NewMessage:
+def moved_copy(task: str, d: rp.Delivery | rp.MessageView) -> cmd.NewMessage:
     """What ``d`` becomes in its destination: the same id, body, group and attributes, less
     its dead-letter provenance but with its first-put time."""
     attributes = {k: v for k, v in (d.attributes or {}).items() if k not in cmd.PROVENANCE}
@@ -71,11 +71,14 @@ def moved_copy(task: str, d: rp.Delivery) -> cmd.NewMessage:
     )
 
 
-def _target(task: rp.MoveTask, d: rp.Delivery) -> str | None:
-    if task.destination is not None:
-        return task.destination
+def source_of(d: rp.Delivery | rp.MessageView) -> str | None:
+    """The queue a dead letter came from (None: it does not say)."""
     source = (d.attributes or {}).get(cmd.SOURCE_QUEUE)
     return source if isinstance(source, str) else None
+
+
+def _target(task: rp.MoveTask, d: rp.Delivery) -> str | None:
+    return task.destination if task.destination is not None else source_of(d)
 
 
 class _Pace:
@@ -145,7 +148,7 @@ async def _step(
     wanted = min(pace.allowance(), task.to_move - task.moved)
     if wanted <= 0:
         return rp.COMPLETED
-    taken: list[rp.Delivery] = await queue.execute(cmd.Take(wanted, LEASE_MS))
+    taken: list[rp.Delivery] = await queue.execute(cmd.Take(wanted, LEASE_MS, mover=True))
     by_target: dict[str, list[rp.Delivery]] = {}
     stay: list[rp.Delivery] = []
     for d in taken:

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -45,6 +46,7 @@ from actors.core.events import (
     MessagesReleased,
     MessagesTaken,
     MessageUpdated,
+    QueuePaused,
     QueuePurged,
 )
 from actors.core.ids import IdSource
@@ -59,7 +61,7 @@ from actors.log.snapshots import encode_state, prune_legacy, prune_snapshots, wr
 from actors.log.store import ObjectStore
 from actors.metrics import QueueCounters, QueueMetrics
 from actors.moves import run_move
-from actors.settings import LogSettings
+from actors.settings import MAX_BATCH, LogSettings
 
 __all__ = ["RELOAD_WAIT_S", "DeadLetterRouter", "QueueActor", "QueueHost"]
 
@@ -138,10 +140,10 @@ class QueueActor:
         "_alarm_ms",
         "_background",
         "_last_batch",
-        "_moving",
+        "_mover",
         "_placing",
         "_rearm",
-        "_routing",
+        "_router",
         "_snapshot_due_ms",
         "_snapshot_due_seq",
         "_snapshot_floors",
@@ -202,8 +204,12 @@ class QueueActor:
         self._snapshot_due_seq = 0
         self._snapshot_due_ms = 0
         self._snapshot_due()
-        self._routing = False
-        self._moving = False
+        # The tasks routing the outbox and running the move task, while they run. A task is
+        # running until its coroutine has returned (done() at once, no gap for a change to
+        # fall into) or was cancelled, even before it started (a flag raised in the
+        # coroutine was not raised yet; one lowered in a done callback lowered a newer one's).
+        self._router: asyncio.Future[Any] | None = None
+        self._mover: asyncio.Future[Any] | None = None
         self._takers: deque[asyncio.Future[bool]] = deque()  # long-poll takes, oldest first
         # runs (and patches: Run.patches) placed once durable
         self._placing: deque[tuple[Batch, int, Any, Any]] = deque()
@@ -321,8 +327,8 @@ class QueueActor:
         if self.state.unplaced or self.state.unpatched:
             self._to_place(events, batch)
         self.next_seq += len(events)
-        if self._takers and self.state.n_ready:
-            self._wake_takers(self.state.n_ready)
+        if self._takers and (ready := self._takeable()):
+            self._wake_takers(ready)
 
     def durable(self, batch: Batch, last_seq: int, now_ms: int) -> None:
         """``batch``, which holds this queue's events up to ``last_seq``, is durable (with
@@ -339,7 +345,7 @@ class QueueActor:
             self._rearm
             or self._takers
             or self.state.outbox
-            or (not self._moving and self.state.active_move is not None)
+            or (not _running(self._mover) and self.state.active_move is not None)
             or (listener is not None and listener.cares(self))
         ):
             self._changed()
@@ -518,6 +524,7 @@ class QueueActor:
             recovery_s=self._recovery_s(),
             in_queue=c.in_queue,
             spilled=s.spilled + s.deferred + s.grouped,
+            paused=int(s.paused),
         )
 
     def _recovery_s(self) -> float:
@@ -533,14 +540,34 @@ class QueueActor:
         if self._rearm or self._alarm is None:
             self._rearm = False
             self._arm()
-        if self._takers and self.state.n_ready:
-            self._wake_takers(self.state.n_ready)
-        if self.state.outbox and not self._routing and self.stopped is None:
-            self._spawn(self._route_dead_letters())
-        if not self._moving and self.stopped is None and self.state.active_move is not None:
-            self._spawn(self._run_move())
+        if self._takers and (ready := self._takeable()):
+            self._wake_takers(ready)
+        # Running means its task is, not a flag its coroutine raises when it first runs: two
+        # changes in one turn of the loop spawned two routes of the same letters, each put
+        # twice (CI, 2026-11-30).
+        if self.state.outbox and not _running(self._router) and self.stopped is None:
+            self._router = self._spawn(self._route_dead_letters())
+        if (
+            not _running(self._mover)
+            and self.stopped is None
+            and self.state.active_move is not None
+        ):
+            self._mover = self._spawn(self._run_move())
         if self.listener is not None:
             self.listener.queue_changed(self)
+
+    def _takeable(self) -> int:
+        """How many ready messages a take would get now: none while the queue is paused
+        (its waiting takes sleep on; resuming is a change that wakes them), fewer past its
+        max_in_flight (an ack is a change that wakes them) or its take_rate (they wake when
+        the rate lets one go: ``take``)."""
+        state = self.state
+        if state.paused:
+            return 0
+        s = state.settings
+        if s.max_in_flight is None and s.take_rate is None:
+            return state.n_ready
+        return state.take_room(max(self.host.clock.now_ms(), state.clock_ms))
 
     def _wake_takers(self, count: int) -> None:
         """Wake up to ``count`` waiting takes, oldest first (no herd on every change)."""
@@ -569,13 +596,17 @@ class QueueActor:
             remaining = deadline - loop.time()
             if taken or remaining <= 0:
                 return taken
-            if self.state.n_ready and self.stopped is None:
+            if self._takeable() and self.stopped is None:
                 # A put became durable while this take's empty answer waited for an earlier
                 # write: the wake-up already went by. Look again instead of sleeping.
                 await asyncio.sleep(0)
                 continue
             fut: asyncio.Future[bool] = loop.create_future()
             self._takers.append(fut)
+            now_ms = max(self.host.clock.now_ms(), self.state.clock_ms)
+            held = self.state.take_wait_ms(now_ms)  # only the take_rate holds them back
+            if held is not None:
+                remaining = min(remaining, held / 1000)
             alarm = loop.call_later(remaining, _resolve, fut, False)
             waited = True
             try:
@@ -615,44 +646,39 @@ class QueueActor:
         """Hand the outbox to the dead-letter queue until it is empty, retrying with backoff
         while that queue is unreachable (its shard recovering or restarting): a dead letter
         must not wait for this queue's next change to move on."""
-        self._routing = True
         delay = 0.2
-        try:
-            while self.state.outbox and self.stopped is None:
-                letters = list(self.state.outbox.values())
-                target = self.state.settings.dead_letter_queue
-                try:
-                    if target is not None:
-                        await self.host.route_dead_letters(self.name, target, letters)
-                    await self.execute(cmd.ConfirmDeadLetters([m.seq for m in letters]))
-                    delay = 0.2
-                except Exception as exc:
-                    # Any failure, not only a QueueError: a Ray call to a shard that died
-                    # raised out of here once and stranded the outbox until the queue's next
-                    # change, for ever if the failure came back each time (the campaign
-                    # during resizes, loadtest/RESULTS.md).
-                    if self.stopped is not None:
-                        return
-                    log.warning(
-                        "queue %s: dead-letter routing failed (%s); retrying in %.1fs",
-                        self.name,
-                        exc if isinstance(exc, QueueError) else repr(exc),
-                        delay,
-                    )
-                    await asyncio.sleep(delay)
-                    delay = min(delay * 2, 30.0)
-        finally:
-            self._routing = False
+        while self.state.outbox and self.stopped is None:
+            # At most a put's worth at a time: an outbox grown past it (letters that
+            # waited for an unreachable queue) once failed as one put, at every retry.
+            letters = list(itertools.islice(self.state.outbox.values(), MAX_BATCH))
+            target = self.state.settings.dead_letter_queue
+            try:
+                if target is not None:
+                    await self.host.route_dead_letters(self.name, target, letters)
+                await self.execute(cmd.ConfirmDeadLetters([m.seq for m in letters]))
+                delay = 0.2
+            except Exception as exc:
+                # Any failure, not only a QueueError: a Ray call to a shard that died
+                # raised out of here once and stranded the outbox until the queue's next
+                # change, for ever if the failure came back each time (the campaign
+                # during resizes, loadtest/RESULTS.md).
+                if self.stopped is not None:
+                    return
+                log.warning(
+                    "queue %s: dead-letter routing failed (%s); retrying in %.1fs",
+                    self.name,
+                    exc if isinstance(exc, QueueError) else repr(exc),
+                    delay,
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 30.0)
 
     async def _run_move(self) -> None:
         """Run the queue's move task (actors/moves.py) until it ends or the queue stops."""
-        self._moving = True
         try:
             await run_move(self, self.host.redeliver)
         except QueueError as exc:  # the queue itself stopped serving: a restart runs it on
             log.info("queue %s: move task paused: %s", self.name, exc)
-        finally:
-            self._moving = False
 
     # ---------------------------------------------------------------- snapshots
 
@@ -758,10 +784,15 @@ class QueueActor:
         queue's records up to it; a damaged newest snapshot falls back to the older one)."""
         return self.snapshots[-2] if len(self.snapshots) >= 2 else 0
 
-    def _spawn(self, coro: Awaitable[Any]) -> None:
+    def _spawn(self, coro: Awaitable[Any]) -> asyncio.Future[Any]:
         task = asyncio.ensure_future(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+        return task
+
+
+def _running(task: asyncio.Future[Any] | None) -> bool:
+    return task is not None and not task.done()
 
 
 # Events after which the next time-driven transition can only be as late as before or later:
@@ -776,6 +807,7 @@ _NEVER_SOONER = frozenset(
         DeadLettersRouted,
         Checkpoint,
         BodiesMoved,
+        QueuePaused,
     }
 )
 

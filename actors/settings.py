@@ -32,6 +32,7 @@ MAX_RETENTION_MS = 365 * 24 * 3600 * 1000
 MAX_IDEMPOTENCY_WINDOW_MS = 7 * 24 * 3600 * 1000
 MAX_RECEIVES_LIMIT = 1000
 MAX_MESSAGES_LIMIT = 1_000_000_000
+MAX_RATE = 100_000  # messages per second, take_rate and put_rate
 MAX_META_ENTRIES = 256
 MAX_META_KEY_CHARS = 512
 MAX_META_VALUE_CHARS = 65_536
@@ -76,6 +77,12 @@ class QueueSettings(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     # without an engine equivalent). Stored and replayed as given; the engine ignores it.
     meta: dict[str, str] | None = None
     max_messages: int | None = None  # puts beyond it are refused (Overloaded) until it drains
+    # Limits that hold for the whole cluster (they are kept where the queue lives): messages
+    # a second handed out by takes, and accepted by puts (a leaky bucket, a second's worth
+    # at once); messages reserved at once. None: no limit.
+    take_rate: int | None = None
+    put_rate: int | None = None
+    max_in_flight: int | None = None
 
     def validate(self, name: str) -> QueueSettings:
         """Check every field against its range and the queue name; return self.
@@ -104,9 +111,20 @@ class QueueSettings(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
             raise BadRequest("content_based_dedup is for FIFO queues")
         if self.meta is not None:
             _check_meta(self.meta)
-        if self.max_messages is not None:
-            _check_range("max_messages", self.max_messages, 1, MAX_MESSAGES_LIMIT)
+        self._check_limits()
         return self
+
+    def _check_limits(self) -> None:
+        """max_messages, the rates and max_in_flight: a whole number in range, or None."""
+        limits = {
+            "max_messages": MAX_MESSAGES_LIMIT,
+            "take_rate": MAX_RATE,
+            "put_rate": MAX_RATE,
+            "max_in_flight": MAX_MESSAGES_LIMIT,
+        }
+        for field, high in limits.items():
+            if (value := getattr(self, field)) is not None:
+                _check_range(field, value, 1, high)
 
 
 def _check_range(field: str, value: object, low: int, high: int) -> None:

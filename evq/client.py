@@ -258,8 +258,13 @@ class _Base:
         delay: float | None = None,
         idempotency_window: float | None = None,
         content_based_dedup: bool | None = None,
+        take_rate: int | None = None,
+        put_rate: int | None = None,
+        max_in_flight: int | None = None,
     ) -> _Call[QueueInfo]:
         """Create a queue (``created`` False when it exists with these settings); safe to retry.
+        ``take_rate``/``put_rate``: messages a second over the whole cluster; ``max_in_flight``:
+        messages reserved at once (all three settable later with :meth:`update_queue`).
 
         Raises:
             QueueExists: it exists with other settings.
@@ -276,6 +281,9 @@ class _Base:
             delay,
             idempotency_window,
             content_based_dedup,
+            take_rate,
+            put_rate,
+            max_in_flight,
         )
         return wire.create_queue(name, settings)
 
@@ -311,6 +319,28 @@ class _Base:
             QueueNotFound: no such queue (also when a lost first attempt had deleted it).
         """
         return wire.delete_queue(name)
+
+    @_Endpoint
+    def pause(self, name: str) -> _Call[bool]:
+        """Pause the queue: its takes (native, SQS, handlers) hand out nothing until
+        :meth:`resume`; puts, acks and the rest go on. Durable; True.
+
+        Raises:
+            QueueNotFound: no such queue.
+            Forbidden: the token is not the queue's admin.
+        """
+        return wire.pause(name, True)
+
+    @_Endpoint
+    def resume(self, name: str) -> _Call[bool]:
+        """Resume a paused queue's takes (waiting long-poll takes get messages at once);
+        False (not paused).
+
+        Raises:
+            QueueNotFound: no such queue.
+            Forbidden: the token is not the queue's admin.
+        """
+        return wire.pause(name, False)
 
     @_Endpoint
     def purge(self, name: str) -> _Call[int]:
@@ -387,13 +417,16 @@ class _Base:
         *items: Receipt,
         delay: float | None = None,
         activate_at: float | None = None,
+        reason: str | None = None,
     ) -> _Call[list[ItemResult]]:
-        """Give taken messages back, optionally later; a resent one may answer ``stale_lease``.
+        """Give taken messages back, optionally later, optionally saying why they failed
+        (``reason``, up to 1 KiB: peek and browse show each message's last five, and a dead
+        letter keeps them); a resent one may answer ``stale_lease``.
 
         Raises:
             QueueNotFound: no such queue.
         """
-        return wire.release(queue, items, delay, activate_at) if items else _Answer([])
+        return wire.release(queue, items, delay, activate_at, reason) if items else _Answer([])
 
     @_Endpoint
     def touch(
@@ -448,6 +481,18 @@ class _Base:
         return _update(self, queue, message, body, delay, activate_at, lease)
 
     @_Endpoint
+    def run_now(
+        self, queue: str, message: Message | str, *, lease: str | None = None
+    ) -> _Call[Message]:
+        """Make a delayed (or ready) message ready now, first in line among those due
+        (its activation time becomes now); a reserved one needs its lease.
+
+        Raises:
+            MessageNotFound: no such message. Conflict: reserved and no lease given.
+        """
+        return _update(self, queue, message, None, 0.0, None, lease)
+
+    @_Endpoint
     def reschedule(
         self,
         queue: str,
@@ -469,16 +514,18 @@ class _Base:
 
     @_Endpoint
     def delete_message(
-        self, queue: str, message: Message | str, lease: str | None = None
+        self, queue: str, message: Message | str, lease: str | None = None, *, force: bool = False
     ) -> _Call[None]:
-        """Delete one message (a reserved one needs its lease); a resent one may raise.
+        """Delete one message (a reserved one needs its lease, or ``force``: an admin's,
+        and its lease holder's next ack is answered ``stale_lease``); a resent one may raise.
 
         Raises:
             MessageNotFound: no such message (also when a lost first attempt deleted it).
             StaleLease, Conflict: reserved and the lease is stale or missing.
+            Forbidden: ``force`` without admin on the queue.
         """
         mid, lease = _message_ref(message, lease)
-        return wire.delete_message(queue, mid, lease)
+        return wire.delete_message(queue, mid, None if force else lease, force)
 
     # ---------------------------------------------------------------- keys, watches
 
@@ -527,8 +574,28 @@ class _Base:
         return wire.restart_shards()
 
     @_Endpoint
+    def redrive(
+        self,
+        queue: str,
+        *,
+        to: str | None = None,
+        rate: int | None = None,
+        ids: Sequence[str] | None = None,
+    ) -> _Call[str]:
+        """Move a dead-letter queue's messages back to the queues they came from (or all to
+        ``to``), at most ``rate`` a second; only ``ids``, if given: the id of its task
+        (follow it with :meth:`task`, stop it with :meth:`cancel_task`).
+
+        Raises:
+            QueueNotFound: no such queue (or no ``to``).
+            Conflict: a redrive of the queue runs already.
+            BadRequest: ``rate`` or ``ids`` out of range.
+        """
+        return wire.redrive(queue, to, rate, ids)
+
+    @_Endpoint
     def tasks(self) -> _Call[list[dict[str, Any]]]:
-        """The tasks the gateway ran last (resizes), oldest first."""
+        """The tasks the gateways ran last (resizes, restarts, redrives), oldest first."""
         return wire.tasks()
 
     @_Endpoint
@@ -586,6 +653,9 @@ def _settings(
     delay: float | None,
     idempotency_window: float | None,
     content_based_dedup: bool | None,
+    take_rate: int | None,
+    put_rate: int | None,
+    max_in_flight: int | None,
 ) -> dict[str, Any]:
     return {k: v for k, v in locals().items() if v is not None}
 

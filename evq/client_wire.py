@@ -76,11 +76,13 @@ __all__ = [
     "message_doc",
     "message_from",
     "parse_retry_after",
+    "pause",
     "prepare",
     "purge",
     "put",
     "random_key",
     "ready",
+    "redrive",
     "release",
     "set_key",
     "take",
@@ -131,6 +133,8 @@ class Message(msgspec.Struct, frozen=True, kw_only=True):
     group: str | None = None
     state: str | None = None
     first_received_at: float | None = None
+    # peek and browse: the last failures given with releases, ``{"at", "reason"}``, oldest first
+    failures: list[dict[str, Any]] = msgspec.field(default_factory=list)
 
     @property
     def body_text(self) -> str:
@@ -184,6 +188,10 @@ class QueueConfig(msgspec.Struct, frozen=True, kw_only=True):
     delay: float = 0.0
     idempotency_window: float = 900.0
     content_based_dedup: bool = False
+    max_messages: int | None = None
+    take_rate: int | None = None  # messages a second, over the whole cluster
+    put_rate: int | None = None
+    max_in_flight: int | None = None
 
 
 class QueueStats(msgspec.Struct, frozen=True, kw_only=True):
@@ -200,6 +208,7 @@ class QueueStats(msgspec.Struct, frozen=True, kw_only=True):
     acked: int = 0
     enqueued: int = 0
     purged: int = 0
+    paused: bool = False
 
 
 class QueueInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -547,6 +556,13 @@ def delete_queue(name: str) -> Call[None]:
     return Call("DELETE", _queue(name), _nothing, expect=frozenset({200, 204}))
 
 
+def pause(name: str, paused: bool = True) -> Call[bool]:
+    """POST /v1/queues/{name}/pause (or ``/resume``): whether the queue is paused now.
+    Idempotent, so resent like a read."""
+    verb = "/pause" if paused else "/resume"
+    return Call("POST", _queue(name) + verb, lambda _s, doc: bool(doc["paused"]))
+
+
 def purge(name: str) -> Call[int]:
     """POST /v1/queues/{name}/purge; resent only if surely not received."""
     return Call(
@@ -656,9 +672,11 @@ def release(
     items: Iterable[Receipt],
     delay: float | None = None,
     activate_at: float | None = None,
+    reason: str | None = None,
 ) -> Call[list[ItemResult]]:
-    """POST …/release, each item with the same optional delay or activation time."""
-    return _lease_call(queue, "release", items, delay=delay, activate_at=activate_at)
+    """POST …/release, each item with the same optional delay or activation time and
+    reason."""
+    return _lease_call(queue, "release", items, delay=delay, activate_at=activate_at, reason=reason)
 
 
 def touch(
@@ -710,14 +728,18 @@ def update_message(
     )
 
 
-def delete_message(queue: str, message_id: str, lease: str | None = None) -> Call[None]:
-    """DELETE …/messages/{id}[?lease=…]."""
-    query = {"lease": lease} if lease is not None else None
+def delete_message(
+    queue: str, message_id: str, lease: str | None = None, force: bool = False
+) -> Call[None]:
+    """DELETE …/messages/{id}[?lease=…][?force=true]."""
+    query = {"lease": lease} if lease is not None else {}
+    if force:
+        query["force"] = "true"
     return Call(
         "DELETE",
         _message_path(queue, message_id),
         _nothing,
-        query=query,
+        query=query or None,
         expect=frozenset({200, 204}),
     )
 
@@ -775,6 +797,28 @@ def restart_shards() -> Call[str]:
         "POST",
         "/v1/admin/shards/restart",
         lambda _s, doc: str(doc["task"]),
+        resend=Resend.IF_NOT_SENT,
+        expect=frozenset({202}),
+    )
+
+
+def redrive(
+    queue: str, to: str | None = None, rate: int | None = None, ids: Sequence[str] | None = None
+) -> Call[str]:
+    """POST /v1/queues/{name}/redrive: the redrive task's id. Resent only if surely not
+    received (a second redrive of the queue while the first runs is refused 409)."""
+    doc: dict[str, Any] = {}
+    if to is not None:
+        doc["to"] = to
+    if rate is not None:
+        doc["rate"] = rate
+    if ids is not None:
+        doc["ids"] = list(ids)
+    return Call(
+        "POST",
+        _queue(queue) + "/redrive",
+        lambda _s, doc: str(doc["task"]),
+        doc,
         resend=Resend.IF_NOT_SENT,
         expect=frozenset({202}),
     )

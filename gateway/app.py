@@ -13,12 +13,24 @@ from aiohttp import web
 
 from actors.directory import Directory
 from actors.log.store import ObjectStore
-from gateway import dashboard, limits, metrics, native, planned, shards, sqs, tasks, watches
+from gateway import (
+    dashboard,
+    fast,
+    limits,
+    metrics,
+    native,
+    redrive,
+    shards,
+    sqs,
+    tasks,
+    watches,
+)
 from gateway.auth import AUTH, Auth, Token, auth_middleware, retry_after
 from gateway.batcher import Batchers
 from gateway.errors import MAX_BODY, error_middleware, error_response, wants_msgpack
 from gateway.fast import FAST, Fast
-from gateway.limits import FAST_CONNECTIONS, IN_FLIGHT, LIMITS, Limits
+from gateway.limits import FAST_CONNECTIONS, IN_FLIGHT, LIMITS, PENALTIES, Limits, Refusals
+from gateway.penalty import Penalties
 from gateway.proxy import forwarded_middleware
 from gateway.settings import MAX_BODY_BYTES, ServerSettings, is_loopback
 from gateway.tasks import TASKS, Board, Tasks
@@ -53,6 +65,8 @@ class AppOptions(msgspec.Struct, frozen=True, kw_only=True):
     # Behind a TLS-terminating proxy: the networks whose X-Forwarded-* are believed
     # (gateway/proxy.py); empty: none.
     trusted_proxies: list[str] = []
+    refuse_after: int = 20  # requests failing as HTTP within 10 s that get an address refused
+    refuse_for_s: float = 10.0
     fast_path: bool = True  # the front door serves the hot commands itself (gateway/fast.py)
     watch: watches.WatchOptions = msgspec.field(default_factory=watches.WatchOptions)
 
@@ -78,6 +92,8 @@ def app_options(
         trusted_proxies=(
             [str(n) for n in settings.proxy_networks()] if settings.behind_tls_proxy else []
         ),
+        refuse_after=settings.refuse_after,
+        refuse_for_s=settings.refuse_for_s,
         watch=watches.WatchOptions(
             max_watchers=settings.max_watchers,
             send_buffer_limit=settings.ws_send_buffer_bytes,
@@ -100,6 +116,7 @@ def make_app(directory: Directory, options: AppOptions | None = None) -> web.App
             *([auth_middleware(_auth_error)] if options.tokens else []),
             _limit_middleware,
             error_middleware,
+            _body_middleware,
         ],
     )
     app[AUTH] = Auth(options.tokens)
@@ -125,11 +142,14 @@ def make_app(directory: Directory, options: AppOptions | None = None) -> web.App
     app[IN_FLIGHT] = [0]
     app[FAST_CONNECTIONS] = set()
     app[LIMITS] = Limits(max_requests=options.max_requests, max_connections=options.max_connections)
+    app[PENALTIES] = Refusals(
+        Penalties.of(options.refuse_after, options.refuse_for_s, exempt=options.trusted_proxies)
+    )
     app.add_routes(native.routes)
     app[TASKS] = Tasks()
     app.add_routes(shards.routes)  # GET and POST /v1/admin/shards
     app.add_routes(tasks.routes)  # /v1/tasks
-    app.add_routes(planned.routes)  # the contract's routes not built yet: 501
+    app.add_routes(redrive.routes)  # POST /v1/queues/{name}/redrive
     if options.fast_path:
         app[FAST] = Fast(app)
     watches.install(app, options.watch)
@@ -190,6 +210,54 @@ async def _limit_middleware(
         return await handler(request)
     finally:
         counter[0] -= 1
+
+
+@web.middleware
+async def _body_middleware(
+    request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]
+) -> web.StreamResponse:
+    """Read the body before the handler does, and make it come: a body that brings less
+    than ``fast.PROGRESS_BYTES`` in ``fast.REQUEST_S`` is answered 408 and its connection
+    closed, as on the fast path (gateway/fast.py), so a client that trickles a body holds a
+    connection for that long, not for ever. The handler then finds the body read (aiohttp keeps it).
+
+    A trickled *head* never reaches a handler: aiohttp closes a connection that has not
+    sent a whole request within its keep-alive time (the runner's, 75 s)."""
+    if not request.body_exists or request.content.is_eof():
+        return await handler(request)  # no body, or all of it came with the head
+    loop = asyncio.get_running_loop()
+    mark = [0]
+
+    def check(limit: asyncio.Timeout) -> None:
+        """Every REQUEST_S: time out now, unless PROGRESS_BYTES came since the last look."""
+        received = request.content.total_bytes
+        if received - mark[0] < fast.PROGRESS_BYTES:
+            limit.reschedule(loop.time())
+        else:
+            mark[0] = received
+            looks[0] = loop.call_later(fast.REQUEST_S, check, limit)
+
+    looks: list[asyncio.TimerHandle] = []  # the next look (one at a time)
+    try:
+        async with asyncio.timeout(None) as limit:
+            looks.append(loop.call_later(fast.REQUEST_S, check, limit))
+            await request.read()  # a body over the limit raises 413: error_middleware answers
+    except TimeoutError:
+        response = error_response(
+            408, "RequestTimeout", "the request came too slowly", msgpack=wants_msgpack(request)
+        )
+        response.force_close()
+        limits.offend(request.app, request.remote, "too_slow")
+        # Written and closed here: aiohttp would otherwise linger, reading what the client
+        # still trickles, for up to 10 s before it closes.
+        await response.prepare(request)
+        await response.write_eof()
+        if request.transport is not None:
+            request.transport.close()
+        return response
+    finally:
+        looks[-1].cancel()
+    return await handler(request)
 
 
 def _http_connections(request: web.Request) -> int:

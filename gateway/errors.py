@@ -85,6 +85,20 @@ def error_response(
     )
 
 
+def retry_seconds(exc: QueueError) -> int | None:
+    """When the error says how long to wait (``retry_after_ms``, a rate limit's): whole
+    seconds, at least one."""
+    wait = exc.fields.get("retry_after_ms")
+    if not isinstance(wait, int):
+        return None
+    return max(1, -(-wait // 1000))
+
+
+def retry_header(exc: QueueError) -> dict[str, str] | None:
+    seconds = retry_seconds(exc)
+    return None if seconds is None else {"Retry-After": str(seconds)}
+
+
 MSGPACK_TYPES = (MSGPACK, "application/x-msgpack")
 
 
@@ -109,7 +123,13 @@ async def error_middleware(
     try:
         return await handler(request)
     except QueueError as exc:
-        return error_response(status_of(exc), exc.code, exc.message, msgpack=wants_msgpack(request))
+        return error_response(
+            status_of(exc),
+            exc.code,
+            exc.message,
+            msgpack=wants_msgpack(request),
+            headers=retry_header(exc),
+        )
     except web.HTTPException as exc:
         if exc.status < 400:
             raise

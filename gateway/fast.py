@@ -6,24 +6,31 @@ llhttp parser), serves ``POST /v1/queues/{name}/{messages|take|ack|release|touch
 the same functions as aiohttp's routes (:mod:`gateway.hot`: :mod:`gateway.wire`'s validation,
 :mod:`gateway.errors`' error table), with the same auth, limits and metrics, and writes the
 reply itself. The first request it does not serve — any other route, a query string or a
-percent-encoded path, chunked bodies, ``Expect``, HTTP/1.0, an upgrade, a malformed head — goes
-back to the door with every byte not yet consumed, and from there to aiohttp (or a watch), so
-every other route and every error of those stays aiohttp's.
+percent-encoded path, chunked bodies, ``Expect``, HTTP/1.0, an upgrade, a head too long for
+it — goes back to the door with every byte not yet consumed, and from there to aiohttp (or a
+watch), so every other route and every error of those stays aiohttp's. A head that is not
+HTTP (llhttp refuses it: two lengths, a length and chunked, bytes a header may not hold) is
+answered 400 here and counted against its sender (:mod:`gateway.penalty`).
 
 One request is served at a time per connection: a pipelining client's next request waits in
 the buffer until the reply before it is written, so replies keep their order. While a
 request is served, the connection stops reading once ``PIPELINE_BUFFER`` bytes wait behind
-it (TCP then holds the client back), and reads again once they are served: a client that
-pipelines without reading its replies cannot make the gateway hold more than that and one
-read of the socket. A client that hangs up cancels its request (a waiting take must not
-reserve a message for nobody); one that hangs up while reading is paused, with that much
-pipelined behind its request, is noticed once the request is answered. A request that fails
-unexpectedly is answered 500, and the connection goes on.
+it (TCP then holds the client back), and reads again once they are served. Replies the
+client does not read fill the socket's buffers, then the transport's past its high-water
+mark: then nothing more is served until they drain (``pause_writing``). A client that
+pipelines without reading its replies thus costs the gateway the requests those buffers
+answer, and holds at most ``PIPELINE_BUFFER``, one read and one reply more.
+
+A client that hangs up cancels its request (a waiting take must not reserve a message for
+nobody); one that hangs up while reading is paused, with that much pipelined behind its
+request, is noticed once the request is answered. A request that fails unexpectedly is
+answered 500, and the connection goes on.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
 import re
 import time
@@ -44,18 +51,20 @@ from gateway.errors import (
     MSGPACK_TYPES,
     RETRY_AFTER_S,
     prefers_msgpack,
+    retry_seconds,
     status_of,
 )
 from gateway.hot import VERBS
 from gateway.metrics import METRICS
 
-__all__ = ["FAST", "PREFIX", "Fast", "FastHttp", "may_be_fast"]
+__all__ = ["FAST", "PREFIX", "Fast", "FastHttp", "Malformed", "may_be_fast"]
 
 log = logging.getLogger(__name__)
 
 PREFIX = b"POST /v1/queues/"  # what a fast connection's first request starts with
 HEAD_LIMIT = 8192  # a longer head is aiohttp's to refuse
 PIPELINE_BUFFER = 256 * 1024  # bytes read ahead of the request being served, at most
+PIPELINED_TURNS = 2  # pipelined requests served at once per process (Turns)
 # A request that is coming (head or body) must make progress: REQUEST_S without
 # PROGRESS_BYTES more of it and it is answered 408 and the connection closed (a slowloris
 # holds a connection for that long, not for ever).
@@ -70,6 +79,7 @@ _REASONS = {
     401: b"Unauthorized",
     403: b"Forbidden",
     404: b"Not Found",
+    408: b"Request Timeout",
     409: b"Conflict",
     413: b"Payload Too Large",
     429: b"Too Many Requests",
@@ -97,6 +107,7 @@ class Fast:
     def __init__(self, app: web.Application) -> None:
         self.app = app
         self.clock = SystemClock()
+        self.turns = Turns(PIPELINED_TURNS)
 
     def date(self) -> bytes:
         """The Date header's value now."""
@@ -104,6 +115,42 @@ class Fast:
 
 
 FAST = web.AppKey("fast", Fast)
+
+
+class Turns:
+    """Turns for pipelined requests: at most ``slots`` of them served at once in a process.
+
+    A pipelined request is one that was already waiting when the reply before it on its
+    connection was written: a client that reads each reply before it sends the next request
+    (every HTTP client we know of) never has one, and never waits for a turn. A client that
+    pipelines (one that never reads its replies, above all) is served a few requests at a
+    time, however many connections it opens, instead of the whole gateway's time: 20 such
+    connections put the other clients' p99 at 2.6-3.8 times a quiet server's without turns
+    (loadtest/RESULTS.md)."""
+
+    __slots__ = ("free", "waiting")
+
+    def __init__(self, slots: int) -> None:
+        self.free = slots
+        self.waiting: collections.deque[FastHttp] = collections.deque()
+
+    def ask(self, connection: FastHttp) -> bool:
+        """A turn for ``connection`` now (True), or once one is free (False: it waits, and
+        :meth:`done` gives it one)."""
+        if self.free > 0:
+            self.free -= 1
+            return True
+        self.waiting.append(connection)
+        return False
+
+    def done(self) -> None:
+        """A turn ends: the connection waiting longest gets it (if any still wants it)."""
+        self.free += 1
+        while self.free > 0 and self.waiting:
+            connection = self.waiting.popleft()
+            self.free -= 1
+            if not connection.granted():
+                self.free += 1
 
 
 class _Head:
@@ -153,6 +200,12 @@ class FastHttp(asyncio.Protocol):
         self.task: asyncio.Task[None] | None = None
         self.closing = False
         self.paused = False  # reading paused: PIPELINE_BUFFER bytes wait behind a request
+        # The client does not read its replies: they fill the transport past its high-water
+        # mark. Nothing more is served (nor read, past PIPELINE_BUFFER) until they drain.
+        self.blocked = False
+        self.pipelined = False  # the next request came before the reply to the last one
+        self.turn = False  # the request served holds one of the Turns
+        self.queued = False  # waiting for a turn
         self._timer: asyncio.TimerHandle | None = None  # a request coming: its deadline
         self._mark = 0  # how much of it had come when the deadline was set
 
@@ -171,7 +224,12 @@ class FastHttp(asyncio.Protocol):
 
     def _watch(self) -> None:
         """Set, move or drop the deadline of the request that is coming (if one is)."""
-        coming = self.task is None and bool(self.buf) and self.transport is not None
+        coming = (
+            self.task is None
+            and not (self.blocked or self.queued)
+            and bool(self.buf)
+            and self.transport is not None
+        )
         if not coming:
             if self._timer is not None:
                 self._timer.cancel()
@@ -189,14 +247,7 @@ class FastHttp(asyncio.Protocol):
         transport = self.transport
         if transport is None or self.task is not None or not self.buf:
             return
-        body = _json.encode(
-            {"error": {"code": "RequestTimeout", "message": "the request came too slowly"}}
-        )
-        transport.write(
-            b"HTTP/1.1 408 Request Timeout\r\nContent-Type: application/json\r\n"
-            b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
-        )
-        transport.close()
+        self._offended(transport, 408, "RequestTimeout", "the request came too slowly", "too_slow")
 
     def _flow(self) -> None:
         """Read while no request is served (the one in the buffer may still be coming) or
@@ -204,13 +255,26 @@ class FastHttp(asyncio.Protocol):
         transport = self.transport
         if transport is None:
             return
-        full = self.task is not None and len(self.buf) >= PIPELINE_BUFFER
+        busy = self.task is not None or self.blocked or self.queued
+        full = busy and len(self.buf) >= PIPELINE_BUFFER
         if full != self.paused:
             self.paused = full
             if full:
                 transport.pause_reading()
             else:
                 transport.resume_reading()
+
+    def pause_writing(self) -> None:
+        self.blocked = True
+        self._watch()
+        self._flow()
+
+    def resume_writing(self) -> None:
+        self.blocked = False
+        if self.task is None and self.transport is not None and not self.closing:
+            self._next()
+            self._watch()
+        self._flow()
 
     def eof_received(self) -> bool:
         return False  # the client hung up: close, and cancel its request (as aiohttp does)
@@ -238,10 +302,39 @@ class FastHttp(asyncio.Protocol):
     # ---------------------------------------------------------------- requests
 
     def _next(self) -> None:
-        """Serve the next request in the buffer, or wait for more bytes."""
-        buf = self.buf
-        if not buf:
+        """Serve the next request in the buffer (a pipelined one in its turn), or wait for
+        more bytes."""
+        if not self.buf or self.blocked or self.queued or self.task is not None:
             return
+        turns = self.fast.turns
+        if self.pipelined and not self.turn:
+            if not turns.ask(self):
+                self.queued = True
+                return
+            self.turn = True
+        self._start()
+        if self.task is None and self.turn:  # nothing started (a request still coming…)
+            self.turn = False
+            turns.done()
+
+    def granted(self) -> bool:
+        """A turn came (:class:`Turns`): whether it was taken, to serve the next request."""
+        self.queued = False
+        if self.transport is None or self.closing or self.blocked or self.task is not None:
+            return False
+        self.turn = True
+        self._start()
+        if self.task is None:
+            self.turn = False
+            return False
+        self._watch()
+        self._flow()
+        return True
+
+    def _start(self) -> None:
+        """Start serving the request in the buffer if it is whole; hand the connection back
+        to the door if it is not ours to serve."""
+        buf = self.buf
         if not may_be_fast(buf):
             self._give_back()
             return
@@ -250,7 +343,14 @@ class FastHttp(asyncio.Protocol):
             if len(buf) > HEAD_LIMIT:
                 self._give_back()
             return
-        head, route = self._parse(bytes(buf[: end + 4]))
+        if end + 4 > HEAD_LIMIT:
+            self._give_back()  # aiohttp's limits decide (it may be one long header too many)
+            return
+        try:
+            head, route = self._parse(bytes(buf[: end + 4]))
+        except Malformed as exc:
+            self._malformed(str(exc))
+            return
         if route is None:
             self._give_back()
             return
@@ -274,10 +374,15 @@ class FastHttp(asyncio.Protocol):
         parser = httptools.HttpRequestParser(head)
         try:
             parser.feed_data(raw)
-        except (httptools.HttpParserError, httptools.HttpParserUpgrade):
+        except httptools.HttpParserUpgrade:
             # an upgrade (Connection: Upgrade with Upgrade:) is not an HttpParserError: it
             # escaped here and dropped the connection unanswered (found by loadtest/fuzz.py)
             return None, None
+        except httptools.HttpParserError as exc:
+            # Not HTTP as llhttp reads it (aiohttp's parser is llhttp too, as strict): both
+            # a Content-Length and a Transfer-Encoding, two lengths, bytes a header may not
+            # hold. Answered here, at a fraction of what handing it to aiohttp cost.
+            raise Malformed(_llhttp_reason(exc)) from None
         if not head.done or head.other or parser.get_method() != b"POST":
             return None, None
         if parser.get_http_version() != "1.1" or parser.should_upgrade():
@@ -288,6 +393,37 @@ class FastHttp(asyncio.Protocol):
         keep_alive = parser.should_keep_alive()
         size = int(head.length or 0)
         return head, (found.group(1).decode(), found.group(2).decode(), size, keep_alive)
+
+    def _malformed(self, reason: str) -> None:
+        """The request in the buffer is not HTTP: 400, close, and count it against the
+        sender (gateway/penalty.py)."""
+        transport = self.transport
+        if transport is None:
+            return
+        self.closing = True
+        self.buf.clear()
+        message = f"malformed HTTP request: {reason}"
+        self._offended(transport, 400, "BadRequest", message, "malformed", reason)
+
+    def _offended(
+        self,
+        transport: asyncio.Transport,
+        status: int,
+        code: str,
+        message: str,
+        offence: str,
+        detail: str = "",
+    ) -> None:
+        """Answer a request that failed as HTTP with ``status``, close, and count it against
+        its sender (gateway/penalty.py)."""
+        body = _json.encode({"error": {"code": code, "message": message}})
+        transport.write(
+            b"HTTP/1.1 %d %s\r\nContent-Type: application/json\r\n"
+            b"Connection: close\r\nContent-Length: %d\r\n\r\n%s"
+            % (status, _REASONS[status], len(body), body)
+        )
+        transport.close()
+        limits.offend(self.app, limits.peer_address(transport), offence, detail)
 
     def _give_back(self) -> None:
         """Not ours to serve: the door (and aiohttp) take the connection from here, with
@@ -320,9 +456,13 @@ class FastHttp(asyncio.Protocol):
             status, payload, extra = 500, _INTERNAL[binary], b""
         finally:
             self.task = None
+            if self.turn:
+                self.turn = False
+                self.fast.turns.done()
         self._write(status, payload, binary, extra, keep_alive)
         self.app[METRICS].observe(_ROUTE[verb], "POST", status, time.perf_counter() - started)
         if self.transport is not None and not self.closing:
+            self.pipelined = bool(self.buf)
             self._next()
             self._watch()
             self._flow()
@@ -389,6 +529,16 @@ _JOINED_UP_TO = 1 << 20  # replies up to this size go out with their head in one
 _HEAD = b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\nDate: %s\r\n%s%s\r\n"
 
 
+class Malformed(Exception):
+    """A request head llhttp refuses (its reason as the message)."""
+
+
+def _llhttp_reason(exc: Exception) -> str:
+    """llhttp's reason, without the bytes it quotes (they are the sender's)."""
+    text = str(exc.args[0] if exc.args else exc)
+    return text.split(":", 1)[0].strip()[:100] or type(exc).__name__
+
+
 def may_be_fast(data: bytes | bytearray) -> bool:
     """Whether ``data`` is, or may still become, a request the fast path could serve."""
     start = bytes(data[: len(PREFIX)])
@@ -407,7 +557,8 @@ def _error(exc: QueueError, binary: bool) -> tuple[int, bytes, bytes]:
     status = status_of(exc)
     extra = b""
     if status in RETRY_AFTER_S:
-        extra = b"Retry-After: %d\r\n" % RETRY_AFTER_S[status]
+        wait = retry_seconds(exc)
+        extra = b"Retry-After: %d\r\n" % (RETRY_AFTER_S[status] if wait is None else wait)
     return status, _encode({"error": {"code": exc.code, "message": exc.message}}, binary), extra
 
 

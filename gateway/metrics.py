@@ -36,7 +36,7 @@ from prometheus_client.registry import Collector
 from actors.metrics import Histogram as PlainHistogram
 from actors.metrics import QueueMetrics
 from actors.status import ShardStatus
-from gateway import logs, native
+from gateway import limits, logs, native
 
 __all__ = ["GAUGES", "METRICS", "GatewayMetrics", "LiveGauge", "install", "register_gauge"]
 
@@ -163,6 +163,27 @@ def _gateway_families(app: web.Application) -> Iterator[Metric]:
     buckets.append(("+Inf", stats.calls))
     h.add_metric([], buckets, sum_value=stats.commands)
     yield h
+    refusals = app.get(limits.PENALTIES)
+    if refusals is not None:  # gateway/penalty.py
+        penalties = refusals.penalties
+        offences = CounterMetricFamily(
+            "evq_http_offences",
+            "Requests that failed as HTTP (malformed, too slow), counted against their sender",
+            labels=["reason"],
+        )
+        for reason, n in sorted(penalties.offences.items()):
+            offences.add_metric([reason], n)
+        yield offences
+        yield CounterMetricFamily(
+            "evq_refused_connections",
+            "Connections refused at accept: their address sent too many requests failing as HTTP",
+            value=penalties.refusals,
+        )
+        yield GaugeMetricFamily(
+            "evq_refused_addresses",
+            "Addresses whose connections are refused now",
+            value=refusals.refusing(),
+        )
     yield CounterMetricFamily(
         "evq_log_records_dropped",
         "Log records dropped because the sink was slow",
@@ -212,6 +233,7 @@ def _queue_families(queues: list[QueueMetrics]) -> Iterator[Metric]:
             "Messages held in runs, a few bytes each, their bodies in the log (of those counted"
             " by evq_queue_messages; the others are objects in memory)",
         ),
+        "evq_queue_paused": ("paused", "1 while the queue is paused: takes hand out nothing"),
     }
     for name, (field, text) in simple.items():
         g = GaugeMetricFamily(name, text, labels=["queue"])

@@ -14,10 +14,10 @@ import msgspec
 from aiohttp import web
 
 from actors.core import commands as cmd
-from actors.errors import BadRequest
+from actors.errors import BadRequest, Forbidden
 from actors.settings import MAX_BATCH, validate_queue_name
 from gateway import hot, wire
-from gateway.auth import TOKEN
+from gateway.auth import LEVELS, TOKEN
 from gateway.errors import MSGPACK, MSGPACK_TYPES, wants_msgpack
 from gateway.hot import BATCHERS, DIRECTORY, OPTIONS, SHUTTING_DOWN, WAITING_TAKES, Options
 
@@ -111,6 +111,24 @@ async def purge_queue(request: web.Request) -> web.Response:
     return reply(request, {"purged": await run(request, queue_name(request), cmd.Purge())})
 
 
+@routes.post("/v1/queues/{name}/pause")
+async def pause_queue(request: web.Request) -> web.Response:
+    """Takes of the queue hand out nothing until it is resumed; puts go on (durable)."""
+    return await _pause(request, paused=True)
+
+
+@routes.post("/v1/queues/{name}/resume")
+async def resume_queue(request: web.Request) -> web.Response:
+    return await _pause(request, paused=False)
+
+
+async def _pause(request: web.Request, *, paused: bool) -> web.Response:
+    name = queue_name(request)
+    if await request.read() not in (b"", b"{}"):
+        raise BadRequest("pause and resume take no body")
+    return reply(request, {"paused": await run(request, name, cmd.Pause(paused))})
+
+
 # ------------------------------------------------------------------ messages
 
 
@@ -193,5 +211,13 @@ async def patch_message(request: web.Request) -> web.Response:
 async def delete_message(request: web.Request) -> web.Response:
     name = queue_name(request)
     lease = request.query.get("lease")
-    await run(request, name, cmd.Delete(request.match_info["id"], lease))
+    force = request.query.get("force", "false")
+    if force not in ("true", "false"):
+        raise BadRequest("force is true or false")
+    if force == "true":  # a reserved one without its lease: the queue's admins only
+        token = request.get(TOKEN)
+        if token is not None and token.level(name) < LEVELS["admin"]:
+            raise Forbidden(f"deleting a reserved message needs its lease or admin on {name}")
+    command = cmd.Delete(request.match_info["id"], lease, force == "true")
+    await run(request, name, command)
     return web.Response(status=204)

@@ -340,7 +340,9 @@ def _ray_directory(
     spec = ShardSpec(
         count=settings.shard_count(),
         store=settings.store_target(),
-        secret=secret,
+        # In a cluster each shard reads the secret from its node (actors/spawn.py): Ray's
+        # traffic between nodes is not ours to encrypt. The embedded server's Ray is local.
+        secret=secret if local else None,
         store_options=settings.store_options(),
         log_settings=log_settings,
         memory_budget_bytes=settings.shard_memory_bytes(),
@@ -354,7 +356,7 @@ def _ray_directory(
     span = _span(spawner, spec.count)
     handles = spawner.spawn(span)
     if not local:  # a local Ray is new: its shards are this server's own
-        _check_shards(handles, spec)
+        _check_shards(handles, spec, secret)
     return RayDirectory(handles, secret, owns_shards=local, spawner=spawner, count=spec.count)
 
 
@@ -373,15 +375,15 @@ def _span(spawner: ShardSpawner, count: int) -> int:
     return max(count, asyncio.run(read()))
 
 
-def _check_shards(handles: list[Any], spec: ShardSpec) -> None:
-    """Whether the cluster's shards are for this gateway (its secret, count and store).
+def _check_shards(handles: list[Any], spec: ShardSpec, secret: str) -> None:
+    """Whether the cluster's shards are for this gateway (its ``secret``, count and store).
 
     Raises:
         ShardsRefused: a shard says why not.
     """
     import ray
 
-    fingerprint = handshake.fingerprint(spec.secret)  # the secret stays in this process
+    fingerprint = handshake.fingerprint(secret)  # the secret stays in this process
     checks = [h.check.remote(spec.count, spec.store, fingerprint) for h in handles]
     done, waiting = ray.wait(checks, num_returns=len(checks), timeout=CHECK_WAIT_S)
     refused = [r for r in ray.get(done) if r is not None]

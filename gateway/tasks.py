@@ -33,7 +33,17 @@ from actors.errors import Conflict, QueueError, TaskNotFound
 from actors.log.store import KeyNotFound, ObjectStore
 from gateway import native
 
-__all__ = ["FORWARD", "TASKS", "Board", "Task", "Tasks", "forwarded", "routes"]
+__all__ = [
+    "FORWARD",
+    "TASKS",
+    "Board",
+    "Stopped",
+    "Task",
+    "Tasks",
+    "forwarded",
+    "new_id",
+    "routes",
+]
 
 log = logging.getLogger(__name__)
 
@@ -44,12 +54,23 @@ STALE_S = 5.0  # a running task not published for this long: its gateway is gone
 BOARD_PREFIX = "wal/tasks/"
 
 
+def new_id(kind: str) -> str:
+    """A fresh task id of ``kind``."""
+    return f"{kind}-{secrets.token_hex(6)}"
+
+
+class Stopped(Exception):
+    """A task's work stopped because it was asked to (the task ends cancelled)."""
+
+
 class Task:
     """One task: what it is, how far it got, how it ended."""
 
-    def __init__(self, kind: str, detail: dict[str, Any], clock: Clock) -> None:
+    def __init__(
+        self, kind: str, detail: dict[str, Any], clock: Clock, task_id: str | None = None
+    ) -> None:
         self.clock = clock
-        self.id = f"{kind}-{secrets.token_hex(6)}"
+        self.id = task_id or new_id(kind)
         self.kind = kind
         self.detail = detail
         self.state = "running"
@@ -182,21 +203,25 @@ class Tasks:
         work: Callable[[Task], Awaitable[Any]],
         *,
         exclusive: tuple[str, ...] = (),
+        alone: bool = True,
+        task_id: str | None = None,
         **detail: Any,
     ) -> Task:
-        """Run ``work(task)`` as a new task of ``kind``: one at a time of ``kind`` and of
-        every kind in ``exclusive``, on every gateway of the board.
+        """Run ``work(task)`` as a new task of ``kind``: one at a time of ``kind`` (unless
+        not ``alone``) and of every kind in ``exclusive``, on every gateway of the board.
+        ``work`` that raises :class:`Stopped` ends the task cancelled. ``task_id``: its id,
+        when the caller needed it first (else a new one).
 
         Raises:
             Conflict: one runs already.
         """
-        for other in (kind, *exclusive):
+        for other in ((kind,) if alone else ()) + exclusive:
             busy = await self.running_anywhere(other)
             if busy is not None:
                 raise Conflict(
                     f"task {busy['id']} ({other}) is running: cancel it or wait", task=busy["id"]
                 )
-        task = Task(kind, detail, self.clock)
+        task = Task(kind, detail, self.clock, task_id)
         self.tasks[task.id] = task
         task.job = asyncio.ensure_future(self._run(task, work))
         self._trim()
@@ -247,6 +272,8 @@ class Tasks:
         try:
             await work(task)
             task.state = "done"
+        except Stopped:
+            task.state = "cancelled"
         except QueueError as exc:
             task.state = "cancelled" if task.cancel_asked else "failed"
             task.error = {"code": exc.code, "message": exc.message}

@@ -78,6 +78,7 @@ class ReleaseItemIn(_In):
     lease: str
     delay: float | None = None
     activate_at: float | None = None
+    reason: str | None = None
 
 
 class ReleaseIn(_In):
@@ -114,6 +115,9 @@ class QueueSettingsIn(_In):
     idempotency_window: float | msgspec.UnsetType = UNSET
     content_based_dedup: bool | msgspec.UnsetType = UNSET
     max_messages: int | msgspec.UnsetType | None = UNSET
+    take_rate: int | msgspec.UnsetType | None = UNSET
+    put_rate: int | msgspec.UnsetType | None = UNSET
+    max_in_flight: int | msgspec.UnsetType | None = UNSET
 
 
 class KeyIn(_In):
@@ -276,6 +280,7 @@ def release_command(req: ReleaseIn) -> cmd.Release:
                 lease=i.lease,
                 delay_ms=ms(i.delay, "delay"),
                 activate_at_ms=ms(i.activate_at, "activate_at"),
+                reason=i.reason,
             )
             for i in req.items
         ]
@@ -369,6 +374,9 @@ def settings_doc(s: QueueSettings) -> dict[str, Any]:
         "idempotency_window": secs(s.idempotency_window_ms),
         "content_based_dedup": s.content_based_dedup,
         "max_messages": s.max_messages,
+        "take_rate": s.take_rate,
+        "put_rate": s.put_rate,
+        "max_in_flight": s.max_in_flight,
     }
 
 
@@ -392,7 +400,7 @@ def delivery_doc(d: rp.Delivery, *, binary: bool) -> dict[str, Any]:
         receive_count=d.receive_count,
         lease=d.lease,
         lease_expires_at=secs(d.lease_expires_at_ms),
-        attributes=d.attributes or {},
+        attributes=shown_attributes(d.attributes),
         first_received_at=secs(d.first_taken_ms),
     )
     if d.group is not None:
@@ -409,10 +417,32 @@ def view_doc(v: rp.MessageView, *, binary: bool) -> dict[str, Any]:
         enqueued_at=secs(v.enqueued_at_ms),
         receive_count=v.receive_count,
         lease_expires_at=secs(v.lease_expires_at_ms),
-        attributes=v.attributes or {},
+        attributes=shown_attributes(v.attributes),
         group=v.group,
+        failures=failures_doc(v.attributes),
     )
     return doc
+
+
+def shown_attributes(attributes: dict[str, Any] | None) -> dict[str, Any]:
+    """A message's attributes as clients see them: its failures are shown apart."""
+    if not attributes:
+        return {}
+    if cmd.FAILURES not in attributes:
+        return attributes
+    return {k: v for k, v in attributes.items() if k != cmd.FAILURES}
+
+
+def failures_doc(attributes: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """A message's last failures (``ReleaseItem.reason``), oldest first."""
+    kept = (attributes or {}).get(cmd.FAILURES)
+    if not isinstance(kept, list):
+        return []
+    return [
+        {"at": secs(f[0]), "reason": f[1]}
+        for f in kept
+        if isinstance(f, list) and len(f) == 2 and isinstance(f[0], int)
+    ]
 
 
 def item_doc(r: rp.ItemResult) -> dict[str, Any]:

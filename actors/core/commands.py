@@ -11,9 +11,11 @@ from typing import Any
 
 import msgspec
 
+from actors.core import events as ev
 from actors.settings import QueueSettings
 
 __all__ = [
+    "FAILURES",
     "PROVENANCE",
     "SENT_AT",
     "SOURCE_ID",
@@ -36,6 +38,7 @@ __all__ = [
     "MoveBodies",
     "MoveProgress",
     "NewMessage",
+    "Pause",
     "Peek",
     "PeekReady",
     "Purge",
@@ -61,6 +64,7 @@ SOURCE_QUEUE = "evq.source_queue"
 SOURCE_ID = "evq.source_id"
 SENT_AT = "evq.sent_at"
 PROVENANCE = (SOURCE_QUEUE, SOURCE_ID, SENT_AT)
+FAILURES = ev.FAILURES  # a message's last failure reasons (ReleaseItem.reason)
 
 
 class NewMessage(msgspec.Struct, kw_only=True, omit_defaults=True):
@@ -115,11 +119,15 @@ class Take(msgspec.Struct, frozen=True, tag=True):
     ``attempt`` (SQS's ``ReceiveRequestAttemptId``): a take retried with the same attempt
     within ``ATTEMPT_WINDOW_MS`` of the one that reserved messages gets those same messages
     and leases again, as long as none of them was acked, released, touched or let go since
-    (a caller whose answer was lost would otherwise leave them reserved for nobody)."""
+    (a caller whose answer was lost would otherwise leave them reserved for nobody).
+
+    A paused queue's takes get nothing, except a move task's (``mover``: an operator's
+    redrive of a paused dead-letter queue still moves its messages)."""
 
     max: int = 1
     visibility_timeout_ms: int | None = None
     attempt: str | None = None  # appended
+    mover: bool = False  # appended
 
 
 class LeaseRef(msgspec.Struct, frozen=True):
@@ -130,12 +138,15 @@ class LeaseRef(msgspec.Struct, frozen=True):
 
 
 class ReleaseItem(msgspec.Struct, frozen=True, kw_only=True):
-    """Give a reserved message back, optionally with a new activation time."""
+    """Give a reserved message back, optionally with a new activation time and why it
+    failed (``reason``: at most ``MAX_REASON_BYTES`` of UTF-8; the message keeps its last
+    ``KEPT_FAILURES``)."""
 
     id: str
     lease: str
     delay_ms: int | None = None
     activate_at_ms: int | None = None
+    reason: str | None = None
 
 
 class TouchItem(msgspec.Struct, frozen=True, kw_only=True):
@@ -217,10 +228,12 @@ class Browse(msgspec.Struct, frozen=True, tag=True):
 
 
 class Delete(msgspec.Struct, frozen=True, tag=True):
-    """Delete one message; a reserved one needs its lease."""
+    """Delete one message; a reserved one needs its lease, unless ``force`` (an admin's:
+    its lease holder's next ack is answered ``stale_lease``)."""
 
     id: str
     lease: str | None = None
+    force: bool = False
 
 
 class Purge(msgspec.Struct, frozen=True, tag=True):
@@ -319,6 +332,13 @@ class TakeOver(msgspec.Struct, frozen=True, tag=True):
     generation: int
 
 
+class Pause(msgspec.Struct, frozen=True, tag=True):
+    """Pause the queue's takes (``paused``) or resume them; the reply is whether the queue
+    is paused now. Idempotent: pausing a paused queue writes nothing."""
+
+    paused: bool = True
+
+
 class Drop(msgspec.Struct, frozen=True, tag=True):
     """End the queue's history (its deletion; shard-internal: ``DELETE /v1/queues/{name}``)."""
 
@@ -354,4 +374,5 @@ Command = (
     | ListMoves
     | MoveProgress
     | EndMove
+    | Pause
 )

@@ -32,6 +32,8 @@ from actors.core.state import (
     STATE_NAMES,
     QueuedMessage,
     QueueState,
+    allowance,
+    rate_wait_ms,
 )
 from actors.errors import (
     BadRequest,
@@ -153,6 +155,13 @@ def _describe(state: QueueState, c: cmd.Describe, now: int, ids: IdSource) -> De
     return [], rp.Description(state.name, state.settings, stats)
 
 
+def _pause(state: QueueState, c: cmd.Pause, now: int, ids: IdSource) -> Decision:
+    paused = c.paused
+    if not isinstance(paused, bool):
+        raise BadRequest("paused is true or false")
+    return ([ev.QueuePaused(now, paused)] if paused != state.paused else []), paused
+
+
 def _purge(state: QueueState, c: cmd.Purge, now: int, ids: IdSource) -> Decision:
     n = state.total
     return ([ev.QueuePurged(now)] if n else []), n
@@ -174,6 +183,7 @@ def _stats(state: QueueState, c: cmd.Stats, now: int, ids: IdSource) -> Decision
         purged=state.purged_total,
         groups=len(state.groups),
         now_ms=now,
+        paused=state.paused,
     )
 
 
@@ -193,6 +203,8 @@ def _put(state: QueueState, c: cmd.Put, now: int, ids: IdSource) -> Decision:
     consecutive and its run needs no list of them (runs.py)."""
     _check_batch(len(c.messages), "messages")
     s = state.settings
+    if s.put_rate is not None and not c.redelivery:
+        _check_put_rate(state, now, s.put_rate)
     if s.id_mode == "server" and not (c.redelivery or s.fifo or s.content_based_dedup):
         plain = _plain_put(state, c.messages, now, ids)
         if plain is not None:
@@ -223,8 +235,9 @@ def _any_put(state: QueueState, c: cmd.Put, now: int, ids: IdSource) -> Decision
             continue
         group = _check_group(m, s)
         if m.attributes is not None:
-            # a dead-letter copy carries three more: where and when it came from
-            _check_attributes(m.attributes, _MAX_ATTRIBUTES + (3 if c.redelivery else 0))
+            # a dead-letter copy carries four more: where and when it came from, and why
+            # it failed
+            _check_attributes(m.attributes, _MAX_ATTRIBUTES + (4 if c.redelivery else 0))
         if server_ids:
             if m.id is not None and not c.redelivery:
                 raise BadRequest("this queue assigns ids (id_mode=server); omit 'id'")
@@ -304,6 +317,19 @@ def _plain_put(
 
 def _put_too_large() -> TooLarge:
     return TooLarge(f"one put carries at most {MAX_PUT_BYTES} bytes of bodies")
+
+
+def _check_put_rate(state: QueueState, now: int, rate: int) -> None:
+    """Raises Overloaded while the queue's puts are past its put_rate (a put of several
+    messages goes when one may: the next ones wait until the rate has caught up)."""
+    if allowance(state.put_tat, now, rate) < 1:
+        wait = rate_wait_ms(state.put_tat, now, rate)
+        raise Overloaded(
+            f"queue {state.name} takes {rate} puts a second (put_rate); retry in "
+            f"{wait / 1000:.3f} s",
+            queue=state.name,
+            retry_after_ms=wait,
+        )
 
 
 def _check_room(state: QueueState, n: int) -> None:
@@ -449,6 +475,14 @@ def _take(
         again = _taken_again(state, attempt, now)
         if again is not None:
             return [], again
+    if not c.mover:  # a move task's takes are an operator's: no pause, no limit holds them
+        if state.paused:  # a retry above still gets what its first try took
+            return [], []
+        s = state.settings
+        if s.max_in_flight is not None or s.take_rate is not None:
+            limit = min(limit, state.take_room(now))
+            if limit <= 0:
+                return [], []
     deadline = now + _visibility(c.visibility_timeout_ms, state.settings)
     picked = _peek_ready(state, limit, consume)
     if not picked:
@@ -649,10 +683,10 @@ def _lookup(state: QueueState, mid: object) -> QueuedMessage | None:
 
 
 def _lease_status(
-    state: QueueState, m: QueuedMessage | None, lease: object, lenient: bool = False
+    state: QueueState, m: QueuedMessage | None, lease: object, lenient: bool, mid: object
 ) -> str:
     if m is None:
-        return rp.NOT_FOUND
+        return rp.STALE_LEASE if state.forced and _forced_out(state, mid) else rp.NOT_FOUND
     if m.state != RESERVED:
         return rp.STALE_LEASE
     if not lenient and (not isinstance(lease, str) or lease != str(m.lease)):
@@ -670,7 +704,10 @@ def _ack(state: QueueState, c: cmd.Ack, now: int, ids: IdSource) -> Decision:
     lookup = _lookup
     for item in c.items:  # the hottest loop after take: keep it flat
         m = lookup(state, item.id)
-        if m is None or m.id in done:
+        if m is None:
+            forced = state.forced and _forced_out(state, item.id)
+            status = rp.STALE_LEASE if forced else rp.NOT_FOUND
+        elif m.id in done:
             status = rp.NOT_FOUND
         elif m.state != RESERVED or item.lease != str(m.lease):
             status = rp.STALE_LEASE
@@ -692,7 +729,8 @@ def _ack_lenient(state: QueueState, c: cmd.Ack, now: int) -> Decision:
     for item in c.items:
         m = _lookup(state, item.id)
         if m is None or m.id in done:
-            results.append(rp.ItemResult(item.id, rp.NOT_FOUND))
+            forced = m is None and state.forced and _forced_out(state, item.id)
+            results.append(rp.ItemResult(item.id, rp.STALE_LEASE if forced else rp.NOT_FOUND))
             continue
         done.add(m.id)
         current = m.state == RESERVED and item.lease == str(m.lease)
@@ -711,9 +749,11 @@ def _release(state: QueueState, c: cmd.Release, now: int, ids: IdSource) -> Deci
     released: list[ev.MessageId] = []
     done: set[ev.MessageId] = set()
     times: list[int] = []
+    reasons: list[str | None] = []
     results = []
     for item in c.items:
         when = _activation(now, item.delay_ms, item.activate_at_ms, now, state.settings)
+        _check_reason(item.reason)
         m = _lookup(state, item.id)
         if m is not None and m.id in done:
             # Released by an earlier item: its lease has ended, or it went to the DLQ.
@@ -721,13 +761,24 @@ def _release(state: QueueState, c: cmd.Release, now: int, ids: IdSource) -> Deci
             gone = limit is not None and m.receive_count >= limit
             status = rp.NOT_FOUND if gone else rp.STALE_LEASE
         else:
-            status = _lease_status(state, m, item.lease, c.lenient)
+            status = _lease_status(state, m, item.lease, c.lenient, item.id)
         if status == rp.OK and m is not None:  # OK implies m is not None
             released.append(m.id)
             done.add(m.id)
             times.append(when)
+            reasons.append(item.reason)
         results.append(rp.ItemResult(item.id, status))
-    return ([ev.MessagesReleased(now, released, times)] if released else []), results
+    if not released:
+        return [], results
+    said = reasons if any(r is not None for r in reasons) else None
+    return [ev.MessagesReleased(now, released, times, said)], results
+
+
+def _check_reason(reason: object) -> None:
+    if reason is None:
+        return
+    if not isinstance(reason, str) or len(reason.encode()) > ev.MAX_REASON_BYTES:
+        raise BadRequest(f"a release's reason is text of at most {ev.MAX_REASON_BYTES} bytes")
 
 
 def _touch(state: QueueState, c: cmd.Touch, now: int, ids: IdSource) -> Decision:
@@ -738,7 +789,7 @@ def _touch(state: QueueState, c: cmd.Touch, now: int, ids: IdSource) -> Decision
     for item in c.items:
         deadline = now + _visibility(item.visibility_timeout_ms, state.settings)
         m = _lookup(state, item.id)
-        status = _lease_status(state, m, item.lease, c.lenient)
+        status = _lease_status(state, m, item.lease, c.lenient, item.id)
         if status == rp.OK and m is not None:  # OK implies m is not None
             touched.append(m.id)
             deadlines.append(deadline)
@@ -845,8 +896,18 @@ def _browse(state: QueueState, c: cmd.Browse, now: int, ids: IdSource) -> Decisi
 
 
 def _delete(state: QueueState, c: cmd.Delete, now: int, ids: IdSource) -> Decision:
-    m = _require(state, c.id, c.lease)
-    return [ev.MessagesDeleted(now, [m.id])], None
+    if c.force is not True:
+        return [ev.MessagesDeleted(now, [_require(state, c.id, c.lease).id])], None
+    m = _lookup(state, c.id)
+    if m is None:
+        raise MessageNotFound("no such message", id=str(c.id))
+    return [ev.MessagesDeleted(now, [m.id], m.state == RESERVED)], None
+
+
+def _forced_out(state: QueueState, mid: object) -> bool:
+    """Whether ``mid`` is a reserved message an admin deleted, within its lease's time."""
+    deadline = state.forced.get(mid) if type(mid) is str else None
+    return deadline is not None and deadline > state.clock_ms
 
 
 # ------------------------------------------------------------------ watch keys
@@ -987,6 +1048,7 @@ _DECIDE: dict[type, Callable[[QueueState, Any, int, IdSource], Decision]] = {
     cmd.Browse: _browse,
     cmd.Delete: _delete,
     cmd.Purge: _purge,
+    cmd.Pause: _pause,
     cmd.Stats: _stats,
     cmd.ConfirmDeadLetters: _confirm_dead_letters,
     cmd.SetKey: _set_key,

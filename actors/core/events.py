@@ -26,6 +26,9 @@ import msgspec
 from actors.settings import QueueSettings
 
 __all__ = [
+    "FAILURES",
+    "KEPT_FAILURES",
+    "MAX_REASON_BYTES",
     "BodiesMoved",
     "Checkpoint",
     "DeadLettersRouted",
@@ -46,6 +49,7 @@ __all__ = [
     "QueueCreated",
     "QueueDeleted",
     "QueueHandedOver",
+    "QueuePaused",
     "QueuePurged",
     "QueueTakenOver",
     "SettingsChanged",
@@ -56,6 +60,13 @@ __all__ = [
 
 MessageId = int | str
 Body = bytes
+
+# The attribute holding a message's last failures, ``[[at_ms, reason], …]``, oldest first
+# (``MessagesReleased.reasons``): an attribute, so that snapshots keep it and a dead letter
+# carries it into its dead-letter queue with the rest.
+FAILURES = "evq.failures"
+KEPT_FAILURES = 5  # a message keeps its last five reasons
+MAX_REASON_BYTES = 1024
 
 
 class PutItem(msgspec.Struct, array_like=True, frozen=True, gc=False):
@@ -111,10 +122,12 @@ class MessagesAcked(_Base, frozen=True, tag="acked"):
 
 
 class MessagesReleased(_Base, frozen=True, tag="released"):
-    """Reserved messages given back, active again at ``activate_at_ms[i]``."""
+    """Reserved messages given back, active again at ``activate_at_ms[i]``; ``reasons[i]``
+    why it failed, if the release said (None: no release of the event did)."""
 
     ids: list[MessageId]
     activate_at_ms: list[int]
+    reasons: list[str | None] | None = None  # appended
 
 
 class LeasesExtended(_Base, frozen=True, tag="touched"):
@@ -135,9 +148,11 @@ class MessageUpdated(_Base, frozen=True, tag="updated"):
 
 
 class MessagesDeleted(_Base, frozen=True, tag="deleted"):
-    """Messages deleted by id."""
+    """Messages deleted by id; ``forced``: by an admin, without the lease of a reserved one
+    (its holder's commands are answered ``stale_lease`` until the lease would have ended)."""
 
     ids: list[MessageId]
+    forced: bool = False  # appended
 
 
 class QueuePurged(_Base, frozen=True, tag="purged"):
@@ -232,6 +247,13 @@ class BodiesMoved(_Base, frozen=True, tag="moved"):
     attributes: list[list[dict[str, Any] | None] | None] | None = None  # appended
 
 
+class QueuePaused(_Base, frozen=True, tag="paused"):
+    """Takes hand out nothing from now on (``paused``), or again (not ``paused``); puts,
+    acks and every other command go on as before."""
+
+    paused: bool
+
+
 class KeySet(_Base, frozen=True, tag="key"):
     """An application watch key took a new version and value (key partitions only)."""
 
@@ -263,6 +285,7 @@ Event = (
     | BodiesMoved
     | QueueHandedOver
     | QueueTakenOver
+    | QueuePaused
 )
 
 _encoder = msgspec.msgpack.Encoder()

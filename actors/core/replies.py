@@ -92,6 +92,7 @@ class StatsView(msgspec.Struct, frozen=True, kw_only=True):
     purged: int
     groups: int
     now_ms: int
+    paused: bool = False
 
 
 class Description(msgspec.Struct, frozen=True):

@@ -64,6 +64,9 @@ class Snapshot(msgspec.Struct, array_like=True, gc=False):
     id_index: tuple[bytes, int, int, list[int]] | None = None  # (appended field)
     id_buckets: list[tuple[bytes, bytes]] = []  # (appended field)
     moving: tuple[int, int, int] | None = None  # handed over: from, to, generation (appended)
+    paused: bool = False  # takes hand out nothing (appended)
+    # reserved messages an admin deleted: (API id, when their lease would have ended)
+    forced: list[tuple[str, int]] = []  # (appended)
 
 
 def _enc_hook(value: Any) -> Any:
@@ -110,6 +113,8 @@ def snapshot(state: QueueState) -> Snapshot:
         id_index,
         id_buckets,
         state.moving,
+        state.paused,
+        list(state.forced.items()),
     )
 
 
@@ -282,6 +287,8 @@ def _restore(snap: Snapshot) -> QueueState:
     s.keys = {key: (version, value) for key, version, value in snap.keys}
     s.move_tasks = list(snap.move_tasks)
     s.moving = snap.moving
+    s.paused = snap.paused
+    s.forced = dict(snap.forced)
     s.attempts = {a: (at, ids, leases, deadline) for a, at, ids, leases, deadline in snap.attempts}
     return s
 

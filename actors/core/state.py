@@ -185,6 +185,7 @@ class QueueState:
         "delayed",
         "enqueued_total",
         "expired_total",
+        "forced",
         "grouped",
         "groups",
         "idem",
@@ -206,7 +207,9 @@ class QueueState:
         "observer",
         "outbox",
         "patching",
+        "paused",
         "purged_total",
+        "put_tat",
         "read",
         "ready",
         "reserved",
@@ -217,6 +220,7 @@ class QueueState:
         "settings",
         "spill",
         "spilled",
+        "take_tat",
         "transitions",
         "unheaded",
         "unpatched",
@@ -248,6 +252,14 @@ class QueueState:
         # Being handed to another shard: (from, to, the placement generation); the state
         # decides nothing but taking it over (decide.py) until QueueTakenOver.
         self.moving: tuple[int, int, int] | None = None
+        self.paused = False  # takes hand out nothing (QueuePaused)
+        # reserved messages an admin deleted (MessagesDeleted.forced): API id -> when their
+        # lease would have ended; their holders' commands are stale until then
+        self.forced: dict[str, int] = {}
+        # take_rate and put_rate: when the messages taken (put) so far would have gone at the
+        # rate (µs; a leaky bucket's "theoretical arrival time", allowance()); derived from
+        # the events like the rest, not part of snapshots (a restart forgets the debt)
+        self.take_tat = self.put_tat = 0
         # Takes with an attempt id (Take.attempt): id -> (taken at, ids, leases, deadline),
         # oldest first; forgotten ATTEMPT_WINDOW_MS after, or past MAX_ATTEMPTS.
         self.attempts: dict[str, Attempt] = {}
@@ -297,6 +309,30 @@ class QueueState:
             return tasks[-1]
         return None
 
+    def take_room(self, now_ms: int) -> int:
+        """How many messages a take could get at ``now_ms`` (the state advanced to it): the
+        ready ones, none while paused, fewer past ``max_in_flight`` or ``take_rate``."""
+        if self.paused:
+            return 0
+        room = self.n_ready
+        s = self.settings
+        if s.max_in_flight is not None:
+            room = min(room, s.max_in_flight - self.n_reserved)
+        if s.take_rate is not None and room > 0:
+            room = min(room, allowance(self.take_tat, now_ms, s.take_rate))
+        return max(0, room)
+
+    def take_wait_ms(self, now_ms: int) -> int | None:
+        """When messages are ready and only ``take_rate`` holds them back: how long until
+        it lets one go (None: it is not what holds them back)."""
+        s = self.settings
+        if s.take_rate is None or self.paused or not self.n_ready:
+            return None
+        if s.max_in_flight is not None and self.n_reserved >= s.max_in_flight:
+            return None
+        wait = rate_wait_ms(self.take_tat, now_ms, s.take_rate)
+        return wait or None
+
     @property
     def created(self) -> bool:
         """Whether the queue's ``QueueCreated`` event has been applied."""
@@ -322,6 +358,8 @@ class QueueState:
         self.settings = e.settings
 
     def _apply_put(self, e: ev.MessagesPut) -> None:
+        if self.settings.put_rate is not None:
+            self.put_tat = spend(self.put_tat, e.at_ms, len(e.items), self.settings.put_rate)
         if self.spill and self._runnable(e):
             self._put_run(e)
             return
@@ -353,6 +391,8 @@ class QueueState:
         self._maybe_compact()
 
     def _apply_taken(self, e: ev.MessagesTaken) -> None:
+        if self.settings.take_rate is not None:
+            self.take_tat = spend(self.take_tat, e.at_ms, len(e.ids), self.settings.take_rate)
         at = e.at_ms
         deadline = e.deadline_ms
         messages = self.messages
@@ -409,9 +449,12 @@ class QueueState:
         at = e.at_ms
         returned: list[QueuedMessage] = []
         lends = self._gives_back()
-        for mid, when in zip(e.ids, e.activate_at_ms, strict=True):
+        reasons = e.reasons
+        for i, (mid, when) in enumerate(zip(e.ids, e.activate_at_ms, strict=True)):
             m = self.messages.get(mid)
             if m is not None and m.state == RESERVED:
+                if reasons is not None and i < len(reasons) and reasons[i] is not None:
+                    _failed(m, at, reasons[i])
                 self._end_lease(m)
                 if self._exhausted(m):
                     self._dead_letter(m)
@@ -540,6 +583,7 @@ class QueueState:
             or run.mid(i) != m.id
             or run.at_ms != m.enqueued_at_ms
             or m.group is not None
+            or (m.attributes is not None and ev.FAILURES in m.attributes)  # not the slot's
             or (run.place is None and run.bodies is None)
             or (run.place is not None and self.read is None)
         ):
@@ -670,9 +714,13 @@ class QueueState:
             put.patches.place(i, token, cast(Any, place))
 
     def _apply_deleted(self, e: ev.MessagesDeleted) -> None:
+        if e.forced:
+            self.forced = {k: d for k, d in self.forced.items() if d > e.at_ms}
         for mid in e.ids:
             m = self.find(mid)
             if m is not None:
+                if e.forced and m.state == RESERVED:
+                    self.forced[str(m.id)] = m.deadline_ms
                 self._remove(m)
         self._maybe_compact()
 
@@ -693,6 +741,9 @@ class QueueState:
     def _apply_dlq(self, e: ev.DeadLettersRouted) -> None:
         for seq in e.seqs:
             self.outbox.pop(seq, None)
+
+    def _apply_paused(self, e: ev.QueuePaused) -> None:
+        self.paused = e.paused
 
     def _apply_key(self, e: ev.KeySet) -> None:
         self.keys[e.key] = (e.version, e.value)
@@ -1820,6 +1871,39 @@ def _sweep(
     return live
 
 
+RATE_BURST_US = 1_000_000  # a rate limit lets a second's worth go at once
+
+
+def allowance(tat_us: int, now_ms: int, rate: int) -> int:
+    """How many messages a rate limit of ``rate`` a second lets go at ``now_ms``, its
+    bucket at ``tat_us`` (see ``spend``)."""
+    now = now_ms * 1000
+    return max(0, (now + RATE_BURST_US - max(tat_us, now)) // (1_000_000 // rate))
+
+
+def spend(tat_us: int, now_ms: int, n: int, rate: int) -> int:
+    """The bucket once ``n`` messages went at ``now_ms``: each moves it on by the time one
+    takes at the rate, from now if it was behind (a leaky bucket, GCRA)."""
+    return max(tat_us, now_ms * 1000) + n * (1_000_000 // rate)
+
+
+def rate_wait_ms(tat_us: int, now_ms: int, rate: int) -> int:
+    """How long until the rate limit lets one message go (0: now)."""
+    now = now_ms * 1000
+    wait_us = max(tat_us, now) + (1_000_000 // rate) - (now + RATE_BURST_US)
+    return max(0, -(-wait_us // 1000))
+
+
+def _failed(m: QueuedMessage, at: int, reason: str | None) -> None:
+    """``m`` failed at ``at`` for ``reason``: kept with its last ones, in its attributes (a
+    new map: the old one may be shared)."""
+    attributes = dict(m.attributes or {})
+    before = attributes.get(ev.FAILURES)
+    kept = list(before[-(ev.KEPT_FAILURES - 1) :]) if isinstance(before, list) else []
+    attributes[ev.FAILURES] = [*kept, [at, reason]]
+    m.attributes = attributes
+
+
 _APPLY: dict[type, Callable[[QueueState, Any], None]] = {
     ev.QueueCreated: QueueState._apply_created,
     ev.SettingsChanged: QueueState._apply_settings,
@@ -1843,4 +1927,5 @@ _APPLY: dict[type, Callable[[QueueState, Any], None]] = {
     ev.MoveTaskCancelling: QueueState._apply_move_cancelling,
     ev.MoveTaskEnded: QueueState._apply_move_ended,
     ev.BodiesMoved: QueueState._apply_moved,
+    ev.QueuePaused: QueueState._apply_paused,
 }

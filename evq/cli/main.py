@@ -125,6 +125,7 @@ def build_parser() -> argparse.ArgumentParser:
     when = s.add_mutually_exclusive_group()
     when.add_argument("--delay", type=seconds_arg, metavar="S", help="ready again in S seconds")
     when.add_argument("--at", type=parse_time, metavar="TIME", help="ISO-8601 or Unix seconds")
+    s.add_argument("--reason", help="why it failed (kept with the message, up to 1 KiB)")
     cli_messages.add_parsers(sub)
 
     s = sub.add_parser("stats", help="a queue's settings and counters")
@@ -145,6 +146,10 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("delete-queue", help="delete a queue and its messages")
     s.add_argument("name")
     s = sub.add_parser("purge", help="delete every message of a queue")
+    s.add_argument("name")
+    s = sub.add_parser("pause", help="takes of a queue hand out nothing (puts go on)")
+    s.add_argument("name")
+    s = sub.add_parser("resume", help="takes of a paused queue hand out messages again")
     s.add_argument("name")
 
     s = sub.add_parser(
@@ -167,7 +172,18 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--ray-address", help="the Ray cluster (default: EVQ_RAY_ADDRESS, else auto)")
     s.add_argument("--timeout", type=seconds_arg, default=60.0, help="per shard call (s)")
 
-    s = sub.add_parser("tasks", help="the server's tasks (resizes): list, show or cancel one")
+    s = sub.add_parser(
+        "redrive", help="move a dead-letter queue's messages back where they came from"
+    )
+    s.add_argument("queue", help="the dead-letter queue")
+    s.add_argument("--to", help="move them all to this queue instead")
+    s.add_argument("--rate", type=int, help="at most this many messages a second")
+    s.add_argument("--id", action="append", help="only this message (repeat for more)")
+    s.add_argument("--wait", action="store_true", help="follow the task until it ends")
+
+    s = sub.add_parser(
+        "tasks", help="the server's tasks (resizes, restarts, redrives): list, show or cancel one"
+    )
     s.add_argument("id", nargs="?", help="one task")
     s.add_argument("--cancel", action="store_true", help="cancel that task")
 
@@ -303,7 +319,7 @@ def _ack(client: Client, args: argparse.Namespace, out: Output, _stdin: IO[Any])
 
 def _release(client: Client, args: argparse.Namespace, out: Output, _stdin: IO[Any]) -> int:
     results = client.release(
-        args.queue, (args.id, args.lease), delay=args.delay, activate_at=args.at
+        args.queue, (args.id, args.lease), delay=args.delay, activate_at=args.at, reason=args.reason
     )
     return item_results(results, "release", out)
 
@@ -382,10 +398,23 @@ def _purge(client: Client, args: argparse.Namespace, out: Output, _stdin: IO[Any
     return 0
 
 
+def _pause(client: Client, args: argparse.Namespace, out: Output, _stdin: IO[Any]) -> int:
+    paused = client.pause(args.name) if args.command == "pause" else client.resume(args.name)
+    if out.json:
+        out.doc({"name": args.name, "paused": paused})
+    else:
+        out.line(f"{args.name}: {'paused' if paused else 'resumed'}")
+    return 0
+
+
 def _task_line(task: dict[str, Any]) -> str:
     line = f"{task['id']}  {task['kind']}  {task['state']}  {task['done']}/{task['total']}"
     if "count" in task:
         line += f"  {task.get('was', '?')} -> {task['count']} shard(s)"
+    if task["kind"] == "redrive":
+        line += f"  {task['queue']} -> {task.get('to') or 'their sources'}"
+        if task.get("skipped"):
+            line += f" ({task['skipped']} skipped)"
     if task.get("error"):
         line += f"  {task['error']['code']}: {task['error']['message']}"
     return line
@@ -404,7 +433,22 @@ def _shards(client: Client, args: argparse.Namespace, out: Output, _stdin: IO[An
         raise _Usage("usage: evq shards resize N (the new shard count)")
     else:
         task_id = client.resize_shards(args.count)
-    if not args.wait:
+    return _started(client, task_id, out, wait=args.wait)
+
+
+def _redrive(client: Client, args: argparse.Namespace, out: Output, _stdin: IO[Any]) -> int:
+    """``evq redrive DLQ [--to Q] [--rate R] [--id ID …]``: start the task, follow it."""
+    task_id = client.redrive(args.queue, to=args.to, rate=args.rate, ids=args.id or None)
+    return _started(client, task_id, out, wait=args.wait)
+
+
+_UNITS = {"restart": "shard(s) restarted", "resize": "queue(s) moved", "redrive": "message(s)"}
+
+
+def _started(client: Client, task_id: str, out: Output, *, wait: bool) -> int:
+    """A task just started: its id, or (``wait``) its progress until it ends, then how it
+    ended (exit status 1 unless done)."""
+    if not wait:
         if out.json:
             out.doc({"task": task_id})
         else:
@@ -416,7 +460,7 @@ def _shards(client: Client, args: argparse.Namespace, out: Output, _stdin: IO[An
         task = client.task(task_id)
         if (task["done"], task["total"]) != seen:
             seen = (task["done"], task["total"])
-            what = "shard(s) restarted" if task["kind"] == "restart" else "queue(s) moved"
+            what = _UNITS.get(task["kind"], "step(s)")
             out.note(f"{task_id}: {task['done']}/{task['total']} {what}")
         if task["state"] != "running":
             break
@@ -459,7 +503,14 @@ COMMANDS: dict[str, Handler] = {
     "watch": _watch,
     "delete-queue": _delete_queue,
     "purge": _purge,
+    "pause": _pause,
+    "resume": _pause,
+    "redrive": _redrive,
     "peek": cli_messages.peek,
+    "run-now": cli_messages.run_now,
+    "reschedule": cli_messages.reschedule,
+    "edit": cli_messages.edit,
+    "delete": cli_messages.delete,
     "touch": cli_messages.touch,
     "tasks": _tasks,
     "shards": _shards,  # evq shards resize|restart (status and stop go over Ray)

@@ -11,6 +11,7 @@ from evq.cli.common import (
     Output,
     count_arg,
     item_results,
+    parse_time,
     seconds_arg,
     show_body,
     show_time,
@@ -19,7 +20,7 @@ from evq.cli.common import (
 from evq.client import Client
 from evq.client_wire import Message, message_doc
 
-__all__ = ["add_parsers", "peek", "touch"]
+__all__ = ["add_parsers", "delete", "edit", "peek", "reschedule", "run_now", "touch"]
 
 STATES = ("ready", "delayed", "reserved")
 
@@ -39,6 +40,26 @@ def add_parsers(sub: Any) -> None:
     s.add_argument("-n", type=count_arg, default=100, metavar="N", help="per page (1-1000)")
     s.add_argument("--after", metavar="CURSOR", help="continue after a page's cursor")
     s.add_argument("--all", action="store_true", help="every page, not only the first")
+
+    s = sub.add_parser("run-now", help="make a delayed message ready now")
+    _message_arguments(s)
+    s = sub.add_parser("reschedule", help="move a message's activation time")
+    _message_arguments(s)
+    when = s.add_mutually_exclusive_group(required=True)
+    when.add_argument("--delay", type=seconds_arg, metavar="S", help="ready in S seconds")
+    when.add_argument("--at", type=parse_time, metavar="TIME", help="ISO-8601 or Unix seconds")
+    s = sub.add_parser("edit", help="replace a message's body")
+    _message_arguments(s)
+    s.add_argument("body", help="the new body (text)")
+    s = sub.add_parser(
+        "delete", help="delete one message (a reserved one: its lease, or --force as an admin)"
+    )
+    _message_arguments(s)
+    s.add_argument(
+        "--force",
+        action="store_true",
+        help="delete a reserved message without its lease (admin; its holder's ack is stale)",
+    )
 
     s = sub.add_parser("touch", help="extend the lease of a taken message")
     s.add_argument("queue")
@@ -71,21 +92,25 @@ def peek(client: Client, args: argparse.Namespace, out: Output, _stdin: IO[Any])
 
 def _show(messages: Iterable[Message], state: str, out: Output) -> None:
     """Messages as a table: id, receive count, activation time (reserved: lease expiry),
-    body."""
+    body, and the last failure's reason when any message has one."""
     reserved = state == "reserved"
+    messages = list(messages)
+    failed = any(m.failures for m in messages)
     rows = [
         (
             m.id,
             m.receive_count,
             show_time(m.lease_expires_at if reserved else m.activate_at),
             show_body(m.body),
+            *([show_body(m.failures[-1]["reason"].encode()) if m.failures else "-"] * failed),
         )
         for m in messages
     ]
     if not rows:
         out.note(f"no {state} messages")
         return
-    for line in table(rows, ("ID", "RECEIVES", "EXPIRES" if reserved else "ACTIVE_AT", "BODY")):
+    heads = ("ID", "RECEIVES", "EXPIRES" if reserved else "ACTIVE_AT", "BODY")
+    for line in table(rows, heads + ("LAST FAILURE",) * failed):
         out.line(line)
 
 
@@ -95,3 +120,47 @@ def touch(client: Client, args: argparse.Namespace, out: Output, _stdin: IO[Any]
         args.queue, (args.id, args.lease), visibility_timeout=args.visibility_timeout
     )
     return item_results(results, "touch", out)
+
+
+def _message_arguments(s: Any) -> None:
+    s.add_argument("queue")
+    s.add_argument("id")
+    s.add_argument("--lease", help="its lease, when it is reserved")
+
+
+def _view(message: Message, out: Output, what: str) -> int:
+    if out.json:
+        out.doc(message_doc(message))
+    else:
+        when = show_time(message.activate_at)
+        out.line(f"{message.id}: {what}; {message.state}, active at {when}")
+    return 0
+
+
+def run_now(client: Client, args: argparse.Namespace, out: Output, _stdin: IO[Any]) -> int:
+    """``evq run-now QUEUE ID [--lease L]``."""
+    return _view(client.run_now(args.queue, args.id, lease=args.lease), out, "runs now")
+
+
+def reschedule(client: Client, args: argparse.Namespace, out: Output, _stdin: IO[Any]) -> int:
+    """``evq reschedule QUEUE ID (--delay S | --at TIME) [--lease L]``."""
+    m = client.reschedule(
+        args.queue, args.id, delay=args.delay, activate_at=args.at, lease=args.lease
+    )
+    return _view(m, out, "rescheduled")
+
+
+def edit(client: Client, args: argparse.Namespace, out: Output, _stdin: IO[Any]) -> int:
+    """``evq edit QUEUE ID BODY [--lease L]``."""
+    m = client.update_message(args.queue, args.id, body=args.body.encode(), lease=args.lease)
+    return _view(m, out, "edited")
+
+
+def delete(client: Client, args: argparse.Namespace, out: Output, _stdin: IO[Any]) -> int:
+    """``evq delete QUEUE ID [--lease L | --force]``."""
+    client.delete_message(args.queue, args.id, args.lease, force=args.force)
+    if out.json:
+        out.doc({"id": args.id, "deleted": True})
+    else:
+        out.line(f"deleted {args.id} from {args.queue}")
+    return 0

@@ -19,6 +19,7 @@ from typing import Any
 
 import msgspec
 
+from actors.core.events import MAX_REASON_BYTES
 from actors.errors import QueueError
 from evq.handlers.api import MAX_BATCH, HandlerOptions, Job, Send
 from evq.handlers.executor import Running
@@ -127,7 +128,7 @@ class Settler:
         failed = await self._cascade(batch, plans)
         batch.settled = True  # no more lease extensions: the final calls follow
         acks: list[Item] = []
-        releases: dict[float, list[Item]] = {}
+        releases: dict[tuple[float, str | None], list[Item]] = {}
         agains: list[tuple[Item, Again]] = []
         for t, plan in zip(batch.taken, plans, strict=True):
             final, error = plan.final, plan.error
@@ -142,12 +143,14 @@ class Settler:
             if isinstance(final, Done):
                 acks.append(item)
             elif isinstance(final, GiveBack):
-                releases.setdefault(round(final.delay, 3), []).append(item)
+                key = (round(final.delay, 3), reason_of(error))
+                releases.setdefault(key, []).append(item)
             elif isinstance(final, Again):
                 agains.append((item, final))
             else:
                 self.stats.abandoned += 1
-        calls = [self._ack(acks), *(self.release(i, d) for d, i in releases.items())]
+        calls = [self._ack(acks)]
+        calls += [self.release(i, d, reason=r) for (d, r), i in releases.items()]
         calls += [self._again(item, again) for item, again in agains]
         await asyncio.gather(*calls)
 
@@ -214,11 +217,14 @@ class Settler:
                 continue
             self._count(statuses, "acked")
 
-    async def release(self, items: list[Item], delay: float, *, drained: bool = False) -> None:
-        """Give messages back, ready after ``delay`` s (``drained``: counted as such)."""
+    async def release(
+        self, items: list[Item], delay: float, *, drained: bool = False, reason: str | None = None
+    ) -> None:
+        """Give messages back, ready after ``delay`` s (``drained``: counted as such), with
+        why they failed (``reason``: kept with them, shown by peek and browse)."""
         for chunk in chunks(items):
             try:
-                statuses = await self.source.release(chunk, delay)
+                statuses = await self.source.release(chunk, delay, reason)
             except QueueError as exc:
                 self.error("releasing", exc)
                 continue
@@ -236,3 +242,10 @@ class Settler:
         ok = sum(1 for s in statuses if s == "ok")
         setattr(self.stats, what, getattr(self.stats, what) + ok)
         self.stats.stale += len(statuses) - ok
+
+
+def reason_of(error: str | None) -> str | None:
+    """A handler's error as a release's reason: at most ``MAX_REASON_BYTES`` of UTF-8."""
+    if error is None:
+        return None
+    return error.encode()[:MAX_REASON_BYTES].decode(errors="ignore")

@@ -54,8 +54,12 @@ class Watched:
 
     @property
     def ready(self) -> int:
-        """Messages ready to be taken (0 when the queue does not exist)."""
-        return int(self.counts.get("ready", 0)) if self.counts else 0
+        """Messages ready to be taken (0 when the queue does not exist or is paused: its
+        takes get nothing, so the handler waits in its one long-poll take)."""
+        counts = self.counts
+        if not counts or counts.get("paused"):
+            return 0
+        return int(counts.get("ready", 0))
 
 
 class Source(Protocol):
@@ -76,8 +80,11 @@ class Source(Protocol):
         """Delete reserved messages; a status per item. Raises: QueueError."""
         ...
 
-    async def release(self, items: Sequence[Item], delay: float) -> list[str]:
-        """Give messages back, ready after ``delay`` s. Raises: QueueError."""
+    async def release(
+        self, items: Sequence[Item], delay: float, reason: str | None = None
+    ) -> list[str]:
+        """Give messages back, ready after ``delay`` s, failed for ``reason``. Raises:
+        QueueError."""
         ...
 
     async def touch(self, items: Sequence[Item], visibility_timeout: float) -> list[str]:
@@ -205,10 +212,15 @@ class DirectorySource:
         results = await self._run(cmd.Ack([cmd.LeaseRef(i, lease) for i, lease in items]))
         return [r.status for r in results]
 
-    async def release(self, items: Sequence[Item], delay: float) -> list[str]:
+    async def release(
+        self, items: Sequence[Item], delay: float, reason: str | None = None
+    ) -> list[str]:
         delay_ms = _ms(delay)
         release = cmd.Release(
-            [cmd.ReleaseItem(id=i, lease=lease, delay_ms=delay_ms) for i, lease in items]
+            [
+                cmd.ReleaseItem(id=i, lease=lease, delay_ms=delay_ms, reason=reason)
+                for i, lease in items
+            ]
         )
         return [r.status for r in await self._run(release)]
 
@@ -302,8 +314,11 @@ class HttpSource:
     async def ack(self, items: Sequence[Item]) -> list[str]:
         return [r.status for r in await self._client.ack(self.queue, *items)]
 
-    async def release(self, items: Sequence[Item], delay: float) -> list[str]:
-        return [r.status for r in await self._client.release(self.queue, *items, delay=delay)]
+    async def release(
+        self, items: Sequence[Item], delay: float, reason: str | None = None
+    ) -> list[str]:
+        released = await self._client.release(self.queue, *items, delay=delay, reason=reason)
+        return [r.status for r in released]
 
     async def touch(self, items: Sequence[Item], visibility_timeout: float) -> list[str]:
         results = await self._client.touch(

@@ -26,6 +26,7 @@ FILES = {
     "index.html": "text/html",
     "app.js": "text/javascript",
     "chart.js": "text/javascript",
+    "console.js": "text/javascript",
     "style.css": "text/css",
 }
 _HEADERS = {"Cache-Control": "no-cache", "X-Content-Type-Options": "nosniff"}

@@ -17,10 +17,23 @@
   const SYS_KEYS = { "sys:queues": () => refreshList(), "sys:shards": () => refreshStatus() };
   const sysVersions = {};
   const TICK_MS = 1000; // charts scroll and ages grow between events
-  const FIELDS = ["ready", "delayed", "reserved", "total", "oldest_ready_age", "dead_lettered"];
+  const FIELDS = ["ready", "delayed", "reserved", "total", "oldest_ready_age", "dead_lettered", "paused"];
   const INTERNAL = "__evq";
 
-  const queues = new Map(); // name -> {row, cells, canvas, version, value, at, samples}
+  const queues = new Map(); // name -> {row, cells, canvas, version, value, at, samples, seen}
+  // Only the rows on screen are drawn (a thousand charts redrawn every second would keep
+  // the page busy): each row's ``seen`` follows it in and out of view.
+  const onScreen = new IntersectionObserver((entries) => {
+    for (const e of entries) {
+      const q = queues.get(e.target.dataset.queue);
+      if (!q) continue;
+      q.seen = e.isIntersecting;
+      if (q.seen) {
+        if (q.value) showCounts(e.target.dataset.queue, q);
+        window.evqChart.draw(q.canvas, q.samples, Date.now(), WINDOW_MS);
+      }
+    }
+  });
   const state = { ws: null, backoff: 500, listProblem: null, statusProblem: null, wsProblem: null };
   let lastStatus = "";
 
@@ -62,18 +75,31 @@
     return `${Math.floor(h / 24)} d ${h % 24} h`;
   }
 
+  const problems = {}; // other parts of the page (console.js): their problem, by part
+
   function showProblem() {
     const box = document.getElementById("problem");
-    const text = [state.listProblem, state.statusProblem, state.wsProblem].filter(Boolean);
+    const text = [state.listProblem, state.statusProblem, state.wsProblem, ...Object.values(problems)].filter(Boolean);
     box.hidden = text.length === 0;
     box.textContent = text.join(" · ");
   }
 
   async function getJson(path) {
+    return request("GET", path);
+  }
+
+  // One API call with the page's token; its JSON answer ({} for none). Raises an Error
+  // whose message is the API's error code and message (and ``status``).
+  async function request(method, path, body) {
     const headers = { Accept: "application/json" };
     if (token) headers.Authorization = `Bearer ${token}`;
-    const resp = await fetch(path, { headers, cache: "no-store" });
-    if (resp.ok) return resp.json();
+    const init = { method, headers, cache: "no-store" };
+    if (body !== undefined) {
+      headers["Content-Type"] = "application/json";
+      init.body = JSON.stringify(body);
+    }
+    const resp = await fetch(path, init);
+    if (resp.ok) return resp.status === 204 ? {} : resp.json();
     let detail = `${resp.status} ${resp.statusText}`;
     try {
       const doc = await resp.json();
@@ -94,15 +120,17 @@
   function addQueue(name) {
     const cells = {};
     const row = el("tr", { "data-queue": name, class: name.startsWith(INTERNAL) ? "internal" : "" });
-    row.append(el("td", { class: "name" }, name));
+    const open = name.startsWith(INTERNAL) ? name : el("a", { href: window.evqDash.link({ queue: name }) }, name);
+    row.append(el("td", { class: "name" }, open));
     for (const field of FIELDS) {
       cells[field] = el("td", { "data-field": field }, "…");
       row.append(cells[field]);
     }
     const canvas = el("canvas", { "data-chart": name });
     row.append(el("td", { class: "chart" }, canvas));
-    const q = { row, cells, canvas, version: null, value: undefined, at: 0, samples: [] };
+    const q = { row, cells, canvas, version: null, value: undefined, at: 0, samples: [], seen: false };
     queues.set(name, q);
+    onScreen.observe(row);
     const body = document.querySelector("#queues tbody");
     const after = [...body.children].find((r) => r.dataset.queue > name);
     body.insertBefore(row, after || null);
@@ -112,6 +140,7 @@
   function removeQueue(name) {
     const q = queues.get(name);
     queues.delete(name);
+    onScreen.unobserve(q.row);
     q.row.remove();
     send({ op: "unwatch", key: `queue:${name}` });
   }
@@ -125,7 +154,10 @@
         cell.textContent = "—";
         continue;
       }
-      if (field === "oldest_ready_age") {
+      if (field === "paused") {
+        cell.textContent = v.paused ? "paused" : "";
+        q.row.classList.toggle("paused", Boolean(v.paused));
+      } else if (field === "oldest_ready_age") {
         const grown = v[field] === null ? null : v[field] + (Date.now() - q.at) / 1000;
         cell.textContent = age(grown);
       } else {
@@ -146,8 +178,9 @@
       q.samples = window.evqChart.visible(q.samples, q.at - WINDOW_MS);
     }
     q.row.dataset.version = String(version);
-    showCounts(name, q);
-    window.evqChart.draw(q.canvas, q.samples, Date.now(), WINDOW_MS);
+    if (q.seen || q.cells.ready.textContent === "…") showCounts(name, q); // its first counts: always
+    if (window.evqDash.onQueueValue) window.evqDash.onQueueValue(name, value);
+    if (q.seen) window.evqChart.draw(q.canvas, q.samples, Date.now(), WINDOW_MS);
     watch(name); // watches are one-shot: re-arm with the version just received
   }
 
@@ -334,6 +367,7 @@
   function tick() {
     const now = Date.now();
     for (const [name, q] of queues) {
+      if (!q.seen) continue;
       if (q.value) showCounts(name, q);
       window.evqChart.draw(q.canvas, q.samples, now, WINDOW_MS);
     }
@@ -350,5 +384,22 @@
   every(LIST_EVERY_MS, refreshList);
   every(STATUS_EVERY_MS, refreshStatus);
   every(TICK_MS, tick);
-  window.addEventListener("hashchange", () => location.reload()); // a new token
+  window.addEventListener("hashchange", () => {
+    const now = new URLSearchParams(location.hash.replace(/^#/, "")).get("token");
+    if (now !== token) location.reload(); // a new token; other changes are console.js's
+  });
+
+  window.evqDash = {
+    el,
+    getJson,
+    request,
+    token,
+    link: (params) => `#${new URLSearchParams({ ...(token ? { token } : {}), ...params })}`,
+    problem: (part, text) => {
+      if (text) problems[part] = text;
+      else delete problems[part];
+      showProblem();
+    },
+    onQueueValue: null,
+  };
 })();

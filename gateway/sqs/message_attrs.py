@@ -19,7 +19,7 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
-from actors.core.commands import PROVENANCE
+from actors.core.commands import FAILURES, PROVENANCE
 from gateway.sqs.errors import SqsError, invalid
 from gateway.sqs.md5 import Attribute
 from gateway.sqs.wire import decode_binary
@@ -282,7 +282,10 @@ def shown_attributes(
     return {
         name: _from_stored(value)
         for name, value in stored_attrs.items()
-        if not name.startswith(HIDDEN) and name not in PROVENANCE and _wanted(name, patterns)
+        if not name.startswith(HIDDEN)
+        and name not in PROVENANCE
+        and name != FAILURES
+        and _wanted(name, patterns)
     }
 
 

@@ -55,7 +55,7 @@ class WatchOptions(msgspec.Struct, frozen=True, kw_only=True):
     """Limits of the watch endpoints of one gateway process."""
 
     max_watchers: int = 19_000  # WebSockets + long polls (a process has 20k descriptors)
-    max_keys_per_connection: int = 1000
+    max_keys_per_connection: int = 4096  # the console watches every queue (and two sys: keys)
     send_buffer_limit: int = 256 * 1024
 
 

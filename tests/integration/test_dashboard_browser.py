@@ -9,6 +9,7 @@ DevTools protocol (tests/integration/devtools.py).
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import os
@@ -286,3 +287,229 @@ async def test_the_page_reconnects_and_rearms_its_watches_after_the_socket_close
     await api.put("orders", "after")
     await wait_cell(page, "orders", "ready", "1", within=5)
     assert ws_keys(api) == [["queue:orders", "sys:queues", "sys:shards"]]
+
+
+# ------------------------------------------------------------------ the console (issue 36)
+
+ROWS = "[...document.querySelectorAll('#messages tbody tr')].map((r) => r.dataset.message)"
+RENDERED = "document.body.dataset.rendered"
+
+
+def keep_console_shot(png: bytes, name: str, tmp_path: Path) -> None:
+    """Check a console page's PNG; keep it (also under $EVQ_CONSOLE_SCREENSHOTS/, where
+    docs/console-*.png come from)."""
+    image = Image.open(io.BytesIO(png))
+    assert (image.width, image.height) >= (1000, 300), image.size
+    if image.height > 1100:  # a page of 100 messages: its top shows what it is
+        out = io.BytesIO()
+        image.crop((0, 0, image.width, 1100)).save(out, "PNG", optimize=True)
+        png = out.getvalue()
+    (tmp_path / name).write_bytes(png)
+    if where := os.environ.get("EVQ_CONSOLE_SCREENSHOTS"):
+        (Path(where) / name).write_bytes(png)
+
+
+async def go(page: Page, api: Api, fragment: str) -> None:
+    """Open the console at ``#fragment`` and wait until that view is drawn."""
+    await page.navigate(f"{api.client.make_url('/')}#{fragment}")
+    await page.wait_for(f"{RENDERED} === {json.dumps('#' + fragment)}")
+
+
+async def click(page: Page, selector: str) -> None:
+    await page.evaluate(f"document.querySelector({json.dumps(selector)}).click()")
+
+
+@pytest.mark.timeout(240)
+async def test_the_console_pages_through_10000_messages_and_acts_on_one(
+    start: Start, page: Page, tmp_path: Path
+) -> None:
+    api = await start()
+    await api.create("orders")
+    for n in range(10):
+        await api.put("orders", *(f"order {n * 1000 + i}" for i in range(1000)))
+    await go(page, api, "queue=orders")
+    await page.wait_for(f"{ROWS}.length === 100")
+    seen_ids: list[str] = list(await page.evaluate(ROWS))
+    for number in range(2, 6):  # four pages more, by the browse cursor
+        await click(page, "#next-page")
+        await page.wait_for(
+            f"document.getElementById('page-number').textContent.startsWith('page {number} ')"
+        )
+        await page.wait_for(f"{ROWS}[0] !== {json.dumps(seen_ids[-100])}")
+        seen_ids += await page.evaluate(ROWS)
+    assert len(seen_ids) == len(set(seen_ids)) == 500  # each listed once, in take order
+    first = await api.take("orders", 1)
+    assert first[0]["id"] == seen_ids[0]
+    keep_console_shot(await page.screenshot(), "console-queue.png", tmp_path)
+
+    # a delayed message: its page shows the JSON body pretty-printed; run it now
+    [later] = await api.put("orders", {"body": '{"invoice": 17, "to": "acme"}', "delay": 3600})
+    await go(page, api, "queue=orders&state=delayed")
+    await page.wait_for(f"{ROWS}.includes({json.dumps(later)})")
+    await click(page, f'tr[data-message="{later}"] a')
+    await page.wait_for(f"{RENDERED} === '#queue=orders&message={later}'")
+    assert await page.evaluate("document.getElementById('body').dataset.kind") == "json"
+    assert '"invoice": 17' in await page.evaluate("document.getElementById('body').textContent")
+    state = "document.querySelector('[data-field=\"state\"]').textContent"
+    assert await page.evaluate(state) == "delayed"
+    keep_console_shot(await page.screenshot(), "console-message.png", tmp_path)
+    await click(page, "#run-now")
+    await page.wait_for(f"{state} === 'ready'")
+    view = await api.ok("GET", f"/v1/queues/orders/messages/{later}")
+    assert view["state"] == "ready"
+    # its body edited from its page
+    await page.evaluate("document.getElementById('new-body').value = '{\"invoice\": 18}'")
+    await click(page, "#save-body")
+    await page.wait_for("document.getElementById('body').textContent.includes('18')")
+    view = await api.ok("GET", f"/v1/queues/orders/messages/{later}")
+    assert view["body"] == '{"invoice": 18}'
+
+    # settings edited live: a limit set, then lifted
+    await go(page, api, "queue=orders")
+    take_rate = "document.querySelector('input[data-setting=\"take_rate\"]')"
+    await page.evaluate(f"{take_rate}.value = '50'")
+    await click(page, "#save-settings")
+    await page.wait_for("document.getElementById('save-settings').dataset.saved")
+    assert (await api.ok("GET", "/v1/queues/orders"))["settings"]["take_rate"] == 50
+    await page.evaluate(f"{take_rate}.value = ''")
+    await click(page, "#save-settings")
+    await page.wait_for(f"{take_rate}.dataset.was === ''")
+    assert (await api.ok("GET", "/v1/queues/orders"))["settings"]["take_rate"] is None
+
+    # a reserved message deleted by force from its page
+    await go(page, api, f"queue=orders&message={first[0]['id']}")
+    assert await page.evaluate(state) == "reserved"
+    await page.evaluate("window.confirm = () => true")
+    await click(page, "#delete")
+    await page.wait_for(f"{RENDERED} === '#queue=orders&state=reserved'")
+    assert await api.ack("orders", first[0]) == ["stale_lease"]
+
+    # purge asks for the queue's name
+    await go(page, api, "queue=orders")
+    await page.evaluate("window.prompt = () => 'order'")  # not the name: nothing happens
+    await click(page, "#purge")
+    await page.wait_for(
+        "document.getElementById('problem').textContent.includes('nothing was purged')"
+    )
+    assert (await api.stats("orders"))["total"] == 10_000
+    await page.evaluate("window.prompt = () => 'orders'")
+    await click(page, "#purge")
+    await page.wait_for(
+        "document.getElementById('redrive-progress').textContent === 'purged 10000'"
+    )
+    assert page.errors == []
+
+
+@pytest.mark.timeout(240)
+async def test_the_console_pauses_while_consumers_run_and_redrives_a_dead_letter_queue(
+    start: Start, page: Page, tmp_path: Path
+) -> None:
+    api = await start()
+    await api.create("work")
+    await api.put("work", *(f"job {i}" for i in range(500)))
+    taken: list[float] = []
+    stop = asyncio.Event()
+
+    async def consumer() -> None:
+        loop = asyncio.get_running_loop()
+        while not stop.is_set():
+            got = await api.take("work", 5, wait=0.2)
+            if got:
+                taken.extend([loop.time()] * len(got))
+                await api.ack("work", *got)
+            await asyncio.sleep(0.05)
+
+    consumers = [asyncio.ensure_future(consumer()) for _ in range(2)]
+    try:
+        await go(page, api, "queue=work")
+        await page.wait_for("document.getElementById('paused-badge').textContent === 'taking'")
+        await click(page, "#pause")
+        await page.wait_for("document.getElementById('paused-badge').textContent === 'paused'")
+        assert (await api.stats("work"))["paused"] is True
+        await asyncio.sleep(0.5)  # what was in flight settles
+        before = len(taken)
+        await asyncio.sleep(1.5)
+        assert len(taken) == before  # paused: the consumers get nothing
+        await page.evaluate("location.hash = '#'")  # the list shows the pause too
+        await wait_cell(page, "work", "paused", "paused")
+        await go(page, api, "queue=work")
+        await click(page, "#pause")  # now "Resume"
+        await page.wait_for("document.getElementById('paused-badge').textContent === 'taking'")
+        await asyncio.sleep(1.0)
+        assert len(taken) > before  # resumed: they take again
+    finally:
+        stop.set()
+        await asyncio.gather(*consumers)
+
+    # a dead-letter queue of 1,000, redriven at 400 a second from its page
+    await api.create("dead")
+    await api.create("source", max_receives=1, dead_letter_queue="dead")
+    await api.put("source", *(f"letter {i}" for i in range(1000)))
+    letters = await api.take("source", 1000)
+    await api.items("source", "release", *({"id": d["id"], "lease": d["lease"]} for d in letters))
+
+    async def routed() -> bool:
+        return (await api.stats("dead"))["ready"] == 1000
+
+    await eventually_async(routed)
+    await go(page, api, "queue=dead")
+    await page.wait_for(f"{ROWS}.length === 100")
+    # three picked from the page go first
+    picked = (await page.evaluate(ROWS))[:3]
+    for mid in picked:
+        await click(page, f'tr[data-message="{mid}"] input')
+    await page.evaluate("document.getElementById('redrive-rate').value = '400'")
+    await click(page, "#redrive-selected")
+    progress = "document.getElementById('redrive-progress')"
+    await page.wait_for(f"{progress}.textContent.endsWith('3/3 done')", within=20)
+    for mid in picked:
+        view = await api.ok("GET", f"/v1/queues/source/messages/{mid}")
+        assert view["state"] == "ready"
+    assert (await api.stats("dead"))["ready"] == 997
+    # then the rest, all of them
+    started = asyncio.get_running_loop().time()
+    await click(page, "#redrive")
+    await page.wait_for(f"{progress}.textContent.includes('/997 running')", within=10)
+    await page.wait_for(f"!{progress}.textContent.includes(': 0/')", within=10)  # under way
+    keep_console_shot(await page.screenshot(), "console-redrive.png", tmp_path)
+    await page.wait_for(f"{progress}.dataset.state === 'done'", within=60)
+    assert asyncio.get_running_loop().time() - started >= 1.5  # 997 at 400 a second
+    assert "997/997 done" in await page.evaluate(f"{progress}.textContent")
+    assert (await api.stats("source"))["ready"] == 1000
+    assert (await api.stats("dead"))["total"] == 0
+    assert page.errors == []
+
+
+async def eventually_async(check: Callable[[], Awaitable[bool]], within: float = 20.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
+    while not await check():
+        assert loop.time() < deadline, "not within the time"
+        await asyncio.sleep(0.1)
+
+
+async def test_the_console_shows_to_a_read_token_and_acts_only_for_an_admin(
+    start: Start, browser: Chromium
+) -> None:
+    api = await start(AppOptions(tokens=[ADMIN, VIEWER]))
+    await as_admin(api, "PUT", "/v1/queues/orders", {})
+    await as_admin(api, "POST", "/v1/queues/orders/messages", {"messages": [{"body": "x"}]})
+    badge = "document.getElementById('paused-badge').textContent"
+    problem = "document.getElementById('problem').textContent"
+    for token, allowed in ((VIEWER, False), (ADMIN, True)):
+        tab = await Page.open(browser)
+        try:
+            await go(tab, api, f"token={token.token}&queue=orders")
+            await tab.wait_for(f"{ROWS}.length === 1")  # a read token sees the messages
+            await click(tab, "#pause")
+            if allowed:
+                await tab.wait_for(f"{badge} === 'paused'")
+            else:
+                await tab.wait_for(f"{problem}.includes('403 Forbidden')")
+                assert await tab.evaluate(badge) == "taking"
+            assert token.token not in await tab.evaluate("document.body.innerText")
+        finally:
+            await tab.close()
+        headers = {"Authorization": f"Bearer {ADMIN.token}"}
+        async with api.client.get("/v1/queues/orders", headers=headers) as resp:
+            assert (await resp.json())["stats"]["paused"] is allowed

@@ -8,6 +8,7 @@ move crosses from one shard to the other); no gateway, no Ray.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
@@ -216,3 +217,87 @@ async def test_dead_letters_reach_their_queue_after_any_failure_of_the_route(
     ids = await dead_letter(queues, SOURCE, [b"one", b"two"])  # waits for them in the DLQ
     assert not failures  # both failures happened, and the letters arrived after them
     assert len(ids) == 2
+
+
+async def test_an_outbox_larger_than_a_put_reaches_the_dead_letter_queue(
+    queues: LocalDirectory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Dead letters that waited (their queue unreachable) pile up past a put's limit of 1000;
+    the route sent the whole outbox as one put, refused at every retry, so none ever moved on
+    (the campaign during resizes: 7,562 waiting). It sends them a put's worth at a time."""
+    shard = queues.shards[placement(SOURCE, 2)]
+    real = shard.route_dead_letters
+    reachable = asyncio.Event()
+    sizes: list[int] = []
+
+    async def unreachable_at_first(source: str, target: str, letters: list[Any]) -> None:
+        if not reachable.is_set():
+            raise RuntimeError("the dead-letter queue's shard is restarting")
+        sizes.append(len(letters))
+        await real(source, target, letters)
+
+    monkeypatch.setattr(shard, "route_dead_letters", unreachable_at_first)
+    count = 2500
+    for start in range(0, count, 1000):
+        n = min(1000, count - start)
+        new = [cmd.NewMessage(body=b"%d" % (start + i)) for i in range(n)]
+        await run(queues, SOURCE, cmd.Put(new))
+        assert len(await run(queues, SOURCE, cmd.Take(n))) == n
+    source = shard.queues[SOURCE]
+
+    async def all_waiting() -> bool:
+        return len(source.state.outbox) == count
+
+    await eventually(all_waiting)  # every lease ran out; the route is failing
+    reachable.set()
+
+    async def arrived() -> bool:
+        # The source forgets a letter only once the DLQ holds it: wait for both sides.
+        in_dlq = (await run(queues, DLQ, cmd.Stats())).ready
+        return bool(in_dlq == count and not source.state.outbox)
+
+    await eventually(arrived)
+    assert max(sizes) <= 1000  # a put's worth at a time
+    assert sum(sizes) == count
+
+
+async def test_two_changes_in_one_turn_start_one_route_of_the_dead_letters(
+    queues: LocalDirectory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The route was running once its coroutine had started: two changes in one turn of the
+    loop each started a route, and the same letters went to the DLQ twice (CI: 5,000 sent
+    for 2,500). Running is its task's, from the moment it is made."""
+    shard = queues.shards[placement(SOURCE, 2)]
+    real = shard.route_dead_letters
+    routes: list[int] = []
+    hold = asyncio.Event()
+
+    async def held(source: str, target: str, letters: list[Any]) -> None:
+        routes.append(len(letters))
+        await hold.wait()
+        await real(source, target, letters)
+
+    monkeypatch.setattr(shard, "route_dead_letters", held)
+    await run(queues, SOURCE, cmd.Put([cmd.NewMessage(body=b"x")]))
+    assert len(await run(queues, SOURCE, cmd.Take(1))) == 1
+    source = shard.queues[SOURCE]
+
+    async def routing() -> bool:
+        return bool(routes)
+
+    await eventually(routing)  # the lease ran out: a route runs, held
+    [router] = [t for t in source._background if "_route_dead_letters" in repr(t.get_coro())]
+    router.cancel()  # it stops with the letter still in the outbox
+    with contextlib.suppress(asyncio.CancelledError):
+        await router
+    assert source.state.outbox
+    source._changed()
+    source._changed()  # the same turn: the route the first started has not run yet
+    await asyncio.sleep(0.2)
+    assert routes == [1, 1]  # the held one, and one more: not two more
+    hold.set()
+
+    async def arrived() -> bool:
+        return bool((await run(queues, DLQ, cmd.Stats())).ready == 1 and not source.state.outbox)
+
+    await eventually(arrived)

@@ -42,6 +42,7 @@ class Reference:
     expired: int = 0
     acked: int = 0
     take_bytes: int = 64 * 1024 * 1024  # a take stops before the body that would pass it
+    paused: bool = False  # takes get nothing
 
     # ------------------------------------------------------------- time
 
@@ -197,6 +198,8 @@ class Reference:
         return out
 
     def take(self, now: int, limit: int, vt: int | None) -> list[RMsg]:
+        if self.paused:
+            return []
         picked: list[RMsg] = []
         size = 0
         for m in self.runs()[:limit]:
@@ -292,6 +295,10 @@ class Reference:
             return m
         self.msgs.remove(m)
         return None
+
+    def pause(self, paused: bool) -> bool:
+        self.paused = paused
+        return paused
 
     def purge(self) -> int:
         n = len(self.msgs)

@@ -289,6 +289,7 @@ NOT_CREATED_COMMANDS = [
     c.Browse(),
     c.Delete("1"),
     c.Purge(),
+    c.Pause(True),
     c.Stats(),
     c.ConfirmDeadLetters([1]),
     c.SetKey("k", 1),

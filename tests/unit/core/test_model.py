@@ -332,6 +332,10 @@ class QueueMachine(RuleBasedStateMachine):
     def do_purge(self) -> None:
         assert self.run(c.Purge()) == self.ref.purge()
 
+    def do_pause(self, paused: bool) -> None:
+        assert self.run(c.Pause(paused)) == self.ref.pause(paused)
+        assert self.state.paused is paused
+
     def do_route_dead_letters(self) -> None:
         outbox = list(self.state.outbox)
         assert self.run(c.ConfirmDeadLetters(outbox)) == self.ref.confirm_dead_letters()
@@ -486,6 +490,10 @@ class QueueMachine(RuleBasedStateMachine):
     @rule()
     def route_dead_letters(self) -> None:
         self.do_route_dead_letters()
+
+    @rule(paused=st.sampled_from([True, False, False, False]))  # paused a quarter of the time
+    def pause(self, paused: bool) -> None:
+        self.do_pause(paused)
 
     @rule(limit=st.integers(1, 5))
     def peek_ready(self, limit: int) -> None:

@@ -67,6 +67,7 @@ VIEW_FIELDS = {
     "lease_expires_at",
     "attributes",
     "group",
+    "failures",
 }
 DEFAULT_SETTINGS = {
     "id_mode": "server",
@@ -80,6 +81,9 @@ DEFAULT_SETTINGS = {
     "idempotency_window": 900.0,
     "content_based_dedup": False,
     "max_messages": None,
+    "take_rate": None,
+    "put_rate": None,
+    "max_in_flight": None,
 }
 
 

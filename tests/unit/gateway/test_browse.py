@@ -26,6 +26,7 @@ VIEW_FIELDS = {
     "lease_expires_at",
     "attributes",
     "group",
+    "failures",
 }
 BINARY = b"\x00\xff\xfe binary \x80"
 

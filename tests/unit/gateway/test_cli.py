@@ -317,7 +317,15 @@ def test_ack_prints_the_result_and_exits_1_on_a_stale_lease() -> None:
 def test_release_passes_the_delay() -> None:
     client = FakeClient(release=[ItemResult("5", "ok")])
     assert run(["release", "q", "5", "L", "--delay", "30"], client)[0] == 0
-    assert client.calls == [("release", ("q", ("5", "L")), {"delay": 30.0, "activate_at": None})]
+    assert client.calls == [
+        ("release", ("q", ("5", "L")), {"delay": 30.0, "activate_at": None, "reason": None})
+    ]
+
+
+def test_release_passes_the_reason() -> None:
+    client = FakeClient(release=[ItemResult("5", "ok")])
+    assert run(["release", "q", "5", "L", "--reason", "smtp down"], client)[0] == 0
+    assert client.calls[0][2]["reason"] == "smtp down"
 
 
 def test_stats_prints_stats_and_settings() -> None:

@@ -33,7 +33,7 @@ async def test_the_page_and_every_file_it_loads_are_served(api: Api) -> None:
     assert reply.headers["Content-Type"] == "text/html; charset=utf-8"
     assert reply.headers["Cache-Control"] == "no-cache"
     files = referenced(reply.doc)
-    assert sorted(files) == ["app.js", "chart.js", "style.css"]
+    assert sorted(files) == ["app.js", "chart.js", "console.js", "style.css"]
     for name in files:
         reply = await api.call("GET", f"/dashboard/{name}")
         assert reply.status == 200, (name, reply)

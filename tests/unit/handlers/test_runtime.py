@@ -152,6 +152,9 @@ async def test_a_failing_message_is_retried_with_backoff_then_dead_lettered(
     [letter] = await directory.execute_many("dead", [cmd.PeekReady(10)])
     assert letter[0].body == b"poison"
     assert letter[0].attributes["evq.source_id"] == mid
+    # why it failed, each time, went with it into the dead-letter queue
+    failures = letter[0].attributes["evq.failures"]
+    assert [reason for _, reason in failures] == ["RuntimeError: smtp down"] * 3
     assert running.stats.released == 3
     assert running.stats.acked == 0
     # The log says what becomes of each failure: retried twice, then dead-lettered.

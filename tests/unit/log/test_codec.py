@@ -113,6 +113,8 @@ def samples() -> list[ev.Event]:
         ev.BodiesMoved(T + 23, [5, 9], [0, 998], [[b"a", b""], [compressible(3000), b"z"]]),
         ev.QueueHandedOver(T + 24, 0, 3, 2),
         ev.QueueTakenOver(T + 25, 0, 2),
+        ev.QueuePaused(T + 26, True),
+        ev.QueuePaused(T + 27, False),
     ]
 
 

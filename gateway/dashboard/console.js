@@ -1,0 +1,365 @@
+// evq console: one queue's page (#queue=NAME) and one message's (#queue=NAME&message=ID),
+// over the native API with the page's token (app.js: window.evqDash). A queue's page shows
+// its settings and its messages by state, a page at a time with the browse cursor, and acts
+// on it: pause or resume, purge (after typing its name), redrive (at a rate, its task's
+// progress followed). A message's page shows its body (JSON pretty-printed, text, or bytes
+// as hex), attributes, times, receive count, failure reasons and lease, and runs it now or
+// deletes it (a reserved one by force). The server checks every permission: a read token
+// sees, an admin token acts; a refusal shows in the page's problem line.
+"use strict";
+
+(function () {
+  const dash = window.evqDash;
+  const { el } = dash;
+  const PAGE = 100; // messages per page
+  const STATES = ["ready", "delayed", "reserved"];
+  const view = { queue: null, state: "ready", cursors: [null], paused: false, redrive: null };
+
+  function route() {
+    const f = new URLSearchParams(location.hash.replace(/^#/, ""));
+    return { queue: f.get("queue"), message: f.get("message"), state: f.get("state") };
+  }
+
+  function link(params) {
+    const f = new URLSearchParams();
+    if (dash.token) f.set("token", dash.token);
+    for (const [k, v] of Object.entries(params)) if (v) f.set(k, v);
+    return `#${f.toString()}`;
+  }
+  dash.link = link;
+
+  function when(seconds) {
+    if (seconds === null || seconds === undefined) return "—";
+    return new Date(seconds * 1000).toISOString().replace("T", " ").replace(/\.\d+Z$/, "Z");
+  }
+
+  function problem(text) {
+    dash.problem("console", text);
+  }
+
+  async function act(label, fn) {
+    try {
+      const result = await fn();
+      problem(null);
+      return result;
+    } catch (e) {
+      problem(`${label}: ${e.message}`);
+      return undefined;
+    }
+  }
+
+  function q(name) {
+    return `v1/queues/${encodeURIComponent(name)}`;
+  }
+
+  // ------------------------------------------------------------------ a queue's page
+
+  async function showQueue(name, state) {
+    view.queue = name;
+    view.state = STATES.includes(state) ? state : "ready";
+    view.cursors = [null];
+    const box = document.getElementById("queue-view");
+    box.replaceChildren(el("p", { class: "muted" }, "loading…"));
+    const info = await act("queue", () => dash.getJson(q(name)));
+    if (!info) return;
+    view.paused = Boolean(info.stats.paused);
+    const title = el("h2", {}, el("a", { href: link({}), class: "back" }, "queues"), " / ", name);
+    const badge = el("span", { id: "paused-badge", class: "badge" });
+    title.append(" ", badge);
+    const actions = el("div", { class: "actions" });
+    const pause = el("button", { id: "pause", type: "button" });
+    pause.onclick = () => togglePause(name);
+    const purge = el("button", { id: "purge", type: "button", class: "danger" }, "Purge…");
+    purge.onclick = () => purgeQueue(name);
+    const rate = el("input", { id: "redrive-rate", type: "number", min: 1, max: 500, value: 50 });
+    const to = el("input", { id: "redrive-to", type: "text", placeholder: "to: each one's source" });
+    const redrive = el("button", { id: "redrive", type: "button" }, "Redrive");
+    redrive.onclick = () => startRedrive(name, Number(rate.value) || null, to.value.trim() || null);
+    const progress = el("span", { id: "redrive-progress", class: "muted" });
+    actions.append(pause, purge, el("span", { class: "sep" }), "rate/s ", rate, to, redrive, progress);
+    const settings = settingsForm(name, info.settings);
+    const counts = el("p", { id: "queue-counts", class: "muted" });
+    const tabs = el("div", { class: "tabs" });
+    for (const s of STATES) {
+      const tab = el("a", { href: link({ queue: name, state: s }), "data-state": s }, s);
+      if (s === view.state) tab.className = "on";
+      tabs.append(tab);
+    }
+    const table = el("table", { id: "messages" });
+    const pager = el("div", { class: "pager" });
+    const selected = el("div", { class: "actions" });
+    const redriveSome = el("button", { id: "redrive-selected", type: "button" }, "Redrive selected");
+    redriveSome.onclick = () => {
+      const ids = [...document.querySelectorAll("#messages tbody input:checked")].map((c) => c.value);
+      if (ids.length) startRedrive(name, Number(rate.value) || null, to.value.trim() || null, ids);
+      else problem("redrive: select messages first");
+    };
+    selected.append(redriveSome);
+    box.replaceChildren(title, counts, actions, el("h3", {}, "Settings"), settings, el("h3", {}, "Messages"), tabs, table, selected, pager);
+    showPaused();
+    showQueueCounts(info.stats);
+    await showPage();
+  }
+
+  function showQueueCounts(stats) {
+    const counts = document.getElementById("queue-counts");
+    if (!counts || !stats) return;
+    const parts = ["ready", "delayed", "reserved", "dead_lettered"].map((k) => `${k} ${stats[k]}`);
+    counts.textContent = parts.join(" · ");
+  }
+
+  // the queue's counts as the list's watch brings them (app.js)
+  dash.onQueueValue = (name, value) => {
+    if (name !== view.queue || !value) return;
+    view.paused = Boolean(value.paused);
+    showPaused();
+    showQueueCounts(value);
+  };
+
+  function showPaused() {
+    const badge = document.getElementById("paused-badge");
+    const button = document.getElementById("pause");
+    if (!badge || !button) return;
+    badge.textContent = view.paused ? "paused" : "taking";
+    badge.className = `badge ${view.paused ? "warn" : "ok"}`;
+    button.textContent = view.paused ? "Resume" : "Pause";
+  }
+
+  async function togglePause(name) {
+    const verb = view.paused ? "resume" : "pause";
+    const doc = await act(verb, () => dash.request("POST", `${q(name)}/${verb}`));
+    if (doc) {
+      view.paused = doc.paused;
+      showPaused();
+    }
+  }
+
+  async function purgeQueue(name) {
+    const typed = window.prompt(`Purge deletes every message of ${name}. Type the queue's name to go on:`);
+    if (typed !== name) {
+      problem(typed === null ? null : `purge: "${typed}" is not ${name}; nothing was purged`);
+      return;
+    }
+    const doc = await act("purge", () => dash.request("POST", `${q(name)}/purge`));
+    if (doc) {
+      document.getElementById("redrive-progress").textContent = `purged ${doc.purged}`;
+      view.cursors = [null];
+      await showPage();
+    }
+  }
+
+  // The settings a queue may change after creation: an input each; Save sends the changed
+  // ones (empty: null, no limit). The others are shown.
+  const EDITABLE = new Set([
+    "visibility_timeout", "max_receives", "dead_letter_queue", "retention", "max_message_bytes",
+    "delay", "idempotency_window", "max_messages", "take_rate", "put_rate", "max_in_flight",
+  ]);
+
+  function settingsForm(name, settings) {
+    const table = el("table", { id: "settings", class: "kv" });
+    const inputs = {};
+    for (const [k, v] of Object.entries(settings)) {
+      if (k === "meta") continue;
+      const shown = v === null ? "" : String(v);
+      let cell;
+      if (EDITABLE.has(k)) {
+        inputs[k] = el("input", { type: "text", value: shown, placeholder: "—", "data-setting": k });
+        inputs[k].dataset.was = shown;
+        cell = el("td", {}, inputs[k]);
+      } else {
+        cell = el("td", { "data-setting": k }, shown || "—");
+      }
+      table.append(el("tr", {}, el("th", {}, k), cell));
+    }
+    const save = el("button", { id: "save-settings", type: "button" }, "Save settings");
+    save.onclick = async () => {
+      const changes = {};
+      for (const [k, input] of Object.entries(inputs)) {
+        const text = input.value.trim();
+        if (text === input.dataset.was) continue;
+        if (text === "") changes[k] = null;
+        else if (k === "dead_letter_queue") changes[k] = text;
+        else changes[k] = Number(text);
+      }
+      if (!Object.keys(changes).length) return;
+      const doc = await act("settings", () => dash.request("PATCH", q(name), changes));
+      if (doc) {
+        for (const [k, input] of Object.entries(inputs)) {
+          const v = doc.settings[k];
+          input.value = input.dataset.was = v === null ? "" : String(v);
+        }
+        save.dataset.saved = String(Date.now());
+      }
+    };
+    return el("div", {}, table, el("div", { class: "actions" }, save));
+  }
+
+  async function startRedrive(name, rate, to, ids) {
+    const body = {};
+    if (rate) body.rate = rate;
+    if (to) body.to = to;
+    if (ids) body.ids = ids;
+    const doc = await act("redrive", () => dash.request("POST", `${q(name)}/redrive`, body));
+    if (!doc) return;
+    const out = document.getElementById("redrive-progress");
+    const follow = async () => {
+      const task = await act("redrive", () => dash.getJson(`v1/tasks/${encodeURIComponent(doc.task)}`));
+      if (!task) return;
+      out.textContent = `${task.id}: ${task.done}/${task.total} ${task.state}`;
+      out.dataset.state = task.state;
+      if (task.state === "running" && view.queue === name) setTimeout(follow, 500);
+      else if (view.queue === name) await showPage();
+    };
+    await follow();
+  }
+
+  async function showPage() {
+    const name = view.queue;
+    const after = view.cursors[view.cursors.length - 1];
+    const params = new URLSearchParams({ state: view.state, limit: String(PAGE) });
+    if (after) params.set("after", after);
+    const doc = await act("browse", () => dash.getJson(`${q(name)}/messages?${params}`));
+    if (!doc || name !== view.queue) return;
+    const table = document.getElementById("messages");
+    const when_ = view.state === "reserved" ? "lease expires" : "active at";
+    const head = el("tr", {}, ...["", "id", "receives", when_, "body", "last failure"].map((h) => el("th", {}, h)));
+    const rows = doc.messages.map((m) => {
+      const time = view.state === "reserved" ? m.lease_expires_at : m.activate_at;
+      const failure = m.failures && m.failures.length ? m.failures[m.failures.length - 1].reason : "";
+      return el(
+        "tr",
+        { "data-message": m.id },
+        el("td", { class: "pick" }, el("input", { type: "checkbox", value: m.id })),
+        el("td", { class: "name" }, el("a", { href: link({ queue: name, message: m.id }) }, m.id)),
+        el("td", {}, m.receive_count),
+        el("td", {}, when(time)),
+        el("td", { class: "body" }, preview(m)),
+        el("td", { class: "failure" }, failure),
+      );
+    });
+    table.replaceChildren(el("thead", {}, head), el("tbody", {}, ...rows));
+    const pager = document.querySelector("#queue-view .pager");
+    const page = view.cursors.length;
+    const first = el("button", { id: "first-page", type: "button", disabled: page === 1 }, "First page");
+    first.onclick = () => { view.cursors = [null]; showPage(); };
+    const next = el("button", { id: "next-page", type: "button", disabled: !doc.next }, "Next page");
+    next.onclick = () => { view.cursors.push(doc.next); showPage(); };
+    const shown = el("span", { id: "page-number", class: "muted" }, `page ${page} · ${doc.messages.length} message(s)`);
+    pager.replaceChildren(first, next, shown);
+  }
+
+  function preview(m) {
+    if (m.body_b64 !== undefined) return `${atob(m.body_b64).length} bytes`;
+    const text = String(m.body);
+    return text.length > 80 ? `${text.slice(0, 80)}…` : text;
+  }
+
+  // ------------------------------------------------------------------ a message's page
+
+  function bodyView(m) {
+    if (m.body_b64 !== undefined) {
+      const bytes = Array.from(atob(m.body_b64), (c) => c.charCodeAt(0));
+      const lines = [];
+      for (let i = 0; i < bytes.length; i += 16) {
+        const hex = bytes.slice(i, i + 16).map((b) => b.toString(16).padStart(2, "0")).join(" ");
+        lines.push(`${i.toString(16).padStart(8, "0")}  ${hex}`);
+      }
+      return { kind: "bytes", text: lines.join("\n") };
+    }
+    try {
+      const doc = JSON.parse(m.body);
+      if (doc !== null && typeof doc === "object") return { kind: "json", text: JSON.stringify(doc, null, 2) };
+    } catch (e) {
+      // not JSON: text
+    }
+    return { kind: "text", text: m.body };
+  }
+
+  async function showMessage(name, id) {
+    view.queue = name;
+    const box = document.getElementById("queue-view");
+    const m = await act("message", () => dash.getJson(`${q(name)}/messages/${encodeURIComponent(id)}`));
+    const back = el("a", { href: link({ queue: name }), class: "back" }, name);
+    const title = el("h2", {}, el("a", { href: link({}), class: "back" }, "queues"), " / ", back, " / ", id);
+    if (!m) {
+      box.replaceChildren(title, el("p", { class: "muted" }, "no such message (taken and acked, or deleted)"));
+      return;
+    }
+    const body = bodyView(m);
+    const fields = [
+      ["state", m.state],
+      ["activate at", when(m.activate_at)],
+      ["enqueued at", when(m.enqueued_at)],
+      ["receive count", m.receive_count],
+      ["lease expires", when(m.lease_expires_at)],
+      ["group", m.group || "—"],
+    ];
+    const table = el("table", { id: "message-fields", class: "kv" });
+    for (const [k, v] of fields) table.append(el("tr", {}, el("th", {}, k), el("td", { "data-field": k }, String(v))));
+    const attrs = el("table", { id: "attributes", class: "kv" });
+    for (const [k, v] of Object.entries(m.attributes || {})) {
+      attrs.append(el("tr", {}, el("th", {}, k), el("td", {}, typeof v === "string" ? v : JSON.stringify(v))));
+    }
+    const failures = el("ol", { id: "failures" });
+    for (const f of m.failures || []) failures.append(el("li", {}, `${when(f.at)}: ${f.reason}`));
+    const runNow = el("button", { id: "run-now", type: "button", disabled: m.state === "reserved" }, "Run now");
+    runNow.onclick = async () => {
+      const doc = await act("run now", () => dash.request("PATCH", `${q(name)}/messages/${encodeURIComponent(id)}`, { delay: 0 }));
+      if (doc) await showMessage(name, id);
+    };
+    const del = el("button", { id: "delete", type: "button", class: "danger" }, m.state === "reserved" ? "Delete (force)" : "Delete");
+    del.onclick = async () => {
+      if (!window.confirm(`Delete message ${id} of ${name}?`)) return;
+      const force = m.state === "reserved" ? "?force=true" : "";
+      const done = await act("delete", () => dash.request("DELETE", `${q(name)}/messages/${encodeURIComponent(id)}${force}`));
+      if (done !== undefined) location.hash = link({ queue: name, state: m.state });
+    };
+    const edit = el("div", { class: "edit" });
+    if (body.kind !== "bytes") {
+      const area = el("textarea", { id: "new-body", rows: 6 });
+      area.value = m.body;
+      const save = el("button", { id: "save-body", type: "button", disabled: m.state === "reserved" }, "Save body");
+      save.onclick = async () => {
+        const doc = await act("edit", () => dash.request("PATCH", `${q(name)}/messages/${encodeURIComponent(id)}`, { body: area.value }));
+        if (doc) await showMessage(name, id);
+      };
+      edit.append(area, el("div", { class: "actions" }, save));
+    }
+    box.replaceChildren(
+      title,
+      el("div", { class: "actions" }, runNow, del),
+      table,
+      el("h3", {}, `Body (${body.kind})`),
+      el("pre", { id: "body", "data-kind": body.kind }, body.text),
+      edit,
+      el("h3", {}, "Attributes"),
+      attrs,
+      el("h3", {}, "Failures"),
+      m.failures && m.failures.length ? failures : el("p", { class: "muted" }, "none"),
+    );
+  }
+
+  // ------------------------------------------------------------------ routing
+
+  async function render() {
+    document.body.dataset.rendered = ""; // set again once this view is drawn
+    const r = route();
+    const list = document.getElementById("list-view");
+    const box = document.getElementById("queue-view");
+    list.hidden = Boolean(r.queue);
+    box.hidden = !r.queue;
+    document.body.dataset.view = r.message ? "message" : r.queue ? "queue" : "list";
+    if (!r.queue) {
+      view.queue = null;
+      document.body.dataset.rendered = location.hash;
+      return;
+    }
+    if (r.message) await showMessage(r.queue, r.message);
+    else await showQueue(r.queue, r.state);
+    document.body.dataset.rendered = location.hash;
+  }
+
+  dash.render = render;
+  window.addEventListener("hashchange", render);
+  render();
+})();
