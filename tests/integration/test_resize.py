@@ -79,7 +79,7 @@ def test_a_rolling_restart_gives_every_shard_a_new_process_and_fails_no_operatio
         assert "2/2 shard(s) restarted" in done.stderr
 
     load = asyncio.run(light_load(server, queues, restart))
-    assert load.errors == []
+    assert not load.errors, load.errors[:20]
     assert len(load.put) > 100
     assert max(load.acked.values()) == 1
     after = server.shard_pids()
