@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from ipaddress import ip_network
+from typing import Any
 
 import msgspec
 from aiohttp import web
@@ -31,9 +33,11 @@ from gateway.errors import MAX_BODY, error_middleware, error_response, wants_msg
 from gateway.fast import FAST, Fast
 from gateway.limits import FAST_CONNECTIONS, IN_FLIGHT, LIMITS, PENALTIES, Limits, Refusals
 from gateway.penalty import Penalties
+from gateway.presence import ABOUT, PRESENCE, Presence
 from gateway.proxy import forwarded_middleware
 from gateway.settings import MAX_BODY_BYTES, ServerSettings, is_loopback
 from gateway.tasks import TASKS, Board, Tasks
+from gateway.watches.watchers import WATCHERS
 
 __all__ = ["AppOptions", "app_options", "make_app"]
 
@@ -147,6 +151,8 @@ def make_app(directory: Directory, options: AppOptions | None = None) -> web.App
     )
     app.add_routes(native.routes)
     app[TASKS] = Tasks()
+    app[ABOUT] = {}  # evq serve says where it listens (gateway/server.py)
+    app[PRESENCE] = Presence(None, lambda: _about(app))
     app.add_routes(shards.routes)  # GET and POST /v1/admin/shards
     app.add_routes(tasks.routes)  # /v1/tasks
     app.add_routes(redrive.routes)  # POST /v1/queues/{name}/redrive
@@ -303,6 +309,19 @@ async def readyz(request: web.Request) -> web.Response:
     return web.json_response(doc, status=503, headers={"Retry-After": "1"})
 
 
+def _about(app: web.Application) -> dict[str, Any]:
+    """What this gateway's presence record says of it now (gateway/presence.py)."""
+    watchers = app.get(WATCHERS)
+    about: dict[str, Any] = app[ABOUT]
+    return {
+        "listen": None,
+        "processes": 1,
+        **about,
+        "watchers": 0 if watchers is None else watchers.n,
+        "requests_in_flight": app[IN_FLIGHT][0],
+    }
+
+
 def _board_store(directory: object) -> ObjectStore | None:
     """The shards' store, opened for the task board, when this gateway coordinates shards
     over Ray (a gateway that can start them: one of a cluster's, or evq serve's own)."""
@@ -317,7 +336,14 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     board_store = _board_store(directory)
     if board_store is not None:  # the gateways of a cluster show each other's tasks
         app[TASKS].board = Board(board_store, app[TASKS].clock)
+    presence = app[PRESENCE]
+    presence.store = board_store  # ... and each other (the console's cluster page)
+    beating = asyncio.ensure_future(presence.run())
     yield
+    beating.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await beating
+    await presence.leave()
     log.info("calls toward shards: %s", app[native.BATCHERS].stats.summary())
     await app[TASKS].close()  # a resize cut short here is resumed by asking again
     if board_store is not None:

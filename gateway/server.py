@@ -32,6 +32,7 @@ from gateway import door
 from gateway.app import app_options, make_app
 from gateway.auth import Token, read_tokens
 from gateway.logs import setup_logging
+from gateway.presence import ABOUT
 from gateway.settings import (
     PLACEHOLDER,
     ServerSettings,
@@ -238,6 +239,8 @@ def run(settings: ServerSettings, tokens: Sequence[Token] = ()) -> int:
             return 2
     app = make_app(directory, app_options(settings, secret, tokens))
     app[door.HUP] = []
+    scheme = "https" if settings.tls_files() else "http"
+    app[ABOUT] = {"listen": f"{scheme}://{settings.host}:{settings.port}", "processes": workers}
     if workers > 1:
         assert isinstance(directory, RayDirectory)
         app.cleanup_ctx.append(

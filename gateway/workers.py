@@ -126,7 +126,7 @@ async def _start_control(
             return web.json_response({"error": exc.message}, status=503)
         return web.json_response({"host": host, "port": port})
 
-    from gateway import errors, native, tasks
+    from gateway import dashboard, errors, native, presence, tasks
     from gateway import shards as shard_routes
 
     app = web.Application(middlewares=[guard, errors.error_middleware])
@@ -136,6 +136,8 @@ async def _start_control(
     app[native.DIRECTORY] = main[native.DIRECTORY]
     app.add_routes(shard_routes.routes)
     app.add_routes(tasks.routes)
+    app[presence.PRESENCE] = main[presence.PRESENCE]  # the gateways, for /v1/status
+    app.router.add_get("/v1/status", dashboard.status)
     runner = web.AppRunner(app, access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, "127.0.0.1", 0)

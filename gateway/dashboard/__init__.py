@@ -18,6 +18,8 @@ from aiohttp import web
 
 from actors.status import ShardStatus
 from gateway import native
+from gateway.presence import PRESENCE
+from gateway.tasks import forwarded
 
 __all__ = ["FILES", "routes", "status_doc"]
 
@@ -63,9 +65,15 @@ async def asset(request: web.Request) -> web.Response:
 
 @routes.get("/v1/status")
 async def status(request: web.Request) -> web.Response:
-    """Every shard's readiness and what its recovery found (also while recovering)."""
+    """Every shard's readiness and what its recovery found (also while recovering), and
+    the gateways that serve (the first process's list, asked from a worker process)."""
+    answer = await forwarded(request)
+    if answer is not None:
+        return answer
     statuses = await request.app[native.DIRECTORY].status()
-    return native.reply(request, status_doc(statuses))
+    doc = status_doc(statuses)
+    doc["gateways"] = await request.app[PRESENCE].gateways()
+    return native.reply(request, doc)
 
 
 def status_doc(statuses: list[ShardStatus]) -> dict[str, Any]:

@@ -1,4 +1,5 @@
-// evq console: one queue's page (#queue=NAME) and one message's (#queue=NAME&message=ID),
+// evq console: one queue's page (#queue=NAME), one message's (#queue=NAME&message=ID) and
+// the cluster's (#cluster: shards, their queues and recovery, the gateways that serve),
 // over the native API with the page's token (app.js: window.evqDash). A queue's page shows
 // its settings and its messages by state, a page at a time with the browse cursor, and acts
 // on it: pause or resume, purge (after typing its name), redrive (at a rate, its task's
@@ -13,11 +14,19 @@
   const { el } = dash;
   const PAGE = 100; // messages per page
   const STATES = ["ready", "delayed", "reserved"];
-  const view = { queue: null, state: "ready", cursors: [null], paused: false, redrive: null };
+  const DEAD = "dead-lettered"; // the tab of this queue's messages on its dead-letter queue
+  const SOURCE_QUEUE = "evq.source_queue"; // the attribute a dead letter names its queue by
+  const SCAN_PAGES = 50; // dead-letter queue pages of PAGE read at most for one page shown
+  const view = { queue: null, state: "ready", cursors: [null], paused: false, dlq: null };
 
   function route() {
     const f = new URLSearchParams(location.hash.replace(/^#/, ""));
-    return { queue: f.get("queue"), message: f.get("message"), state: f.get("state") };
+    return {
+      queue: f.get("queue"),
+      message: f.get("message"),
+      state: f.get("state"),
+      cluster: f.has("cluster"),
+    };
   }
 
   function link(params) {
@@ -56,12 +65,14 @@
 
   async function showQueue(name, state) {
     view.queue = name;
-    view.state = STATES.includes(state) ? state : "ready";
     view.cursors = [null];
     const box = document.getElementById("queue-view");
     box.replaceChildren(el("p", { class: "muted" }, "loading…"));
     const info = await act("queue", () => dash.getJson(q(name)));
     if (!info) return;
+    view.dlq = info.settings.dead_letter_queue || null;
+    const states = view.dlq ? [...STATES, DEAD] : STATES;
+    view.state = states.includes(state) ? state : "ready";
     view.paused = Boolean(info.stats.paused);
     const title = el("h2", {}, el("a", { href: link({}), class: "back" }, "queues"), " / ", name);
     const badge = el("span", { id: "paused-badge", class: "badge" });
@@ -75,12 +86,13 @@
     const to = el("input", { id: "redrive-to", type: "text", placeholder: "to: each one's source" });
     const redrive = el("button", { id: "redrive", type: "button" }, "Redrive");
     redrive.onclick = () => startRedrive(name, Number(rate.value) || null, to.value.trim() || null);
+    if (view.state === DEAD) redrive.disabled = true; // this queue is no dead-letter queue
     const progress = el("span", { id: "redrive-progress", class: "muted" });
     actions.append(pause, purge, el("span", { class: "sep" }), "rate/s ", rate, to, redrive, progress);
     const settings = settingsForm(name, info.settings);
     const counts = el("p", { id: "queue-counts", class: "muted" });
     const tabs = el("div", { class: "tabs" });
-    for (const s of STATES) {
+    for (const s of states) {
       const tab = el("a", { href: link({ queue: name, state: s }), "data-state": s }, s);
       if (s === view.state) tab.className = "on";
       tabs.append(tab);
@@ -91,7 +103,8 @@
     const redriveSome = el("button", { id: "redrive-selected", type: "button" }, "Redrive selected");
     redriveSome.onclick = () => {
       const ids = [...document.querySelectorAll("#messages tbody input:checked")].map((c) => c.value);
-      if (ids.length) startRedrive(name, Number(rate.value) || null, to.value.trim() || null, ids);
+      const from = view.state === DEAD ? view.dlq : name; // ticked on its dead-letter queue
+      if (ids.length) startRedrive(from, Number(rate.value) || null, to.value.trim() || null, ids);
       else problem("redrive: select messages first");
     };
     selected.append(redriveSome);
@@ -201,24 +214,46 @@
     if (ids) body.ids = ids;
     const doc = await act("redrive", () => dash.request("POST", `${q(name)}/redrive`, body));
     if (!doc) return;
+    const here = view.queue; // the page it was started from
     const out = document.getElementById("redrive-progress");
     const follow = async () => {
       const task = await act("redrive", () => dash.getJson(`v1/tasks/${encodeURIComponent(doc.task)}`));
       if (!task) return;
       out.textContent = `${task.id}: ${task.done}/${task.total} ${task.state}`;
       out.dataset.state = task.state;
-      if (task.state === "running" && view.queue === name) setTimeout(follow, 500);
-      else if (view.queue === name) await showPage();
+      if (task.state === "running" && view.queue === here) setTimeout(follow, 500);
+      else if (view.queue === here) await showPage();
     };
     await follow();
+  }
+
+  // This queue's dead letters: its dead-letter queue's messages that name it as their source,
+  // read a page of PAGE at a time from the cursor ``after`` until PAGE of them are found (or
+  // SCAN_PAGES were read: "Next page" goes on from there).
+  async function deadLettered(name, dlq, after) {
+    const messages = [];
+    let next = after;
+    for (let i = 0; i < SCAN_PAGES && messages.length < PAGE; i++) {
+      const params = new URLSearchParams({ state: "ready", limit: String(PAGE) });
+      if (next) params.set("after", next);
+      const doc = await dash.getJson(`${q(dlq)}/messages?${params}`);
+      messages.push(...doc.messages.filter((m) => (m.attributes || {})[SOURCE_QUEUE] === name));
+      next = doc.next;
+      if (!next) break;
+    }
+    return { messages, next };
   }
 
   async function showPage() {
     const name = view.queue;
     const after = view.cursors[view.cursors.length - 1];
+    const dead = view.state === DEAD;
+    const from = dead ? view.dlq : name; // the queue the listed messages are in
     const params = new URLSearchParams({ state: view.state, limit: String(PAGE) });
     if (after) params.set("after", after);
-    const doc = await act("browse", () => dash.getJson(`${q(name)}/messages?${params}`));
+    const doc = await act("browse", () =>
+      dead ? deadLettered(name, view.dlq, after) : dash.getJson(`${q(name)}/messages?${params}`),
+    );
     if (!doc || name !== view.queue) return;
     const table = document.getElementById("messages");
     const when_ = view.state === "reserved" ? "lease expires" : "active at";
@@ -230,7 +265,7 @@
         "tr",
         { "data-message": m.id },
         el("td", { class: "pick" }, el("input", { type: "checkbox", value: m.id })),
-        el("td", { class: "name" }, el("a", { href: link({ queue: name, message: m.id }) }, m.id)),
+        el("td", { class: "name" }, el("a", { href: link({ queue: from, message: m.id }) }, m.id)),
         el("td", {}, m.receive_count),
         el("td", {}, when(time)),
         el("td", { class: "body" }, preview(m)),
@@ -339,6 +374,89 @@
     );
   }
 
+  // ------------------------------------------------------------------ the cluster page
+
+  // The shards (their state, queues and recovery) and the gateways that serve: GET
+  // v1/admin/shards and v1/status (whose gateways are those that published themselves in
+  // the shards' store lately: gateway/presence.py). A running resize or restart shows its
+  // task's progress. Read-only: resizing stays with the CLI and the API.
+  async function showCluster() {
+    const box = document.getElementById("queue-view");
+    box.replaceChildren(el("p", { class: "muted" }, "loading…"));
+    const [shards, status] = await Promise.all([
+      act("shards", () => dash.getJson("v1/admin/shards")),
+      act("status", () => dash.getJson("v1/status")),
+    ]);
+    if (!shards || !status) return;
+    const title = el("h2", {}, el("a", { href: link({}), class: "back" }, "queues"), " / cluster");
+    const gateways = status.gateways || [];
+    let text = `${shards.count} shard(s) · map generation ${shards.generation} · ${gateways.length} gateway(s)`;
+    const moving = shards.moves || shards.restarted;
+    if (shards.task) text += ` · task ${shards.task} running${moving ? ` (${moving.done}/${moving.total})` : ""}`;
+    const summary = el("p", { id: "cluster-summary", class: "muted" }, text);
+
+    const recovered = new Map(status.shards.map((s) => [s.index, s]));
+    const shardRows = shards.shards.map((s) => {
+      const st = recovered.get(s.index) || {};
+      const names = el("td", { class: "name" });
+      for (const name of s.queues.slice(0, 8)) {
+        names.append(el("a", { href: link({ queue: name }) }, name), " ");
+      }
+      if (s.queues.length > 8) names.append(`… ${s.queues.length - 8} more`);
+      const reports = (st.reports || []).length;
+      const damaged = (st.reports || []).filter((r) => !r.clean).length;
+      return el(
+        "tr",
+        { "data-shard": s.index, "data-state": s.state },
+        el("td", {}, s.index),
+        el("td", {}, el("span", { class: `badge ${s.state === "ready" ? "ok" : "warn"}` }, s.state)),
+        el("td", { "data-field": "queues" }, s.queues.length),
+        el("td", {}, st.recovering ? `${st.recovering} recovering` : "—"),
+        el("td", {}, st.log ? `${st.log.records} records, ${st.log.duration_ms} ms` : "—"),
+        el("td", {}, `${reports} report(s)${damaged ? `, ${damaged} damaged` : ""}`),
+        el("td", {}, s.reason || ""),
+        names,
+      );
+    });
+    const shardTable = el(
+      "table",
+      { id: "cluster-shards" },
+      el("thead", {}, el("tr", {}, ...["shard", "state", "queues", "recovery", "log replay", "reports", "reason"].map((h) => el("th", {}, h)), el("th", { class: "name" }, "holds"))),
+      el("tbody", {}, ...shardRows),
+    );
+
+    const gatewayRows = gateways.map((g) =>
+      el(
+        "tr",
+        { "data-gateway": g.id, class: g.self ? "self" : "" },
+        el("td", { class: "name" }, g.listen || "—", g.self ? " (this one)" : ""),
+        el("td", {}, g.host),
+        el("td", {}, g.pid),
+        el("td", { "data-field": "processes" }, g.processes),
+        el("td", { "data-field": "watchers" }, g.watchers),
+        el("td", {}, g.requests_in_flight),
+        el("td", {}, when(g.started_at)),
+        el("td", {}, `${g.last_seen_s} s ago`),
+        el("td", { class: "name" }, g.id),
+      ),
+    );
+    const gatewayTable = el(
+      "table",
+      { id: "cluster-gateways" },
+      el("thead", {}, el("tr", {}, ...["listens", "host", "pid", "processes", "watchers", "in flight", "up since", "seen", "id"].map((h) => el("th", {}, h)))),
+      el("tbody", {}, ...gatewayRows),
+    );
+    box.replaceChildren(
+      title,
+      summary,
+      el("h3", {}, "Shards"),
+      shardTable,
+      el("h3", {}, "Gateways"),
+      gatewayTable,
+      el("p", { class: "muted" }, "Each shard's recovery report, queue by queue, is on the queues page under Recovery."),
+    );
+  }
+
   // ------------------------------------------------------------------ routing
 
   async function render() {
@@ -346,20 +464,25 @@
     const r = route();
     const list = document.getElementById("list-view");
     const box = document.getElementById("queue-view");
-    list.hidden = Boolean(r.queue);
-    box.hidden = !r.queue;
-    document.body.dataset.view = r.message ? "message" : r.queue ? "queue" : "list";
-    if (!r.queue) {
+    const other = Boolean(r.queue || r.cluster);
+    list.hidden = other;
+    box.hidden = !other;
+    document.body.dataset.view = r.message ? "message" : r.queue ? "queue" : r.cluster ? "cluster" : "list";
+    if (!other) {
       view.queue = null;
       document.body.dataset.rendered = location.hash;
       return;
     }
-    if (r.message) await showMessage(r.queue, r.message);
+    if (!r.queue) {
+      view.queue = null;
+      await showCluster();
+    } else if (r.message) await showMessage(r.queue, r.message);
     else await showQueue(r.queue, r.state);
     document.body.dataset.rendered = location.hash;
   }
 
   dash.render = render;
+  document.getElementById("cluster-link").href = link({ cluster: "1" }); // the token kept
   window.addEventListener("hashchange", render);
   render();
 })();

@@ -452,6 +452,23 @@ async def test_the_console_pauses_while_consumers_run_and_redrives_a_dead_letter
         return (await api.stats("dead"))["ready"] == 1000
 
     await eventually_async(routed)
+    # the source's page lists its dead letters (on "dead"), a page of 100 at a time
+    await api.create("other", max_receives=1, dead_letter_queue="dead")
+    await go(page, api, "queue=source&state=dead-lettered")
+    await page.wait_for(f"{ROWS}.length === 100")
+    first = await page.evaluate(ROWS)
+    href = await page.evaluate(
+        f"document.querySelector('tr[data-message=\"{first[0]}\"] a').getAttribute('href')"
+    )
+    assert href == f"#queue=dead&message={first[0]}"  # each opens on the dead-letter queue
+    await click(page, "#next-page")
+    await page.wait_for(f"{ROWS}.length === 100 && {ROWS}[0] !== {json.dumps(first[0])}")
+    assert not set(await page.evaluate(ROWS)) & set(first)
+    await go(page, api, "queue=other&state=dead-lettered")  # none of them are other's
+    await page.wait_for("document.getElementById('page-number').textContent.includes(' 0 ')")
+    assert await page.evaluate(f"{ROWS}.length") == 0
+    await go(page, api, "queue=work&state=dead-lettered")  # no dead-letter queue: no such tab
+    assert await page.evaluate("document.querySelector('.tabs a.on').dataset.state") == "ready"
     await go(page, api, "queue=dead")
     await page.wait_for(f"{ROWS}.length === 100")
     # three picked from the page go first
@@ -513,3 +530,53 @@ async def test_the_console_shows_to_a_read_token_and_acts_only_for_an_admin(
         headers = {"Authorization": f"Bearer {ADMIN.token}"}
         async with api.client.get("/v1/queues/orders", headers=headers) as resp:
             assert (await resp.json())["stats"]["paused"] is allowed
+
+
+async def test_the_cluster_page_shows_the_shards_their_queues_and_the_gateways(
+    start: Start, browser: Chromium, tmp_path: Path
+) -> None:
+    api = await start(AppOptions(tokens=[ADMIN, VIEWER]))
+    for name in ("orders", "emails", "invoices"):
+        await as_admin(api, "PUT", f"/v1/queues/{name}", {})
+    headers = {"Authorization": f"Bearer {VIEWER.token}"}
+    tab = await Page.open(browser)
+    try:
+        await go(tab, api, f"token={VIEWER.token}")  # the queue list: a read token
+        href = await tab.evaluate("document.getElementById('cluster-link').getAttribute('href')")
+        assert href == f"#token={VIEWER.token}&cluster=1"  # the token goes along
+        await click(tab, "#cluster-link")
+        await tab.wait_for(f"{RENDERED} === {json.dumps(href)}")
+        async with api.client.get("/v1/admin/shards", headers=headers) as resp:
+            shards = await resp.json()
+        async with api.client.get("/v1/status", headers=headers) as resp:
+            status = await resp.json()
+        rows = await tab.evaluate(
+            "[...document.querySelectorAll('#cluster-shards tbody tr')].map((r) => "
+            "[+r.dataset.shard, r.dataset.state, r.querySelector('[data-field=queues]')"
+            ".textContent, r.querySelector('td.name').textContent])"
+        )
+        assert [r[:3] for r in rows] == [
+            [s["index"], s["state"], str(len(s["queues"]))] for s in shards["shards"]
+        ]
+        assert len(rows) == 2
+        assert sum(int(r[2]) for r in rows) == 3
+        for name in ("orders", "emails", "invoices"):
+            assert name in rows[placement(name, 2)][3], (name, rows)
+        [gateway] = status["gateways"]
+        assert (gateway["self"], gateway["pid"]) == (True, os.getpid())
+        cells = await tab.evaluate(
+            "[...document.querySelectorAll('#cluster-gateways tbody tr')].map((r) => "
+            "[r.dataset.gateway, r.className, r.textContent])"
+        )
+        assert [(c[0], c[1]) for c in cells] == [(gateway["id"], "self")]
+        assert "(this one)" in cells[0][2]
+        summary = await tab.evaluate("document.getElementById('cluster-summary').textContent")
+        assert summary.startswith(f"2 shard(s) · map generation {shards['generation']} · 1 ")
+        assert VIEWER.token not in await tab.evaluate("document.body.innerText")
+        keep_console_shot(await tab.screenshot(), "console-cluster.png", tmp_path)
+        # a queue's name opens its page
+        shard = placement("orders", 2)
+        await click(tab, f'tr[data-shard="{shard}"] td.name a[href$="queue=orders"]')
+        await tab.wait_for(f"{RENDERED} === {json.dumps(f'#token={VIEWER.token}&queue=orders')}")
+    finally:
+        await tab.close()

@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import urllib.request
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -207,6 +208,12 @@ def test_a_gateway_killed_in_a_put_storm_loses_nothing_and_its_watchers_carry_on
     assert sorted(pids) == list(range(SHARDS))
     assert cluster.head.shards(), "no shard on the head"
     assert cluster.second.shards(), "no shard on the second node"
+
+    def listed() -> set[str]:  # the gateways b's /v1/status names (the cluster page's)
+        with urllib.request.urlopen(f"{b.url}/v1/status", timeout=30) as resp:
+            return {g["listen"] for g in json.loads(resp.read())["gateways"]}
+
+    eventually(lambda: listed() == set(urls), timeout=20, interval=0.5, what="both listed")
 
     load = Load(urls, queues)
     final: dict[str, int] = {}

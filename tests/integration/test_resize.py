@@ -138,6 +138,14 @@ def test_every_gateway_process_answers_for_the_tasks_the_main_one_runs(
     assert busy[1][0] in (202, 409)  # the second lands on the running one, or after it
     pids = {p for p in server.pids() if "gateway.workers" in cmdline(p)}
     assert len(pids) == 1  # the worker process took part
+    # every process lists the same gateways (the cluster page's): this server, 2 processes
+    listed = set()
+    for _ in range(6):
+        status, doc = _fresh(server, "GET", "/v1/status")
+        assert status == 200, doc
+        listed.add(tuple((g["id"], g["listen"], g["processes"]) for g in doc["gateways"]))
+    [[(_, listen, processes)]] = listed
+    assert (listen, processes) == (server.url, 2)
     with Client(server.url, retries=0, timeout=30) as c:
         for _ in range(300):
             if c.shards()["count"] == 3 and c.tasks()[-1]["state"] != "running":

@@ -4,6 +4,7 @@ Chromium in tests/integration/test_dashboard_browser.py."""
 
 from __future__ import annotations
 
+import os
 import re
 import tomllib
 from fnmatch import fnmatch
@@ -95,6 +96,10 @@ async def test_status_of_a_ready_server_lists_each_shard(api: Api) -> None:
     assert report["queue"] == "orders"
     assert report["clean"] is True
     assert report["last_seq"] == 0  # created here: nothing to recover
+    # shards in this process: the gateway lists itself alone (gateway/presence.py)
+    [gateway] = doc["gateways"]
+    assert (gateway["self"], gateway["pid"], gateway["processes"]) == (True, os.getpid(), 1)
+    assert gateway["last_seen_s"] == 0.0
 
 
 async def test_status_after_a_restart_reports_what_recovery_used_and_discarded(
