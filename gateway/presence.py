@@ -6,7 +6,7 @@ of a cluster) publishes a record of itself in the shards' store, ``wal/gateways/
 every ``BEAT_S``: where it listens, its host and process, how many gateway processes share
 its port, its watchers and open requests, when it started. The status lists the records
 published within ``STALE_S`` (a gateway that stopped beating has stopped, or is cut off from
-the store), and each gateway deletes records older than ``GONE_S`` as it beats, so the
+the store), and each gateway deletes records older than ``GONE_S`` once a minute, so the
 prefix stays small. A gateway that stops says so by deleting its own record. A gateway
 without a store (shards in its own process) lists itself alone. The worker processes of
 ``--workers`` ask the first process (:func:`gateway.tasks.forwarded`), so every process
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import logging
 import os
@@ -38,7 +39,8 @@ log = logging.getLogger(__name__)
 PREFIX = "wal/gateways/"
 BEAT_S = 5.0
 STALE_S = 3 * BEAT_S  # not published for this long: not listed
-GONE_S = 3600.0  # not published for this long: deleted by the next gateway that beats
+GONE_S = 3600.0  # not published for this long: deleted by the next gateway that sweeps
+SWEEP_EVERY = 12  # beats between two sweeps (each reads every record)
 
 
 class Presence:
@@ -73,11 +75,14 @@ class Presence:
             "seen_at": self._now(),
         }
 
-    async def beat(self) -> None:
-        """Publish the record; delete the records of gateways gone for ``GONE_S``."""
+    async def beat(self, sweep: bool = True) -> None:
+        """Publish the record; with ``sweep``, delete the records of gateways gone for
+        ``GONE_S``."""
         if self.store is None:
             return
         await self.store.put(self._key(self.id), json.dumps(self.record()).encode())
+        if not sweep:
+            return
         now = self._now()
         for key, doc in await self._records():
             if now - _seen(doc) > GONE_S:  # also what is not a record: nothing reads it
@@ -119,11 +124,12 @@ class Presence:
         return sorted(out, key=lambda d: (d.get("started_at", 0), d["id"]))
 
     async def run(self) -> None:
-        """Beat until cancelled; a store that fails is logged and tried at the next beat."""
-        while True:
+        """Beat until cancelled (sweeping once every ``SWEEP_EVERY`` beats, the first
+        included); a beat that fails is logged and tried again at the next."""
+        for n in itertools.count():
             try:
-                await self.beat()
-            except (QueueError, OSError) as exc:
+                await self.beat(sweep=n % SWEEP_EVERY == 0)
+            except Exception as exc:  # the store's, whatever it is: the loop must go on
                 log.warning("gateway presence: could not publish (%r); trying again", exc)
             await asyncio.sleep(BEAT_S)
 

@@ -3,12 +3,16 @@ out once they stop, and are deleted long after; one without a store lists itself
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from actors.clock import ManualClock
 from actors.log.store import LocalDirStore
+from gateway import presence
 from gateway.presence import GONE_S, PREFIX, STALE_S, Presence
 
 
@@ -75,3 +79,29 @@ async def test_what_is_not_a_gateway_s_record_is_passed_over_and_cleared(tmp_pat
     await a.beat()  # the three are "gone" (never seen): deleted
     assert _listed(await a.gateways()) == [("http://a:8700", True)]
     assert await store.list(PREFIX) == [f"{PREFIX}{a.id}.json"]
+
+
+async def test_beating_goes_on_through_a_store_that_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(presence, "BEAT_S", 0.01)
+    store = LocalDirStore(tmp_path)
+    failures = [RuntimeError("the store is down"), OSError("and then this")]
+    put = store.put
+
+    async def flaky(key: str, data: bytes) -> None:
+        if failures:
+            raise failures.pop(0)
+        await put(key, data)
+
+    monkeypatch.setattr(store, "put", flaky)
+    beating = asyncio.ensure_future(_presence(store, ManualClock(), "http://a:8700").run())
+    try:
+        for _ in range(500):
+            if await store.list(PREFIX):
+                break
+            await asyncio.sleep(0.01)
+        assert failures == []
+        assert len(await store.list(PREFIX)) == 1  # published once the store came back
+    finally:
+        beating.cancel()
