@@ -47,6 +47,7 @@ from actors.core import commands as cmd
 from actors.core import replies as rp
 from actors.errors import QueueError, Unavailable
 from actors.flow import Call
+from actors.history import Sample
 from actors.metrics import QueueMetrics
 from actors.settings import QueueSettings
 from actors.status import ShardStatus
@@ -135,6 +136,13 @@ class Metrics(msgspec.Struct, array_like=True, tag=True):
     rid: int
 
 
+class History(msgspec.Struct, array_like=True, tag=True):
+    """A queue's counts over the last hour (actors/history.py)."""
+
+    rid: int
+    queue: str
+
+
 class WatchKey(msgspec.Struct, array_like=True, tag=True):
     """One-shot: answered when ``key`` is past ``version`` (or cancelled)."""
 
@@ -174,6 +182,7 @@ Request = (
     | Status
     | WatchKey
     | Metrics
+    | History
 )
 
 _encoder = msgspec.msgpack.Encoder()
@@ -225,6 +234,7 @@ _REPLY_TYPES.update(
         Status: ShardStatus,
         WatchKey: rp.KeyView,
         Metrics: list[QueueMetrics],
+        History: list[Sample],
     }
 )
 _reply_decoders = {k: msgspec.msgpack.Decoder(v) for k, v in _REPLY_TYPES.items()}
@@ -314,6 +324,7 @@ class Service(Protocol):
     def status(self, brief: bool = False) -> ShardStatus: ...
     async def watch_key(self, key: str, version: int) -> rp.KeyView: ...
     async def metrics(self) -> list[QueueMetrics]: ...
+    async def history(self, name: str) -> list[Sample]: ...
 
 
 class ChannelServer:
@@ -508,6 +519,8 @@ class _ServerConnection(asyncio.Protocol):
             return [service.status(request.brief)]
         if isinstance(request, Metrics):
             return [await service.metrics()]
+        if isinstance(request, History):
+            return [await service.history(request.queue)]
         raise _errors.BadRequest(f"unknown request {type(request).__name__}")
 
 
@@ -611,6 +624,11 @@ class ChannelClient:
         """Every queue's figures. Raises: QueueError."""
         rid = next(self._rids)
         return await self._one_or_raise(rid, Metrics(rid))
+
+    async def history(self, name: str) -> list[Sample]:
+        """Queue ``name``'s counts over the last hour. Raises: QueueError."""
+        rid = next(self._rids)
+        return await self._one_or_raise(rid, History(rid, name))
 
     async def _one_or_raise(self, rid: int, request: Any) -> Any:
         result = await self._one(rid, request, type(request))

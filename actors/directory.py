@@ -20,6 +20,7 @@ from actors.core import commands as cmd
 from actors.core import replies as rp
 from actors.errors import InternalError, Moving, QueueError, Unavailable, WrongShard
 from actors.handover import move_queue
+from actors.history import Sample
 from actors.keyspace import home_of
 from actors.log.placement import MovingWait, Placement, follow_refusal, refused_to
 from actors.log.store import ObjectStore
@@ -75,6 +76,10 @@ class Directory(Protocol):
 
     async def metrics(self) -> list[QueueMetrics]:
         """Every queue's figures (shards that cannot answer are left out)."""
+        ...
+
+    async def history(self, queue: str) -> list[Sample]:
+        """A queue's counts a minute at a time over the last hour. Raises: QueueError."""
         ...
 
     async def delete(self, name: str) -> None:
@@ -275,6 +280,9 @@ class LocalDirectory(_Routes):
 
         return await self._routed(queue, take)
 
+    async def history(self, queue: str) -> list[Sample]:
+        return await self._routed(queue, lambda i: self.shards[i].history(queue))
+
     async def create(
         self, name: str, settings: QueueSettings, given: list[str]
     ) -> tuple[bool, QueueSettings]:
@@ -445,6 +453,9 @@ class ChannelDirectory(_Routes):
 
     async def take(self, queue: str, command: cmd.Take, wait_s: float) -> Any:
         return await self._routed(queue, lambda i: self.channels[i].take(queue, command, wait_s))
+
+    async def history(self, queue: str) -> list[Sample]:
+        return await self._routed(queue, lambda i: self.channels[i].history(queue))
 
     async def watch_key(self, key: str, version: int) -> rp.KeyView:
         home = home_of(key)

@@ -54,6 +54,7 @@ from actors.core.runs import Contents, Run
 from actors.core.state import QueuedMessage, QueueState
 from actors.errors import Moving, NotReady, QueueError, Unavailable
 from actors.flow import Entry, Flow
+from actors.history import NOTE_EVERY_MS, History, Sample
 from actors.log import keys
 from actors.log.bodies import Bodies, place_of
 from actors.log.shardlog import Batch, ShardLog
@@ -139,6 +140,7 @@ class QueueActor:
         "_alarm",
         "_alarm_ms",
         "_background",
+        "_history_next",
         "_last_batch",
         "_mover",
         "_placing",
@@ -152,6 +154,7 @@ class QueueActor:
         "_takers",
         "counters",
         "durable_seq",
+        "history",
         "host",
         "legacy",
         "listener",
@@ -188,6 +191,8 @@ class QueueActor:
         # waits on or watches skips the telling (it happens for every queue of every write).
         self.listener: QueueListener | None = None
         self.counters = QueueCounters()
+        self.history: History | None = None  # made at the first commit (actors/history.py)
+        self._history_next = 0  # from when a commit notes the counts again
         state.ack_waits = []  # time in queue of each ack, drained into counters.in_queue
         self.log_bytes = 0
         self.log_commits = 0
@@ -336,6 +341,8 @@ class QueueActor:
         commit: kept lean."""
         self.durable_seq = last_seq
         self.log_commits += 1
+        if now_ms >= self._history_next:  # every NOTE_EVERY_MS at most: one compare else
+            self._note_history(now_ms)
         if self._last_batch is batch:
             self._last_batch = None
         if self._placing:
@@ -526,6 +533,29 @@ class QueueActor:
             spilled=s.spilled + s.deferred + s.grouped,
             paused=int(s.paused),
         )
+
+    def _note_history(self, now_ms: int) -> None:
+        """The counts after this commit, for the history (the minute's sample, until a
+        later commit of the minute notes them again)."""
+        s = self.state
+        history = self.history
+        if history is None:
+            history = self.history = History()
+        history.note(now_ms, s.n_ready, s.n_delayed, s.n_reserved, s.enqueued_total, s.acked_total)
+        self._history_next = now_ms + NOTE_EVERY_MS
+
+    def history_view(self) -> list[Sample]:
+        """The counts a minute at a time over the last hour, and now (actors/history.py)."""
+        s = self.state
+        now = Sample(
+            self.host.clock.now_ms(),
+            s.n_ready,
+            s.n_delayed,
+            s.n_reserved,
+            s.enqueued_total,
+            s.acked_total,
+        )
+        return [now] if self.history is None else self.history.view(now)
 
     def _recovery_s(self) -> float:
         """How long the last recovery of this queue's shard took (0: none reported)."""

@@ -55,6 +55,7 @@ from actors.errors import (
     WrongShard,
 )
 from actors.flow import Call, Entry, Flow, unavailable
+from actors.history import Sample
 from actors.ids import RandomIds
 from actors.keyspace import ShardKeys, is_partition, partition_of
 from actors.log import keys
@@ -982,6 +983,14 @@ class QueueShard:
     async def metrics(self) -> list[QueueMetrics]:
         """Every queue's figures now (not the key partitions)."""
         return [q.metrics() for n, q in sorted(self.queues.items()) if not is_partition(n)]
+
+    async def history(self, name: str) -> list[Sample]:
+        """Queue ``name``'s counts a minute at a time over the last hour (actors/history.py).
+
+        Raises:
+            QueueError: as :meth:`get` (no such queue, elsewhere, not ready).
+        """
+        return (await self.get(name)).history_view()
 
     # ---------------------------------------------------------------- watch keys
 

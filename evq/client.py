@@ -302,6 +302,17 @@ class _Base:
         return wire.get_queue(name)
 
     @_Endpoint
+    def queue_history(self, name: str) -> _Call[list[dict[str, Any]]]:
+        """The queue's counts a minute at a time over the last hour, oldest first, and the
+        counts now last: each ``{"at", "ready", "delayed", "reserved", "enqueued",
+        "acked"}`` (``enqueued`` and ``acked`` are totals: their differences are rates).
+
+        Raises:
+            QueueNotFound: no such queue.
+        """
+        return wire.queue_history(name)
+
+    @_Endpoint
     def update_queue(self, name: str, **changes: Any) -> _Call[QueueInfo]:
         """Change settings (not id_mode or fifo); safe to retry.
 

@@ -546,6 +546,11 @@ def get_queue(name: str) -> Call[QueueInfo]:
     return Call("GET", _queue(name), _queue_info)
 
 
+def queue_history(name: str) -> Call[list[dict[str, Any]]]:
+    """GET /v1/queues/{name}/history: the counts a minute over the last hour, and now."""
+    return Call("GET", _queue(name) + "/history", lambda _s, doc: list(doc["samples"]))
+
+
 def update_queue(name: str, changes: Mapping[str, Any]) -> Call[QueueInfo]:
     """PATCH /v1/queues/{name}: exactly the given settings (None sends null)."""
     return Call("PATCH", _queue(name), _queue_info, dict(changes))

@@ -257,6 +257,7 @@ _RULES: dict[tuple[str, str], tuple[str, str]] = {
     ("GET", "/v1/queues"): ("read", "list"),
     ("PUT", "/v1/queues/{name}"): ("admin", "queue"),
     ("GET", "/v1/queues/{name}"): ("read", "queue"),
+    ("GET", "/v1/queues/{name}/history"): ("read", "queue"),
     ("PATCH", "/v1/queues/{name}"): ("admin", "queue"),
     ("DELETE", "/v1/queues/{name}"): ("admin", "queue"),
     ("POST", "/v1/queues/{name}/purge"): ("admin", "queue"),

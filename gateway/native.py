@@ -15,6 +15,7 @@ from aiohttp import web
 
 from actors.core import commands as cmd
 from actors.errors import BadRequest, Forbidden
+from actors.history import MINUTE_MS
 from actors.settings import MAX_BATCH, validate_queue_name
 from gateway import hot, wire
 from gateway.auth import LEVELS, TOKEN
@@ -87,6 +88,32 @@ async def list_queues(request: web.Request) -> web.Response:
 async def describe_queue(request: web.Request) -> web.Response:
     name = queue_name(request)
     return reply(request, wire.description_doc(await run(request, name, cmd.Describe())))
+
+
+@routes.get("/v1/queues/{name}/history")
+async def queue_history(request: web.Request) -> web.Response:
+    """The queue's counts a minute at a time over the last hour, and now (actors/history.py):
+    ``{"minute_s": 60, "samples": [{"at", "ready", "delayed", "reserved", "enqueued",
+    "acked"}]}``, oldest first. Kept by the shard that serves the queue since it began to."""
+    name = queue_name(request)
+    samples = await request.app[DIRECTORY].history(name)
+    return reply(
+        request,
+        {
+            "minute_s": MINUTE_MS // 1000,
+            "samples": [
+                {
+                    "at": s.at_ms / 1000,
+                    "ready": s.ready,
+                    "delayed": s.delayed,
+                    "reserved": s.reserved,
+                    "enqueued": s.enqueued,
+                    "acked": s.acked,
+                }
+                for s in samples
+            ],
+        },
+    )
 
 
 @routes.patch("/v1/queues/{name}")

@@ -17,7 +17,9 @@
   const DEAD = "dead-lettered"; // the tab of this queue's messages on its dead-letter queue
   const SOURCE_QUEUE = "evq.source_queue"; // the attribute a dead letter names its queue by
   const SCAN_PAGES = 50; // dead-letter queue pages of PAGE read at most for one page shown
-  const view = { queue: null, state: "ready", cursors: [null], paused: false, dlq: null };
+  const view = { queue: null, state: "ready", cursors: [null], paused: false, dlq: null, timer: null };
+  const HOUR_MS = 3600 * 1000;
+  const HISTORY_EVERY_MS = 30 * 1000; // the chart of the last hour is read again this often
 
   function route() {
     const f = new URLSearchParams(location.hash.replace(/^#/, ""));
@@ -91,6 +93,8 @@
     actions.append(pause, purge, el("span", { class: "sep" }), "rate/s ", rate, to, redrive, progress);
     const settings = settingsForm(name, info.settings);
     const counts = el("p", { id: "queue-counts", class: "muted" });
+    const chart = el("canvas", { id: "history-chart" });
+    const rates = el("span", { id: "history-rates", class: "muted" });
     const tabs = el("div", { class: "tabs" });
     for (const s of states) {
       const tab = el("a", { href: link({ queue: name, state: s }), "data-state": s }, s);
@@ -108,10 +112,36 @@
       else problem("redrive: select messages first");
     };
     selected.append(redriveSome);
-    box.replaceChildren(title, counts, actions, el("h3", {}, "Settings"), settings, el("h3", {}, "Messages"), tabs, table, selected, pager);
+    box.replaceChildren(
+      title, counts, actions,
+      el("h3", {}, "Last hour ", rates), chart,
+      el("h3", {}, "Settings"), settings,
+      el("h3", {}, "Messages"), tabs, table, selected, pager,
+    );
     showPaused();
     showQueueCounts(info.stats);
-    await showPage();
+    await Promise.all([showPage(), showHistory(name)]);
+    if (view.timer !== null) clearInterval(view.timer);
+    view.timer = setInterval(() => showHistory(name), HISTORY_EVERY_MS);
+  }
+
+  // The queue's counts a minute at a time over the last hour, kept by its shard (GET
+  // v1/queues/NAME/history), drawn as the list's charts are; its time is the server's (the
+  // last sample is the counts now), so the browser's clock does not shift it.
+  async function showHistory(name) {
+    const doc = await act("history", () => dash.getJson(`${q(name)}/history`));
+    const chart = document.getElementById("history-chart");
+    if (!doc || name !== view.queue || !chart) return;
+    const samples = doc.samples.map((s) => ({ ...s, t: s.at * 1000 }));
+    const now = samples[samples.length - 1];
+    // the window ends a minute past now: the counts now are its last minute's bar
+    window.evqChart.draw(chart, samples, now.t + 60000, HOUR_MS);
+    chart.dataset.history = String(samples.length - 1); // the minutes' samples, "now" apart
+    const hourAgo = samples.find((s) => s.t >= now.t - HOUR_MS) || now;
+    const minutes = Math.max(1, (now.t - hourAgo.t) / 60000);
+    const rate = (field) => ((now[field] - hourAgo[field]) / minutes).toFixed(1);
+    document.getElementById("history-rates").textContent =
+      `· put ${rate("enqueued")}/min, acked ${rate("acked")}/min over ${Math.round(minutes)} min`;
   }
 
   function showQueueCounts(stats) {
@@ -461,6 +491,10 @@
 
   async function render() {
     document.body.dataset.rendered = ""; // set again once this view is drawn
+    if (view.timer !== null) {
+      clearInterval(view.timer); // a queue's chart is read again only while its page shows
+      view.timer = null;
+    }
     const r = route();
     const list = document.getElementById("list-view");
     const box = document.getElementById("queue-view");

@@ -329,6 +329,15 @@ async def test_the_console_pages_through_10000_messages_and_acts_on_one(
         await api.put("orders", *(f"order {n * 1000 + i}" for i in range(1000)))
     await go(page, api, "queue=orders")
     await page.wait_for(f"{ROWS}.length === 100")
+    # the last hour's chart: the shard's samples and the counts now, drawn as its last bar
+    history = await api.ok("GET", "/v1/queues/orders/history")
+    chart = "document.getElementById('history-chart').dataset"
+    assert int(await page.evaluate(f"{chart}.history")) >= 1
+    assert history["samples"][-1]["ready"] == 10_000
+    assert await page.evaluate(f"{chart}.max") == "10000"  # its scale: the counts now
+    assert int(await page.evaluate(f"{chart}.areas")) >= 1
+    rates = await page.evaluate("document.getElementById('history-rates').textContent")
+    assert rates.startswith("· put "), rates
     seen_ids: list[str] = list(await page.evaluate(ROWS))
     for number in range(2, 6):  # four pages more, by the browse cursor
         await click(page, "#next-page")

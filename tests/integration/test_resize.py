@@ -146,6 +146,14 @@ def test_every_gateway_process_answers_for_the_tasks_the_main_one_runs(
         listed.add(tuple((g["id"], g["listen"], g["processes"]) for g in doc["gateways"]))
     [[(_, listen, processes)]] = listed
     assert (listen, processes) == (server.url, 2)
+    # a queue's history, from its shard over the channel (a queue moved since starts it
+    # again; a commit notes the counts at most every 5 s)
+    with Client(server.url, retries=0, timeout=30) as c:
+        c.put(queues[0], "x")
+        *minutes, now = c.queue_history(queues[0])
+        assert (now["ready"], now["enqueued"], now["acked"]) == (1, 1, 0)
+        assert minutes, "no commit noted a sample"
+        assert minutes[-1]["enqueued"] in (0, 1)
     with Client(server.url, retries=0, timeout=30) as c:
         for _ in range(300):
             if c.shards()["count"] == 3 and c.tasks()[-1]["state"] != "running":

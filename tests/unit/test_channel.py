@@ -583,3 +583,23 @@ async def test_a_slow_call_on_a_live_shard_is_not_mistaken_for_silence(
         assert isinstance(stats, rp.StatsView)
     finally:
         await client.close()
+
+
+async def test_a_queue_s_history_crosses_the_channel(rig: Rig) -> None:
+    client = rig.client()
+    try:
+        put = cmd.Put([cmd.NewMessage(body=b"x") for _ in range(3)])
+        await client.execute_many("q", [put])
+        [taken] = await client.execute_many("q", [cmd.Take(1)])
+        await client.execute_many("q", [cmd.Ack([cmd.LeaseRef(taken[0].id, taken[0].lease)])])
+        *minutes, now = await client.history("q")
+        assert (now.ready, now.reserved, now.enqueued, now.acked) == (2, 0, 3, 1)
+        # a sample a minute (two if one began meanwhile), each the counts after a commit
+        assert 1 <= len(minutes) <= 2, minutes
+        seen = {(0, 0, 0), (3, 3, 0), (2, 3, 0), (2, 3, 1)}
+        assert all((m.ready, m.enqueued, m.acked) in seen for m in minutes), minutes
+        assert all(m.at_ms <= now.at_ms for m in minutes)
+        with pytest.raises(QueueNotFound):
+            await client.history("nope")
+    finally:
+        await client.close()

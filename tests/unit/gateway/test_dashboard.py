@@ -200,3 +200,20 @@ def test_status_doc_of_reports_with_and_without_damage() -> None:
     assert second["reports"][0]["clean"] is True
     assert msgspec.json.decode(msgspec.json.encode(doc)) == doc  # plain JSON all the way
     assert dashboard.status_doc([])["ready"] is False  # no shards: nothing is ready
+
+
+async def test_a_queue_s_history_is_its_counts_a_minute_and_now(api: Api) -> None:
+    await api.create("orders")
+    await api.put("orders", "a", "b", "c")
+    doc = await api.ok("GET", "/v1/queues/orders/history")
+    assert doc["minute_s"] == 60
+    *minutes, now = doc["samples"]
+    assert (now["ready"], now["delayed"], now["reserved"]) == (3, 0, 0)
+    assert (now["enqueued"], now["acked"]) == (3, 0)
+    # a sample a minute (two if one began meanwhile), each the counts after a commit
+    assert 1 <= len(minutes) <= 2, minutes
+    assert all((m["ready"], m["enqueued"]) in {(0, 0), (3, 3)} for m in minutes), minutes
+    assert all(m["at"] <= now["at"] for m in minutes)
+    reply = await api.call("GET", "/v1/queues/nope/history")
+    assert reply.status == 404, reply
+    assert reply.doc["error"]["code"] == "QueueNotFound"
