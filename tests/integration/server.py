@@ -23,6 +23,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from tests.conftest import free_port as free_port  # the tests import it from here too
 
@@ -348,3 +349,18 @@ def eventually(
             shown = what() if callable(what) else what
             raise AssertionError(f"not within {timeout}s: {shown} (last: {last!r})")
         time.sleep(interval)
+
+
+def sqs_client(server: Server) -> Any:
+    """boto3's SQS client on a loopback server (any credentials), without retries."""
+    import boto3
+    from botocore.config import Config
+
+    return boto3.session.Session().client(
+        "sqs",
+        endpoint_url=server.url,
+        region_name="us-east-1",
+        aws_access_key_id="local",
+        aws_secret_access_key="local",
+        config=Config(retries={"max_attempts": 1, "mode": "standard"}, read_timeout=30),
+    )

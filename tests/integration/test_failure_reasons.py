@@ -5,26 +5,10 @@ takes, SQS receives)."""
 
 from __future__ import annotations
 
-from typing import Any
-
-import boto3
-from botocore.config import Config
-
 from evq.client import Client
 from tests.integration.conftest import Names
-from tests.integration.server import Server, eventually, request
+from tests.integration.server import Server, eventually, request, sqs_client
 from tests.integration.test_cli import evq
-
-
-def sqs_client(server: Server) -> Any:
-    return boto3.session.Session().client(
-        "sqs",
-        endpoint_url=server.url,
-        region_name="us-east-1",
-        aws_access_key_id="local",
-        aws_secret_access_key="local",
-        config=Config(retries={"max_attempts": 1, "mode": "standard"}, read_timeout=30),
-    )
 
 
 def test_reasons_are_kept_shown_and_carried_into_the_dead_letter_queue(

@@ -9,27 +9,11 @@ import re
 import threading
 import time
 import urllib.request
-from typing import Any
-
-import boto3
-from botocore.config import Config
 
 from evq.client import Client, Message
 from tests.integration.conftest import Names, ServerFactory
-from tests.integration.server import Server, request
+from tests.integration.server import Server, request, sqs_client
 from tests.integration.test_cli import evq
-
-
-def sqs_client(server: Server) -> Any:
-    """boto3 on a loopback server: any credentials."""
-    return boto3.session.Session().client(
-        "sqs",
-        endpoint_url=server.url,
-        region_name="us-east-1",
-        aws_access_key_id="local",
-        aws_secret_access_key="local",
-        config=Config(retries={"max_attempts": 1, "mode": "standard"}, read_timeout=30),
-    )
 
 
 def paused_metric(server: Server, queue: str) -> float | None:

@@ -8,26 +8,12 @@ from __future__ import annotations
 import time
 import urllib.error
 import urllib.request
-from typing import Any
 
-import boto3
 import pytest
-from botocore.config import Config
 
 from evq.client import Client, RetryPolicy
 from tests.integration.conftest import Names
-from tests.integration.server import Server, request
-
-
-def sqs_client(server: Server) -> Any:
-    return boto3.session.Session().client(
-        "sqs",
-        endpoint_url=server.url,
-        region_name="us-east-1",
-        aws_access_key_id="local",
-        aws_secret_access_key="local",
-        config=Config(retries={"max_attempts": 1, "mode": "standard"}, read_timeout=30),
-    )
+from tests.integration.server import Server, request, sqs_client
 
 
 def test_max_in_flight_holds_for_native_takes_and_sqs_receives(
