@@ -537,25 +537,21 @@ class QueueActor:
     def _note_history(self, now_ms: int) -> None:
         """The counts after this commit, for the history (the minute's sample, until a
         later commit of the minute notes them again)."""
-        s = self.state
         history = self.history
         if history is None:
             history = self.history = History()
-        history.note(now_ms, s.n_ready, s.n_delayed, s.n_reserved, s.enqueued_total, s.acked_total)
+        history.note(now_ms, *self._counts())
         self._history_next = now_ms + NOTE_EVERY_MS
 
     def history_view(self) -> list[Sample]:
         """The counts a minute at a time over the last hour, and now (actors/history.py)."""
-        s = self.state
-        now = Sample(
-            self.host.clock.now_ms(),
-            s.n_ready,
-            s.n_delayed,
-            s.n_reserved,
-            s.enqueued_total,
-            s.acked_total,
-        )
+        now = Sample(self.host.clock.now_ms(), *self._counts())
         return [now] if self.history is None else self.history.view(now)
+
+    def _counts(self) -> tuple[int, int, int, int, int]:
+        """What a history sample holds besides its time (actors/history.py's Sample)."""
+        s = self.state
+        return s.n_ready, s.n_delayed, s.n_reserved, s.enqueued_total, s.acked_total
 
     def _recovery_s(self) -> float:
         """How long the last recovery of this queue's shard took (0: none reported)."""
