@@ -83,6 +83,9 @@ class QueueSettings(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     take_rate: int | None = None
     put_rate: int | None = None
     max_in_flight: int | None = None
+    # A standard queue's messages handed out fairly across their groups (actors/core/fair.py):
+    # one group's backlog does not hold back the others'.
+    fair: bool = False
 
     def validate(self, name: str) -> QueueSettings:
         """Check every field against its range and the queue name; return self.
@@ -109,6 +112,12 @@ class QueueSettings(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
             raise BadRequest("FIFO queues, and only they, have names ending in .fifo")
         if self.content_based_dedup and not self.fifo:
             raise BadRequest("content_based_dedup is for FIFO queues")
+        if not isinstance(self.fair, bool):
+            raise BadRequest("fair is true or false", field="fair")
+        if self.fair and self.fifo:
+            raise BadRequest(
+                "fair is for standard queues (a FIFO queue's groups are in order)", field="fair"
+            )
         if self.meta is not None:
             _check_meta(self.meta)
         self._check_limits()

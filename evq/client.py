@@ -261,10 +261,12 @@ class _Base:
         take_rate: int | None = None,
         put_rate: int | None = None,
         max_in_flight: int | None = None,
+        fair: bool | None = None,
     ) -> _Call[QueueInfo]:
         """Create a queue (``created`` False when it exists with these settings); safe to retry.
         ``take_rate``/``put_rate``: messages a second over the whole cluster; ``max_in_flight``:
-        messages reserved at once (all three settable later with :meth:`update_queue`).
+        messages reserved at once; ``fair`` (standard queues): messages handed out fairly
+        across their groups (all four settable later with :meth:`update_queue`).
 
         Raises:
             QueueExists: it exists with other settings.
@@ -284,6 +286,7 @@ class _Base:
             take_rate,
             put_rate,
             max_in_flight,
+            fair,
         )
         return wire.create_queue(name, settings)
 
@@ -667,6 +670,7 @@ def _settings(
     take_rate: int | None,
     put_rate: int | None,
     max_in_flight: int | None,
+    fair: bool | None,
 ) -> dict[str, Any]:
     return {k: v for k, v in locals().items() if v is not None}
 

@@ -192,6 +192,7 @@ class QueueConfig(msgspec.Struct, frozen=True, kw_only=True):
     take_rate: int | None = None  # messages a second, over the whole cluster
     put_rate: int | None = None
     max_in_flight: int | None = None
+    fair: bool = False  # standard queues: messages handed out fairly across their groups
 
 
 class QueueStats(msgspec.Struct, frozen=True, kw_only=True):

@@ -118,6 +118,7 @@ class QueueSettingsIn(_In):
     take_rate: int | msgspec.UnsetType | None = UNSET
     put_rate: int | msgspec.UnsetType | None = UNSET
     max_in_flight: int | msgspec.UnsetType | None = UNSET
+    fair: bool | msgspec.UnsetType = UNSET
 
 
 class KeyIn(_In):
@@ -377,6 +378,7 @@ def settings_doc(s: QueueSettings) -> dict[str, Any]:
         "take_rate": s.take_rate,
         "put_rate": s.put_rate,
         "max_in_flight": s.max_in_flight,
+        "fair": s.fair,
     }
 
 

@@ -28,7 +28,8 @@ at depth d (the entries before the cursor, stale ones included): the first pages
 cheaper: once the walk has taken as long as a scan would, the page scans instead, so a page
 costs at most about two scans (~0.15 µs a message here: ~75 ms per page deep in a queue of
 500k; the shard serves nothing else meanwhile). A FIFO queue's ready messages have no
-complete heap (only group heads are offered to take): their pages always scan.
+complete heap (only group heads are offered to take), nor does a fair queue's (each
+group's ready messages have a heap of their own, fair.py): their pages always scan.
 """
 
 from __future__ import annotations
@@ -118,7 +119,7 @@ def _ordered(state: QueueState, code: int, after: Key | None, want: int) -> list
     key order: from the state's heap while few entries lie before the cursor, else (deep in
     a long heap, or a FIFO queue's ready messages) from a scan of every message."""
     found = None
-    if not (code == READY and state.settings.fifo):
+    if not (code == READY and (state.settings.fifo or state.fair is not None)):
         heap = _HEAPS[code](state)
         found = _walk(heap, code, after, want, walk_budget(state, want))
     if found is None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, cast
 
 import msgspec
 
@@ -22,6 +22,7 @@ from actors.core import browse
 from actors.core import commands as cmd
 from actors.core import events as ev
 from actors.core import replies as rp
+from actors.core.fair import FairOrder
 from actors.core.ids import IdSource
 from actors.core.keys import validate_key
 from actors.core.state import (
@@ -553,31 +554,35 @@ def _peek_ready(state: QueueState, limit: int, consume: bool = False) -> list[Qu
     """The next ``limit`` messages ``take`` would hand out, in order: fewer when their bodies
     would pass :data:`MAX_TAKE_BYTES` (always at least one).
 
-    The heap is left as it was, unless ``consume``: then the caller promises to reserve the
-    messages at once, and their entries are not put back."""
-    popped: list[tuple[int, int, QueuedMessage]] = []
+    The heaps are left as they were, unless ``consume``: then the caller promises to reserve
+    the messages at once, and their entries are not put back."""
+    popped: list[tuple[list[tuple[int, int, QueuedMessage]], tuple[int, int, QueuedMessage]]] = []
     picked: list[QueuedMessage] = []
     seen: set[int] = set()
     fifo = state.settings.fifo
     size = 0
-    for entry, m in _in_take_order(state):
+    fair = None if state.fair is None else FairOrder(state.fair, _in_take_order(state), state.ready)
+    walk = ((state.ready, e, m) for e, m in _in_take_order(state)) if fair is None else fair
+    for heap, entry, m in walk:
         if m.seq not in seen:
             size += len(m.body)
             if size > MAX_TAKE_BYTES and picked:
-                if entry is not None:
-                    heapq.heappush(state.ready, entry)  # for the next take: a reply stays bounded
+                if entry is not None:  # for the next take: a reply stays bounded
+                    heapq.heappush(cast(list[tuple[int, int, QueuedMessage]], heap), entry)
                 break
             seen.add(m.seq)
             picked.append(m)
             if fifo:  # a run stopped at a message that would not fit ends the take
                 size = _run_of_group(state, m, limit, picked, seen, size)
         if entry is not None:
-            popped.append(entry)
+            popped.append((cast(list[tuple[int, int, QueuedMessage]], heap), entry))
         if len(picked) >= limit or size > MAX_TAKE_BYTES:
             break
+    if fair is not None:
+        fair.finish()
     if not consume:
-        for entry in popped:
-            heapq.heappush(state.ready, entry)
+        for heap, entry in popped:
+            heapq.heappush(heap, entry)
     return picked
 
 

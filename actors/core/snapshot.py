@@ -20,6 +20,7 @@ import numpy as np
 
 from actors.core import events as ev
 from actors.core import replies as rp
+from actors.core.fair import Fair
 from actors.core.idindex import MAX_RUNS, IdIndex
 from actors.core.runs import LoanRecord, Run, RunRecord, Slots
 from actors.core.state import DELAYED, READY, RESERVED, QueuedMessage, QueueState, transient
@@ -67,6 +68,10 @@ class Snapshot(msgspec.Struct, array_like=True, gc=False):
     paused: bool = False  # takes hand out nothing (appended)
     # reserved messages an admin deleted: (API id, when their lease would have ended)
     forced: list[tuple[str, int]] = []  # (appended)
+    # a fair queue (fair.py): its turns so far, and (group, the turn it was last served at)
+    # of each group with ready messages that was served
+    fair_turn: int = 0  # (appended)
+    fair: list[tuple[str, int]] = []  # (appended)
 
 
 def _enc_hook(value: Any) -> Any:
@@ -115,6 +120,8 @@ def snapshot(state: QueueState) -> Snapshot:
         state.moving,
         state.paused,
         list(state.forced.items()),
+        0 if state.fair is None else state.fair.turn,
+        [] if state.fair is None else state.fair.lasts(),
     )
 
 
@@ -268,6 +275,8 @@ def _restore(snap: Snapshot) -> QueueState:
     (s.dead_lettered, s.expired_total, s.acked_total, s.enqueued_total, s.purged_total) = (
         snap.counters
     )
+    if s.settings.fair and not s.settings.fifo:
+        s.fair = Fair(snap.fair_turn)
     for m in sorted(snap.messages, key=_seq):
         s.messages[m.id] = m
         _index(s, m)
@@ -278,6 +287,9 @@ def _restore(snap: Snapshot) -> QueueState:
             s.patching = 1  # patches to drop with their messages (QueueState._remove)
     if s.settings.fifo:
         _index_groups(s)
+    if s.fair is not None:
+        grouped = [m for m in s.messages.values() if m.state == READY and m.group is not None]
+        s.fair.rebuild(grouped, dict(snap.fair))
     for heap in (s.ready, s.delayed, s.reserved):
         heapq.heapify(heap)
     s.outbox = {m.seq: m for m in snap.outbox}
@@ -461,7 +473,7 @@ def _index(s: QueueState, m: QueuedMessage) -> None:
     """Count ``m`` and add it to its heap (FIFO ready heads are added by _index_groups)."""
     if m.state == READY:
         s.n_ready += 1
-        if not s.settings.fifo:
+        if not s.settings.fifo and (s.fair is None or m.group is None):  # fair: its group's
             s.ready.append((m.activate_at_ms, m.seq, m))
     elif m.state == DELAYED:
         s.n_delayed += 1

@@ -41,6 +41,7 @@ import msgspec
 
 from actors.core import events as ev
 from actors.core import replies as rp
+from actors.core.fair import Fair
 from actors.core.idindex import MAX_RUNS, SLOT_BITS, IdIndex
 from actors.core.runs import BodyReader, Contents, Patches, Run
 from actors.settings import QueueSettings
@@ -185,6 +186,7 @@ class QueueState:
         "delayed",
         "enqueued_total",
         "expired_total",
+        "fair",
         "forced",
         "grouped",
         "groups",
@@ -253,6 +255,9 @@ class QueueState:
         # decides nothing but taking it over (decide.py) until QueueTakenOver.
         self.moving: tuple[int, int, int] | None = None
         self.paused = False  # takes hand out nothing (QueuePaused)
+        # A fair queue's groups (fair.py): its grouped ready messages are in their groups'
+        # heaps, not in ``ready``. None: not a fair queue.
+        self.fair: Fair[QueuedMessage] | None = None
         # reserved messages an admin deleted (MessagesDeleted.forced): API id -> when their
         # lease would have ended; their holders' commands are stale until then
         self.forced: dict[str, int] = {}
@@ -353,9 +358,29 @@ class QueueState:
     def _apply_created(self, e: ev.QueueCreated) -> None:
         self.name = e.name
         self.settings = e.settings
+        self._set_fair()
 
     def _apply_settings(self, e: ev.SettingsChanged) -> None:
         self.settings = e.settings
+        self._set_fair()
+
+    def _set_fair(self) -> None:
+        """A queue that becomes fair moves its grouped ready messages into their groups
+        (each served first: no group has had a turn yet); one that stops being fair moves
+        them back into ``ready``."""
+        fair = self.settings.fair and not self.settings.fifo
+        if fair and self.fair is None:
+            grouped = [
+                e[2] for e in self.ready if e[2].group is not None and _valid(e, READY, _ACTIVATE)
+            ]
+            self.ready = [e for e in self.ready if e[2].group is None]
+            heapq.heapify(self.ready)
+            self.fair = Fair()
+            self.fair.rebuild(grouped, {})
+        elif not fair and self.fair is not None:
+            for m in self.fair.ready():
+                heapq.heappush(self.ready, (m.activate_at_ms, m.seq, m))
+            self.fair = None
 
     def _apply_put(self, e: ev.MessagesPut) -> None:
         if self.settings.put_rate is not None:
@@ -399,6 +424,8 @@ class QueueState:
         push = heapq.heappush
         reserved = self.reserved
         fifo = self.settings.fifo
+        fair = self.fair is not None
+        served: list[str] = []
         n = 0
         read: list[Any] = [None, None]  # the last run read, and its contents: a take's
         for mid, lease in zip(e.ids, e.leases, strict=True):  # messages come a run at a time
@@ -416,9 +443,13 @@ class QueueState:
             push(reserved, (deadline, m.seq, m))
             if fifo:
                 self.groups[m.group].busy += 1
+            elif fair and m.group is not None:
+                served.append(m.group)
             n += 1
         self.n_ready -= n
         self.n_reserved += n
+        if served:  # each grouped message taken, in the take's order: a turn (fair.py)
+            cast("Fair[QueuedMessage]", self.fair).served(served)
         if e.attempt is not None:
             self._remember_attempt(e.attempt, e)
 
@@ -736,6 +767,8 @@ class QueueState:
         self.arrivals = deque()
         self.mat_runs, self.in_mats = [], 0
         self.groups = {}
+        if self.fair is not None:
+            self.fair = Fair(self.fair.turn)
         self.n_ready = self.n_delayed = self.n_reserved = 0
 
     def _apply_dlq(self, e: ev.DeadLettersRouted) -> None:
@@ -963,6 +996,9 @@ class QueueState:
             group = self.groups[m.group]
             if group.busy or self._head(group) is not m:
                 return
+        elif self.fair is not None and m.group is not None:
+            self.fair.push(m)
+            return
         heapq.heappush(self.ready, (m.activate_at_ms, m.seq, m))
 
     def _end_lease(self, m: QueuedMessage) -> None:
@@ -1233,6 +1269,8 @@ class QueueState:
             self.delayed = _sweep(self.delayed, DELAYED, _ACTIVATE)
         if len(self.reserved) > 2 * self.n_reserved + _COMPACT_SLACK:
             self.reserved = _sweep(self.reserved, RESERVED, _DEADLINE)
+        if self.fair is not None:
+            self.fair.maybe_sweep(self.n_ready)
         if len(self.later) > 2 * self.n_delayed + _COMPACT_SLACK:
             # stale entries of runs whose time moved (a scattered run takes one a reschedule);
             # a live entry has a delayed message at least (a FIFO queue's waiting runs count
@@ -1286,6 +1324,10 @@ class QueueState:
         while self.ready and not _valid(self.ready[0], READY, _ACTIVATE):
             heapq.heappop(self.ready)
         oldest = self.ready[0][0] if self.ready else None
+        if self.fair is not None:
+            grouped = self.fair.oldest()
+            if grouped is not None and (oldest is None or grouped < oldest):
+                oldest = grouped
         run = self.front_run()
         if run is not None and (oldest is None or run.act < oldest):
             return run.act

@@ -96,6 +96,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-message-bytes", type=count_arg, metavar="N")
     s.add_argument("--fifo", action="store_true", help="FIFO queue (name ends in .fifo)")
     s.add_argument("--delay", type=seconds_arg, metavar="S", help="default delay of every put")
+    s.add_argument(
+        "--fair", action="store_true", help="hand messages out fairly across their groups"
+    )
 
     s = sub.add_parser("put", help="put messages (bodies as arguments, or one per stdin line)")
     s.add_argument("queue")
@@ -105,7 +108,7 @@ def build_parser() -> argparse.ArgumentParser:
     when.add_argument("--at", type=parse_time, metavar="TIME", help="ISO-8601 or Unix seconds")
     s.add_argument("--id", help="message id (client-id queues; one message)")
     s.add_argument("--key", help="idempotency key (one message)")
-    s.add_argument("--group", help="message group (FIFO queues)")
+    s.add_argument("--group", help="message group (FIFO queues; fair queues' tenants)")
 
     s = sub.add_parser("take", help="take (reserve) messages")
     s.add_argument("queue")
@@ -240,6 +243,7 @@ def _create(client: Client, args: argparse.Namespace, out: Output, _stdin: IO[An
         max_message_bytes=args.max_message_bytes,
         fifo=True if args.fifo else None,
         delay=args.delay,
+        fair=True if args.fair else None,
     )
     if out.json:
         out.doc({"name": info.name, "settings": plain(info.settings), "created": info.created})

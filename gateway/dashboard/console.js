@@ -191,8 +191,9 @@
     }
   }
 
-  // The settings a queue may change after creation: an input each; Save sends the changed
-  // ones (empty: null, no limit). The others are shown.
+  // The settings a queue may change after creation: an input each (a standard queue's
+  // "fair": a checkbox); Save sends the changed ones (empty: null, no limit). The others are
+  // shown.
   const EDITABLE = new Set([
     "visibility_timeout", "max_receives", "dead_letter_queue", "retention", "max_message_bytes",
     "delay", "idempotency_window", "max_messages", "take_rate", "put_rate", "max_in_flight",
@@ -205,7 +206,12 @@
       if (k === "meta") continue;
       const shown = v === null ? "" : String(v);
       let cell;
-      if (EDITABLE.has(k)) {
+      if (k === "fair" && !settings.fifo) {
+        inputs[k] = el("input", { type: "checkbox", "data-setting": k });
+        inputs[k].checked = v === true;
+        inputs[k].dataset.was = String(v === true);
+        cell = el("td", {}, inputs[k]);
+      } else if (EDITABLE.has(k)) {
         inputs[k] = el("input", { type: "text", value: shown, placeholder: "—", "data-setting": k });
         inputs[k].dataset.was = shown;
         cell = el("td", {}, inputs[k]);
@@ -218,6 +224,10 @@
     save.onclick = async () => {
       const changes = {};
       for (const [k, input] of Object.entries(inputs)) {
+        if (input.type === "checkbox") {
+          if (String(input.checked) !== input.dataset.was) changes[k] = input.checked;
+          continue;
+        }
         const text = input.value.trim();
         if (text === input.dataset.was) continue;
         if (text === "") changes[k] = null;
@@ -229,7 +239,12 @@
       if (doc) {
         for (const [k, input] of Object.entries(inputs)) {
           const v = doc.settings[k];
-          input.value = input.dataset.was = v === null ? "" : String(v);
+          if (input.type === "checkbox") {
+            input.checked = v === true;
+            input.dataset.was = String(v === true);
+          } else {
+            input.value = input.dataset.was = v === null ? "" : String(v);
+          }
         }
         save.dataset.saved = String(Date.now());
       }

@@ -384,6 +384,17 @@ async def test_the_console_pages_through_10000_messages_and_acts_on_one(
     await click(page, "#save-settings")
     await page.wait_for(f"{take_rate}.dataset.was === ''")
     assert (await api.ok("GET", "/v1/queues/orders"))["settings"]["take_rate"] is None
+    # and the queue made fair (a checkbox), then not
+    fair = "document.querySelector('input[data-setting=\"fair\"]')"
+    assert await page.evaluate(f"{fair}.type") == "checkbox"
+    await page.evaluate(f"{fair}.checked = true")
+    await click(page, "#save-settings")
+    await page.wait_for(f"{fair}.dataset.was === 'true'")
+    assert (await api.ok("GET", "/v1/queues/orders"))["settings"]["fair"] is True
+    await page.evaluate(f"{fair}.checked = false")
+    await click(page, "#save-settings")
+    await page.wait_for(f"{fair}.dataset.was === 'false'")
+    assert (await api.ok("GET", "/v1/queues/orders"))["settings"]["fair"] is False
 
     # a reserved message deleted by force from its page
     await go(page, api, f"queue=orders&message={first[0]['id']}")

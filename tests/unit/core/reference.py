@@ -43,6 +43,10 @@ class Reference:
     acked: int = 0
     take_bytes: int = 64 * 1024 * 1024  # a take stops before the body that would pass it
     paused: bool = False  # takes get nothing
+    # a fair queue: the turn each group was last served at (none: not since it was last
+    # without a ready message), and the turns taken
+    fair_last: dict[str, int] = field(default_factory=dict)
+    fair_turn: int = 0
 
     # ------------------------------------------------------------- time
 
@@ -67,7 +71,7 @@ class Reference:
             elif kind == 1:
                 self._back(m, m.deadline, m.deadline)
             else:
-                m.state = "ready"
+                self._ready(m)
         window = self.settings.idempotency_window_ms
         self.idem = {k: v for k, v in self.idem.items() if v[1] + window > now}
         self.clock = now
@@ -82,7 +86,20 @@ class Reference:
             self.dead_lettered += 1
             return
         m.activate_at = activate_at
-        m.state = "ready" if activate_at <= now else "delayed"
+        if activate_at <= now:
+            self._ready(m)
+        else:
+            m.state = "delayed"
+
+    def _ready(self, m: RMsg) -> None:
+        """``m`` becomes ready; in a fair queue, a group with no other ready message forgets
+        its turn."""
+        group = m.group
+        if self.settings.fair and group is not None:
+            others = [x for x in self.msgs if x is not m and x.group == group]
+            if not any(x.state == "ready" for x in others):
+                self.fair_last.pop(group, None)
+        m.state = "ready"
 
     # ------------------------------------------------------------- queries
 
@@ -177,8 +194,10 @@ class Reference:
         for m in staged:
             m.seq = self.next_seq
             self.next_seq += 1
-            m.state = "ready" if m.activate_at <= now else "delayed"
+            m.state = "delayed"
             self.msgs.append(m)
+            if m.activate_at <= now:
+                self._ready(m)
         self.idem = keys
         return results
 
@@ -186,6 +205,8 @@ class Reference:
         """What take hands out, in order: in a FIFO queue, each takeable group head followed
         by the ready messages right behind it in its group."""
         heads = self.takeable()
+        if self.settings.fair:
+            return self.fair_order(len(heads))[0]
         if not self.settings.fifo:
             return heads
         out: list[RMsg] = []
@@ -197,6 +218,34 @@ class Reference:
                 out.append(m)
         return out
 
+    def fair_order(self, n: int) -> tuple[list[RMsg], list[str | None]]:
+        """A fair queue's first ``n`` ready messages in take order, and whose turn each is:
+        each time, the first ready message (by activation, then arrival) of whoever has the
+        smallest (turn last served, its first message's activation, arrival), where a message
+        without a group is a tenant of its own that was never served."""
+        last = dict(self.fair_last)
+        turn = self.fair_turn
+        ready = [m for m in self.msgs if m.state == "ready"]
+        out: list[RMsg] = []
+        while ready and len(out) < n:
+            firsts: dict[object, RMsg] = {}
+            for m in sorted(ready, key=lambda m: (m.activate_at, m.seq)):
+                firsts.setdefault(m.seq if m.group is None else m.group, m)
+            m = min(
+                firsts.values(),
+                key=lambda m: (
+                    0 if m.group is None else last.get(m.group, 0),
+                    m.activate_at,
+                    m.seq,
+                ),
+            )
+            out.append(m)
+            ready.remove(m)
+            if m.group is not None:
+                turn += 1
+                last[m.group] = turn
+        return out, [m.group for m in out]
+
     def take(self, now: int, limit: int, vt: int | None) -> list[RMsg]:
         if self.paused:
             return []
@@ -207,6 +256,11 @@ class Reference:
                 break
             picked.append(m)
             size += len(m.body)
+        if self.settings.fair:
+            for m in picked:
+                if m.group is not None:
+                    self.fair_turn += 1
+                    self.fair_last[m.group] = self.fair_turn
         deadline = now + (self.settings.visibility_timeout_ms if vt is None else vt)
         for m in picked:
             m.state = "reserved"
@@ -286,7 +340,10 @@ class Reference:
             if m.state == "reserved":
                 m.lease, m.deadline, m.receive_count = None, 0, 0
             m.activate_at = now + delay
-            m.state = "ready" if m.activate_at <= now else "delayed"
+            if m.activate_at <= now:
+                self._ready(m)
+            else:
+                m.state = "delayed"
         return m
 
     def delete(self, mid: str, lease: str | None) -> str | None:

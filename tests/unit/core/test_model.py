@@ -117,6 +117,7 @@ class QueueMachine(RuleBasedStateMachine):
         self.waiting_fifo = 0  # FIFO runs seen waiting (a put due later), summed
         self.spread_fifo = 0  # FIFO runs each slot at its own time, holding slots, summed
         self.patches = 0  # bodies updates changed in runs (Run.patches): the most made
+        self.reordered = 0  # a fair queue's takes that handed out other than the oldest
         self.attr_runs = 0  # runs with attributes seen holding slots, summed over the checks
         self.loans = 0  # return runs seen holding slots, summed over the checks
         self.scattered = 0  # scattered ones (Run.scatter) among them
@@ -217,8 +218,9 @@ class QueueMachine(RuleBasedStateMachine):
         vt=st.integers(1_000, 20_000),
         window=st.integers(1_000, 60_000),
         cbd=st.booleans(),
+        fair=st.booleans(),
     )
-    def create(self, server, fifo, max_receives, retention, vt, window, cbd) -> None:
+    def create(self, server, fifo, max_receives, retention, vt, window, cbd, fair=False) -> None:
         s = QueueSettings(
             id_mode="server" if server else "client",
             fifo=fifo,
@@ -227,6 +229,7 @@ class QueueMachine(RuleBasedStateMachine):
             visibility_timeout_ms=vt,
             idempotency_window_ms=window,
             content_based_dedup=cbd and fifo,
+            fair=fair and not fifo,
         )
         name = "q.fifo" if fifo else "q"
         assert self.run(c.Create(name, s)) is True
@@ -248,8 +251,8 @@ class QueueMachine(RuleBasedStateMachine):
             rs = {"body": spec["body"], "key": spec.get("key")}
             if ref.settings.id_mode == "client":
                 kw["id"] = rs["id"] = spec["id"]
-            if ref.settings.fifo:
-                kw["group"] = rs["group"] = spec["group"]
+            if ref.settings.fifo or (ref.settings.fair and spec["body"] != b"gamma"):
+                kw["group"] = rs["group"] = spec["group"]  # a fair queue's gammas have none
             if "attrs" in spec:
                 kw["attributes"] = rs["attributes"] = spec["attrs"]
             if "past" in spec:
@@ -268,7 +271,10 @@ class QueueMachine(RuleBasedStateMachine):
 
     def do_take(self, limit: int, vt: int | None) -> None:
         reply = self.run(c.Take(max=limit, visibility_timeout_ms=vt))
+        oldest = [m.seq for m in self.ref.takeable()[:limit]]
         expected = self.ref.take(self.now, limit, vt)
+        if self.ref.settings.fair and [m.seq for m in expected] != oldest[: len(expected)]:
+            self.reordered += 1
         got = [(d.id, d.body, d.attributes, d.receive_count, d.lease_expires_at_ms) for d in reply]
         want = [(str(m.id), m.body, m.attributes, m.receive_count, m.deadline) for m in expected]
         assert got == want
@@ -378,7 +384,7 @@ class QueueMachine(RuleBasedStateMachine):
         """Walking the state's heap and scanning its messages find the same messages."""
         code = browse.STATES[state]
         scanned = browse._scan(self.state, code, after, want)
-        if not (state == "ready" and self.ref.settings.fifo):
+        if not (state == "ready" and (self.ref.settings.fifo or self.ref.settings.fair)):
             heap = {"ready": self.state.ready, "delayed": self.state.delayed}.get(
                 state, self.state.reserved
             )
@@ -558,6 +564,7 @@ class QueueMachine(RuleBasedStateMachine):
             r.gnames is not None and r.acts is not None and r.left > 0 for r in self.state.by_id
         )
         self.patches = max(self.patches, self.state.patching)  # made (those of gone go)
+
         self.loans += sum(len(r.live_loans()) for r in self.state.by_id)
         self.scattered += sum(
             loan.slots is not None for r in self.state.by_id for loan in r.live_loans()
@@ -594,6 +601,7 @@ class SpillingQueueMachine(QueueMachine):
         return_min=st.sampled_from([1, 2, 4]),
         fifo=st.booleans(),
         client=st.booleans(),
+        fair=st.booleans(),
     )
     def create_spilling(
         self,
@@ -605,11 +613,14 @@ class SpillingQueueMachine(QueueMachine):
         return_min=1,
         fifo=False,
         client=False,
+        fair=False,
     ) -> None:
         # 1: every put is a run; 2 or 3: small puts stay messages, between runs
         self.run_min_put = self.state.run_min_put = run_min_put
         self.return_min = self.state.return_min = return_min
-        QueueMachine.create(self, not client, fifo, max_receives, retention, vt, window, False)
+        QueueMachine.create(
+            self, not client, fifo, max_receives, retention, vt, window, False, fair
+        )
 
     def create(self, *args, **kwargs) -> None:  # not a rule here: create_spilling is
         QueueMachine.create(self, *args, **kwargs)
@@ -737,8 +748,8 @@ def _walk_seed() -> int:
 WALK_SEED = _walk_seed()
 
 
-# (server ids, FIFO, spilling, return_min) of each walk
-VARIANTS = [
+# (server ids, FIFO, spilling, return_min[, fair]) of each walk
+VARIANTS: list[tuple[bool, ...]] = [
     (True, False, False, 1),
     (False, False, False, 1),
     (True, True, False, 1),
@@ -748,6 +759,8 @@ VARIANTS = [
     (False, False, True, 2),  # client ids: return runs, scattered ones too
     (False, True, True, 1),
     (True, False, True, 1),  # return runs of one message
+    (True, False, False, 1, True),  # fair queues (fair.py): groups take turns
+    (False, False, True, 2, True),  # and a spilling one, its messages without group in runs
 ]
 
 
@@ -764,7 +777,8 @@ def test_long_seeded_walk_matches_the_reference(
     monkeypatch.setattr(decide, "MAX_TAKE_BYTES", 12)
     monkeypatch.setattr(state_module, "_COMPACT_SLACK", 8)  # every sweep, often
     rng = random.Random(seed * 8 + variant)
-    server, fifo, spills, return_min = VARIANTS[variant]
+    server, fifo, spills, return_min, *rest = VARIANTS[variant]
+    fair = bool(rest and rest[0])
     m = SpillingQueueMachine() if spills else QueueMachine()
     m.return_min = m.state.return_min = return_min
     m.create(
@@ -775,6 +789,7 @@ def test_long_seeded_walk_matches_the_reference(
         vt=rng.randint(1_000, 20_000),
         window=rng.randint(1_000, 60_000),
         cbd=rng.random() < 0.5,
+        fair=fair,
     )
     for step in range(3000):
         try:
@@ -798,6 +813,7 @@ def test_long_seeded_walk_matches_the_reference(
     assert variant != 5 or m.waiting_fifo > 0  # and FIFO runs due later (a queue's delay)
     assert variant != 5 or m.spread_fifo > 0  # and FIFO runs each slot at its own time
     assert not spills or m.patches > 0  # and bodies updates changed, in their runs
+    assert not fair or m.reordered > 0  # a fair queue's takes left the oldest for later
     assert not spills or fifo or m.most_spilled > 0  # and the standard ones
 
 

@@ -43,10 +43,11 @@ def replayed(events: list[ev.Event]) -> QueueState:
 def test_meta_defaults_to_none_and_old_settings_decode_without_it() -> None:
     assert QueueSettings().meta is None
     fields = QueueSettings.__struct_fields__
-    # appended (then max_messages, take_rate, put_rate, max_in_flight): array-like settings
-    # of old logs still decode
-    assert fields[-5:] == ("meta", "max_messages", "take_rate", "put_rate", "max_in_flight")
-    old = msgspec.msgpack.encode([getattr(QueueSettings(), f) for f in fields[:-5]])
+    # appended (then max_messages, take_rate, put_rate, max_in_flight, fair): array-like
+    # settings of old logs still decode
+    appended = ("meta", "max_messages", "take_rate", "put_rate", "max_in_flight", "fair")
+    assert fields[-len(appended) :] == appended
+    old = msgspec.msgpack.encode([getattr(QueueSettings(), f) for f in fields[: -len(appended)]])
     assert msgspec.msgpack.decode(old, type=QueueSettings) == QueueSettings()
 
 

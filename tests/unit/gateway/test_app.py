@@ -84,6 +84,7 @@ DEFAULT_SETTINGS = {
     "take_rate": None,
     "put_rate": None,
     "max_in_flight": None,
+    "fair": False,
 }
 
 

@@ -212,9 +212,16 @@ def test_create_passes_the_settings() -> None:
                 "max_message_bytes": None,
                 "fifo": None,
                 "delay": 2.0,
+                "fair": None,
             },
         )
     ]
+
+
+def test_create_makes_a_fair_queue_with_fair() -> None:
+    client = FakeClient(create_queue=QueueInfo(name="q", created=True))
+    assert run(["create", "q", "--fair"], client)[0] == 0
+    assert client.calls[0][2]["fair"] is True
 
 
 def test_create_of_an_existing_queue_says_so() -> None:
