@@ -4,6 +4,12 @@ Measures put, take+ack throughput for N messages of S bytes, and memory per queu
 beyond its body. Run several times and quote medians:
 
     .venv/bin/python loadtest/bench_engine.py --messages 1000000 --runs 3
+
+``--fair-compare``: instead, take+ack of messages in ``--groups`` groups on a queue that is
+fair (actors/core/fair.py) and on one that is not, and of messages without a group, the
+three in turn each run (what the fair order costs the engine):
+
+    .venv/bin/python loadtest/bench_engine.py --fair-compare --messages 200000 --groups 1000
 """
 
 from __future__ import annotations
@@ -24,18 +30,24 @@ from actors.ids import RandomIds
 from actors.settings import QueueSettings
 
 
-def run_once(n: int, size: int, put_batch: int, take_batch: int) -> dict[str, float]:
+def run_once(
+    n: int, size: int, put_batch: int, take_batch: int, groups: int = 0, fair: bool = False
+) -> dict[str, float]:
     gc.collect()
     state = QueueState()
     ids = RandomIds()
     now = 1_700_000_000_000
-    execute(state, c.Create("bench", QueueSettings()), now, ids)
+    execute(state, c.Create("bench", QueueSettings(fair=fair)), now, ids)
     body = b"x" * size
+    names = [f"g{k}" for k in range(groups)] or [None]
 
     t0 = time.perf_counter()
     for i in range(0, n, put_batch):
         now += 1
-        batch = [c.NewMessage(body=body) for _ in range(min(put_batch, n - i))]
+        batch = [
+            c.NewMessage(body=body, group=names[(i + j) % len(names)])
+            for j in range(min(put_batch, n - i))
+        ]
         execute(state, c.Put(batch), now, ids)
     t_put = time.perf_counter() - t0
     assert state.n_ready == n, state.n_ready
@@ -87,7 +99,12 @@ def main() -> None:
     ap.add_argument("--take-batch", type=int, default=1000)
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--memory-messages", type=int, default=1_000_000)
+    ap.add_argument("--fair-compare", action="store_true")
+    ap.add_argument("--groups", type=int, default=1000, help="with --fair-compare")
     args = ap.parse_args()
+    if args.fair_compare:
+        fair_compare(args)
+        return
 
     runs = []
     for r in range(args.runs):
@@ -110,6 +127,29 @@ def main() -> None:
         "take_ack_per_s_median": statistics.median(r["take_ack_per_s"] for r in runs),
         "take_ack_per_s_runs": [round(r["take_ack_per_s"]) for r in runs],
         "bytes_per_message_beyond_body": round(mem, 1),
+    }
+    print(json.dumps(summary, indent=2))
+
+
+def fair_compare(args: argparse.Namespace) -> None:
+    variants = {
+        "no_group": (0, False),
+        "groups": (args.groups, False),
+        "groups_fair": (args.groups, True),
+    }
+    rows: dict[str, list[float]] = {k: [] for k in variants}
+    for r in range(args.runs):
+        for name, (groups, fair) in variants.items():
+            res = run_once(args.messages, args.size, args.put_batch, args.take_batch, groups, fair)
+            rows[name].append(res["take_ack_per_s"])
+            print(f"run {r + 1} {name}: {res['take_ack_per_s']:,.0f} take+ack/s", file=sys.stderr)
+    summary = {
+        "machine": f"{platform.node()} {platform.machine()} python {platform.python_version()}",
+        "messages": args.messages,
+        "groups": args.groups,
+        "take_batch": args.take_batch,
+        **{f"{k}_take_ack_per_s_runs": [round(x) for x in v] for k, v in rows.items()},
+        **{f"{k}_take_ack_per_s_median": round(statistics.median(v)) for k, v in rows.items()},
     }
     print(json.dumps(summary, indent=2))
 

@@ -554,32 +554,61 @@ def _peek_ready(state: QueueState, limit: int, consume: bool = False) -> list[Qu
     """The next ``limit`` messages ``take`` would hand out, in order: fewer when their bodies
     would pass :data:`MAX_TAKE_BYTES` (always at least one).
 
-    The heaps are left as they were, unless ``consume``: then the caller promises to reserve
-    the messages at once, and their entries are not put back."""
-    popped: list[tuple[list[tuple[int, int, QueuedMessage]], tuple[int, int, QueuedMessage]]] = []
+    The heap is left as it was, unless ``consume``: then the caller promises to reserve the
+    messages at once, and their entries are not put back."""
+    if state.fair is not None:
+        return _peek_fair(state, limit, consume)
+    popped: list[tuple[int, int, QueuedMessage]] = []
     picked: list[QueuedMessage] = []
     seen: set[int] = set()
     fifo = state.settings.fifo
     size = 0
-    fair = None if state.fair is None else FairOrder(state.fair, _in_take_order(state), state.ready)
-    walk = ((state.ready, e, m) for e, m in _in_take_order(state)) if fair is None else fair
-    for heap, entry, m in walk:
+    for entry, m in _in_take_order(state):
         if m.seq not in seen:
             size += len(m.body)
             if size > MAX_TAKE_BYTES and picked:
-                if entry is not None:  # for the next take: a reply stays bounded
-                    heapq.heappush(cast(list[tuple[int, int, QueuedMessage]], heap), entry)
+                if entry is not None:
+                    heapq.heappush(state.ready, entry)  # for the next take: a reply stays bounded
                 break
             seen.add(m.seq)
             picked.append(m)
             if fifo:  # a run stopped at a message that would not fit ends the take
                 size = _run_of_group(state, m, limit, picked, seen, size)
         if entry is not None:
-            popped.append((cast(list[tuple[int, int, QueuedMessage]], heap), entry))
+            popped.append(entry)
         if len(picked) >= limit or size > MAX_TAKE_BYTES:
             break
-    if fair is not None:
-        fair.finish()
+    if not consume:
+        for entry in popped:
+            heapq.heappush(state.ready, entry)
+    return picked
+
+
+def _peek_fair(state: QueueState, limit: int, consume: bool) -> list[QueuedMessage]:
+    """:func:`_peek_ready` for a fair queue (fair.py): its groups' heaps and the ready heap
+    (messages without a group) walked in turn order; each entry goes back where it came from."""
+    Heap = list[tuple[int, int, QueuedMessage]]
+    popped: list[tuple[Heap, tuple[int, int, QueuedMessage]]] = []
+    picked: list[QueuedMessage] = []
+    seen: set[int] = set()
+    size = 0
+    walk = FairOrder(cast(Any, state.fair), _in_take_order(state), state.ready)
+    refused = None
+    for heap, entry, m in walk:
+        if m.seq not in seen:
+            size += len(m.body)
+            if size > MAX_TAKE_BYTES and picked:
+                refused = m
+                if heap is not None and entry is not None:  # for the next take
+                    heapq.heappush(heap, entry)
+                break
+            seen.add(m.seq)
+            picked.append(m)
+        if heap is not None and entry is not None:
+            popped.append((heap, entry))
+        if len(picked) >= limit:
+            break
+    walk.finish(consume, refused)
     if not consume:
         for heap, entry in popped:
             heapq.heappush(heap, entry)

@@ -191,7 +191,7 @@ class FairOrder(Generic[M]):
     ``plain_heap``, or None for a spilled one) with the groups' turns. Yields ``(heap, entry,
     message)``: the heap the entry was popped from (None: no entry), for the caller to put
     back what it does not take. The turns are the take's own until its event is applied:
-    :meth:`finish` puts back what the walk drew and did not hand out."""
+    :meth:`finish` puts back what the walk drew and the take does not hand out."""
 
     __slots__ = ("fair", "pending", "plain", "plain_heap", "popped")
 
@@ -275,13 +275,21 @@ class FairOrder(Generic[M]):
             return order[0]
         return None
 
-    def finish(self) -> None:
+    def finish(self, consume: bool, refused: M | None = None) -> None:
         """After the walk: the message without a group drawn but not yielded goes back to
-        its heap, and the groups' entries taken from ``order`` go back (stale once the
-        take's event gives its groups their turns; not if the take stopped short of one)."""
+        its heap, and the groups' entries taken from ``order`` go back: all of them unless
+        ``consume`` (the take's event, applied next, gives the groups served their turns and
+        entries anew), else those of the group of ``refused``, the message yielded last and
+        not taken (the walk served it, the take does not)."""
         if self.pending is not None and self.pending[0] is not None:
             heapq.heappush(self.plain_heap, self.pending[0])
         self.pending = None
-        for entry in self.popped:
-            heapq.heappush(self.fair.order, entry)
+        order = self.fair.order
+        if not consume:
+            for entry in self.popped:
+                heapq.heappush(order, entry)
+        elif refused is not None and refused.group is not None:
+            for entry in self.popped:
+                if entry[3].name == refused.group:
+                    heapq.heappush(order, entry)
         self.popped = []
