@@ -99,6 +99,21 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument(
         "--fair", action="store_true", help="hand messages out fairly across their groups"
     )
+    _limit_arguments(s)
+
+    s = sub.add_parser("configure", help="change a queue's settings while it runs")
+    s.add_argument("name")
+    s.add_argument("--visibility-timeout", type=seconds_arg, metavar="S")
+    s.add_argument("--max-receives", type=_or_none(count_arg), metavar="N|none")
+    s.add_argument("--dead-letter-queue", type=_or_none(str), metavar="Q|none")
+    s.add_argument("--retention", type=seconds_arg, metavar="S")
+    s.add_argument("--max-message-bytes", type=count_arg, metavar="N")
+    s.add_argument("--delay", type=seconds_arg, metavar="S", help="default delay of every put")
+    s.add_argument("--max-messages", type=_or_none(count_arg), metavar="N|none")
+    _limit_arguments(s, lift=True)
+    fair = s.add_mutually_exclusive_group()
+    fair.add_argument("--fair", action="store_const", const=True, dest="fair")
+    fair.add_argument("--no-fair", action="store_const", const=False, dest="fair")
 
     s = sub.add_parser("put", help="put messages (bodies as arguments, or one per stdin line)")
     s.add_argument("queue")
@@ -232,6 +247,59 @@ def _key_line(state: KeyValue) -> str:
 Handler = Callable[[Client, argparse.Namespace, Output, IO[Any]], int]
 
 
+_NONE = object()  # "none" given to a limit: lifted (None in the settings)
+
+
+def _or_none(kind: Callable[[str], Any]) -> Callable[[str], Any]:
+    """An argparse type that also takes ``none`` (the setting lifted)."""
+
+    def parse(text: str) -> Any:
+        return _NONE if text.lower() == "none" else kind(text)
+
+    parse.__name__ = getattr(kind, "__name__", "value")
+    return parse
+
+
+def _limit_arguments(s: argparse.ArgumentParser, lift: bool = False) -> None:
+    """--take-rate, --put-rate, --max-in-flight (with ``lift``: each also ``none``)."""
+    kind = _or_none(count_arg) if lift else count_arg
+    meta = "N|none" if lift else "N"
+    s.add_argument("--take-rate", type=kind, metavar=meta, help="messages taken a second")
+    s.add_argument("--put-rate", type=kind, metavar=meta, help="messages put a second")
+    s.add_argument("--max-in-flight", type=kind, metavar=meta, help="messages reserved at once")
+
+
+_CONFIGURABLE = (
+    "visibility_timeout",
+    "max_receives",
+    "dead_letter_queue",
+    "retention",
+    "max_message_bytes",
+    "delay",
+    "max_messages",
+    "take_rate",
+    "put_rate",
+    "max_in_flight",
+    "fair",
+)
+
+
+def _configure(client: Client, args: argparse.Namespace, out: Output, _stdin: IO[Any]) -> int:
+    changes = {
+        name: None if value is _NONE else value
+        for name in _CONFIGURABLE
+        if (value := getattr(args, name)) is not None
+    }
+    if not changes:
+        raise _Usage("configure: name at least one setting to change")
+    info = client.update_queue(args.name, **changes)
+    if out.json:
+        out.doc({"name": info.name, "settings": plain(info.settings)})
+    else:
+        out.line(f"{info.name}: " + ", ".join(f"{k} {getattr(info.settings, k)}" for k in changes))
+    return 0
+
+
 def _create(client: Client, args: argparse.Namespace, out: Output, _stdin: IO[Any]) -> int:
     info = client.create_queue(
         args.name,
@@ -244,6 +312,9 @@ def _create(client: Client, args: argparse.Namespace, out: Output, _stdin: IO[An
         fifo=True if args.fifo else None,
         delay=args.delay,
         fair=True if args.fair else None,
+        take_rate=args.take_rate,
+        put_rate=args.put_rate,
+        max_in_flight=args.max_in_flight,
     )
     if out.json:
         out.doc({"name": info.name, "settings": plain(info.settings), "created": info.created})
@@ -496,6 +567,7 @@ def _tasks(client: Client, args: argparse.Namespace, out: Output, _stdin: IO[Any
 
 COMMANDS: dict[str, Handler] = {
     "create": _create,
+    "configure": _configure,
     "put": _put,
     "take": _take,
     "ack": _ack,

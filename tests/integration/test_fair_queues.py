@@ -1,7 +1,7 @@
 """Fair queues through ``evq serve`` (issue 36): a queue created fair (CLI, native API,
 Python client) hands out its groups' messages turn by turn, over the native API and SQS
-alike; ``fair`` shows in the settings, changes live, is refused where it has no meaning,
-and the groups' turns survive a restart. (The engine: tests/unit/core/test_fair.py.)"""
+alike; ``fair`` shows in the settings, changes live (API, ``evq configure``, client), is
+refused where it has no meaning, and the groups' turns survive a restart. (The engine: tests/unit/core/test_fair.py.)"""
 
 from __future__ import annotations
 
@@ -50,8 +50,12 @@ def test_a_fair_queue_serves_every_group_before_a_noisy_ones_backlog_and_keeps_t
         assert (status, doc["settings"]["fair"]) == (200, False), doc
         c.put(fair, NewMessage(body="late", group="late"))
         assert [m.body for m in c.take(fair, 2)] == [b"n3", b"n4"]
-        c.update_queue(fair, fair=True)
+        r = evq(server.url, "configure", fair, "--fair", "--max-in-flight", "100")
+        assert (r.code, r.out.strip()) == (0, f"{fair}: max_in_flight 100, fair True"), r
         assert [m.body for m in c.take(fair, 2)] == [b"n5", b"late"]
+        c.update_queue(fair, max_in_flight=None)
+        assert c.get_queue(fair).settings.max_in_flight is None
+        assert c.get_queue(fair).settings.fair is True
 
 
 def test_sqs_receives_of_a_fair_queue_take_turns_across_message_groups(

@@ -44,6 +44,9 @@ class FakeClient:
     def create_queue(self, name: str, **kw: Any) -> Any:
         return self._record("create_queue", name, **kw)
 
+    def update_queue(self, name: str, **kw: Any) -> Any:
+        return self._record("update_queue", name, **kw)
+
     def put(self, queue: str, messages: Any, **kw: Any) -> Any:
         self._record("put", queue, list(messages), **kw)
         return [PutResult(str(i), "created") for i, _ in enumerate(messages, 1)]
@@ -213,15 +216,47 @@ def test_create_passes_the_settings() -> None:
                 "fifo": None,
                 "delay": 2.0,
                 "fair": None,
+                "take_rate": None,
+                "put_rate": None,
+                "max_in_flight": None,
             },
         )
     ]
 
 
-def test_create_makes_a_fair_queue_with_fair() -> None:
+def test_create_makes_a_fair_queue_with_fair_and_limits() -> None:
     client = FakeClient(create_queue=QueueInfo(name="q", created=True))
-    assert run(["create", "q", "--fair"], client)[0] == 0
-    assert client.calls[0][2]["fair"] is True
+    argv = ["create", "q", "--fair", "--take-rate", "50", "--max-in-flight", "7"]
+    assert run(argv, client)[0] == 0
+    kw = client.calls[0][2]
+    assert (kw["fair"], kw["take_rate"], kw["put_rate"], kw["max_in_flight"]) == (True, 50, None, 7)
+
+
+def test_configure_changes_only_the_settings_named_and_lifts_with_none() -> None:
+    after = QueueInfo(name="q", settings=QueueConfig(take_rate=None, put_rate=20, fair=False))
+    client = FakeClient(update_queue=after)
+    argv = ["configure", "q", "--take-rate", "none", "--put-rate", "20", "--no-fair"]
+    code, out, _ = run(argv, client)
+    assert code == 0
+    assert client.calls == [
+        ("update_queue", ("q",), {"take_rate": None, "put_rate": 20, "fair": False})
+    ]
+    assert out == "q: take_rate None, put_rate 20, fair False\n"
+    code, out, _ = run(["--json", "configure", "q", "--fair", "--visibility-timeout", "5"], client)
+    assert code == 0
+    assert client.calls[-1][2] == {"visibility_timeout": 5.0, "fair": True}
+    assert json.loads(out)["settings"]["put_rate"] == 20
+
+
+def test_configure_without_a_setting_is_a_usage_error() -> None:
+    client = FakeClient()
+    code, _, err = run(["configure", "q"], client)
+    assert code == 2
+    assert "at least one setting" in err
+    assert client.calls == []
+    code, _, err = run(["configure", "q", "--take-rate", "-3"], client)
+    assert code == 2
+    assert client.calls == []
 
 
 def test_create_of_an_existing_queue_says_so() -> None:
