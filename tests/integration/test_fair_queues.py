@@ -1,7 +1,8 @@
 """Fair queues through ``evq serve`` (issue 36): a queue created fair (CLI, native API,
 Python client) hands out its groups' messages turn by turn, over the native API and SQS
 alike; ``fair`` shows in the settings, changes live (API, ``evq configure``, client), is
-refused where it has no meaning, and the groups' turns survive a restart. (The engine: tests/unit/core/test_fair.py.)"""
+refused where it has no meaning, and the groups' turns survive a restart. (The engine:
+tests/unit/core/test_fair.py.)"""
 
 from __future__ import annotations
 
