@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import heapq
 from collections.abc import Callable, Iterator
-from typing import Any, cast
+from typing import Any
 
 import msgspec
 
@@ -22,7 +22,7 @@ from actors.core import browse
 from actors.core import commands as cmd
 from actors.core import events as ev
 from actors.core import replies as rp
-from actors.core.fair import FairOrder
+from actors.core.fair import Fair, FairOrder
 from actors.core.ids import IdSource
 from actors.core.keys import validate_key
 from actors.core.state import (
@@ -557,7 +557,7 @@ def _peek_ready(state: QueueState, limit: int, consume: bool = False) -> list[Qu
     The heap is left as it was, unless ``consume``: then the caller promises to reserve the
     messages at once, and their entries are not put back."""
     if state.fair is not None:
-        return _peek_fair(state, limit, consume)
+        return _peek_fair(state, state.fair, limit, consume)
     popped: list[tuple[int, int, QueuedMessage]] = []
     picked: list[QueuedMessage] = []
     seen: set[int] = set()
@@ -584,7 +584,9 @@ def _peek_ready(state: QueueState, limit: int, consume: bool = False) -> list[Qu
     return picked
 
 
-def _peek_fair(state: QueueState, limit: int, consume: bool) -> list[QueuedMessage]:
+def _peek_fair(
+    state: QueueState, fair: Fair[QueuedMessage], limit: int, consume: bool
+) -> list[QueuedMessage]:
     """:func:`_peek_ready` for a fair queue (fair.py): its groups' heaps and the ready heap
     (messages without a group) walked in turn order; each entry goes back where it came from."""
     Heap = list[tuple[int, int, QueuedMessage]]
@@ -592,7 +594,7 @@ def _peek_fair(state: QueueState, limit: int, consume: bool) -> list[QueuedMessa
     picked: list[QueuedMessage] = []
     seen: set[int] = set()
     size = 0
-    walk = FairOrder(cast(Any, state.fair), _in_take_order(state), state.ready)
+    walk = FairOrder(fair, _in_take_order(state), state.ready)
     refused = None
     for heap, entry, m in walk:
         if m.seq not in seen:

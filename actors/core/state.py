@@ -424,7 +424,7 @@ class QueueState:
         push = heapq.heappush
         reserved = self.reserved
         fifo = self.settings.fifo
-        fair = self.fair is not None
+        fair = self.fair
         served: list[str] = []
         n = 0
         read: list[Any] = [None, None]  # the last run read, and its contents: a take's
@@ -443,13 +443,13 @@ class QueueState:
             push(reserved, (deadline, m.seq, m))
             if fifo:
                 self.groups[m.group].busy += 1
-            elif fair and m.group is not None:
+            elif fair is not None and m.group is not None:
                 served.append(m.group)
             n += 1
         self.n_ready -= n
         self.n_reserved += n
-        if served:  # each grouped message taken, in the take's order: a turn (fair.py)
-            cast("Fair[QueuedMessage]", self.fair).served(served)
+        if fair is not None and served:  # each grouped one taken, in order: a turn (fair.py)
+            fair.served(served)
         if e.attempt is not None:
             self._remember_attempt(e.attempt, e)
 
