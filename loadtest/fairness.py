@@ -3,7 +3,8 @@ its backlog (issue 36), against the same load without the noisy tenant, on ``evq
 
 Each run has a fresh queue and the same quiet load: ``--tenants`` tenants, each putting one
 message (its own group) ``--tenant-rate`` times a second at random moments, for
-``--seconds``; ``--consumers`` consumers take up to ``--batch`` messages (long-poll 1 s),
+``--seconds`` less the last (at most 1 s, a quarter of the run: the consumers drain);
+``--consumers`` consumers take up to ``--batch`` messages (long-poll 1 s),
 work on each (``--work-ms`` on average, exponentially distributed as jobs' times vary; with
 ``--fixed-work`` exactly: then the consumers fall into step, their acks and takes written
 together, and a message waits for the next such step), and ack it. Three runs a round:
@@ -60,6 +61,9 @@ async def _run(url: str, queue: str, noisy: int, args: argparse.Namespace) -> di
     shares: list[float] = []
     start = loop.time()
     end = start + args.seconds
+    # the tenants stop putting a little before the consumers stop taking: a message put in the
+    # run's last instant would count as unserved though nothing kept it waiting
+    puts_end = end - min(1.0, args.seconds / 4)
     rng = random.Random(args.seed)
 
     async def tenant(t: int) -> None:
@@ -67,7 +71,7 @@ async def _run(url: str, queue: str, noisy: int, args: argparse.Namespace) -> di
         n = 0
         while True:
             await asyncio.sleep(rng.expovariate(args.tenant_rate))
-            if loop.time() >= end:
+            if loop.time() >= puts_end:
                 return
             body = f"t{t}.{n}"
             n += 1

@@ -251,7 +251,9 @@ class QueueMachine(RuleBasedStateMachine):
             rs = {"body": spec["body"], "key": spec.get("key")}
             if ref.settings.id_mode == "client":
                 kw["id"] = rs["id"] = spec["id"]
-            if ref.settings.fifo or (ref.settings.fair and spec["body"] != b"gamma"):
+            if ref.settings.fifo or (
+                ref.settings.fair and spec["body"] != b"gamma" and spec["group"] is not None
+            ):
                 kw["group"] = rs["group"] = spec["group"]  # a fair queue's gammas have none
             if "attrs" in spec:
                 kw["attributes"] = rs["attributes"] = spec["attrs"]
@@ -729,7 +731,9 @@ def _edit_spilled(m: QueueMachine, rng: random.Random) -> None:
             run, i = rng.choice(held)
             m.do_update(str(run.mid(i)), None, rng.choice(BODIES), None)
             return
-        group = rng.choice(GROUPS)  # one group: behind its head, they stay in the run
+        # one group: behind its head, they stay in the run; none on a fair queue, whose
+        # grouped messages are in their group's heap, never in runs
+        group = None if m.ref.settings.fair else rng.choice(GROUPS)
         m.do_put(  # bodies and ids of their own: no deduplication takes them
             [{"body": b"edit %d" % k, "id": f"e{m.now}-{k}", "group": group} for k in range(3)]
         )
