@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import socket
 import sys
+from pathlib import Path
 
 from tests.conftest import free_port
 
-sys.path.insert(0, "loadtest")
-import served  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "loadtest"))
+import served
 
 
 def test_any_sixty_four_draws_in_a_row_are_distinct_and_bindable() -> None:
