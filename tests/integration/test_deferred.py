@@ -3,7 +3,8 @@
 every command on such a message works, they survive a graceful restart (snapshots) and a
 SIGKILL (replay of the log), and each put becomes ready whole at its time, bodies read back
 from disk; a SIGKILL while consumers drain such an activation loses and repeats nothing
-acknowledged."""
+acknowledged; a snapshot taken and a SIGKILL while a put due over many times wakes keep its
+order and every message."""
 
 from __future__ import annotations
 
@@ -197,3 +198,77 @@ def test_a_crash_while_consumers_drain_a_mass_activation_loses_nothing_and_repea
     assert not set(left) & acked  # no acknowledged message came back
     assert ids - set(left) - acked <= unanswered  # none lost: gone only if its ack was sent
     assert len(left) == stats.total
+
+
+def test_snapshots_and_a_kill_while_a_spread_put_wakes_keep_its_order_and_every_message(
+    make_server: ServerFactory, names: Names
+) -> None:
+    """A spread run (each message due at a time of its own) wakes one time at a time; a
+    snapshot is taken while it does (a trickle of far-future puts gives the periodic
+    snapshot something to cover), the server is killed then, restored from that snapshot
+    and the log's tail, and stopped gracefully later in the wake: no message is lost, none
+    woken goes back to waiting, and all come out in activation order."""
+    server = make_server("--shards", "1", "--snapshot-every-s", "0.5")
+    q = names("wake")
+    n, step = 1000, 0.02  # a put of 1000, one due every 20 ms: a wake of 20 s
+    snaps = lambda: {p.name for p in server.data.rglob("*.snap")}  # noqa: E731
+    with Client(server.url, retries=0, timeout=20) as c:
+        c.create_queue(q)
+        start = time.time() + 6
+        order = list(range(n))
+        order.reverse()  # put in the reverse of activation order
+        at = {i: start + i * step for i in order}
+        ids = [
+            r.id for r in c.put(q, [NewMessage(body=f"w{i:04d}", activate_at=at[i]) for i in order])
+        ]
+        by_time = [mid for _, mid in sorted(zip((at[i] for i in order), ids, strict=True))]
+        assert time.time() < start, "the put took longer than its lead"
+
+    ticks = 0  # far-future puts: records for the periodic snapshots to cover
+
+    def tick(c: Client) -> None:
+        nonlocal ticks
+        c.put(q, [f"tick{ticks}"], delay=3600)
+        ticks += 1
+
+    def counts(c: Client) -> tuple[int, int]:
+        s = c.get_queue(q).stats
+        assert s is not None
+        # nothing lost, nothing counted twice
+        assert s.ready + s.delayed + s.reserved == s.total == n + ticks
+        return s.ready, s.delayed - ticks
+
+    with Client(server.url, retries=0, timeout=20) as c:
+        eventually(lambda: counts(c)[0] >= n // 10, timeout=60, what="the wake under way")
+        before = snaps()
+        while True:  # a snapshot taken while the run is partly woken
+            tick(c)
+            time.sleep(0.2)
+            ready, _ = counts(c)
+            if snaps() - before:
+                break
+        ready_at_snapshot = ready
+        assert ready_at_snapshot < n, "the whole run woke before a snapshot was taken"
+        tick(c)  # after the snapshot: in the log's tail only
+        woke = counts(c)[0]
+    server.kill()
+    server.start()
+    with Client(server.url, retries=0, timeout=20) as c:
+        ready, _ = counts(c)
+        assert ready >= woke  # none woken went back to waiting
+        assert c.get_message(q, by_time[-1]).body == b"w%04d" % (n - 1)
+        if ready < n:  # a slow restart may have outlasted the wake
+            eventually(lambda: counts(c)[0] >= ready + 50, timeout=60, what="the wake goes on")
+            woke = counts(c)[0]
+    assert server.stop() == 0  # graceful: a snapshot at the stop, mid-wake or not
+    server.start()
+    with Client(server.url, retries=0, timeout=20) as c:
+        assert counts(c)[0] >= woke
+        wait_ready(c, q, n, "every message ready at its time")
+        got = c.take(q, 1000, visibility_timeout=600)
+        assert [x.id for x in got] == by_time  # activation order, through both restarts
+        assert [x.body for x in got] == [b"w%04d" % i for i in range(n)]
+        assert counts(c) == (0, 0)
+        stats = c.get_queue(q).stats
+        assert stats is not None
+        assert (stats.reserved, stats.delayed) == (n, ticks)
