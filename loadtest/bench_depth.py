@@ -327,10 +327,11 @@ class Bench:
 
     def restart(self, target: int) -> dict[str, Any]:
         """Stop the server, start it on the same data: seconds until the whole depth is back."""
+        held = self.totals()  # past ``target`` if a put a producer sent again was written twice
         stopped = self.live.stop(STOP_TIMEOUT_S)
         started = time.monotonic()
         self.server = EvqServe(self.data, self.tmp / "serve.log", self.args.serve_arg)
-        ready_s, stats = self.wait_full(target, started)
+        ready_s, stats = self.wait_full(target, started, held)
         seconds = time.monotonic() - started
         rss = settled_rss(self.live.pid, self.args.settle)
         return {
@@ -341,9 +342,14 @@ class Bench:
             "rss_per_msg_after": round((rss["total"] - self.base["rss_bytes"]) / target, 1),
         }
 
-    def wait_full(self, target: int, started: float) -> tuple[float | None, dict[str, int]]:
-        """Poll until every queue's stats count its share of ``target``: (seconds until
-        /readyz answered, or None if the stats were first; the stats summed)."""
+    def wait_full(
+        self, target: int, started: float, held: list[int] | None = None
+    ) -> tuple[float | None, dict[str, int]]:
+        """Poll until every queue's stats count its share of ``target`` (or what ``held``
+        says it held): (seconds until /readyz answered, or None if the stats were first; the
+        stats summed)."""
+        if held is None:
+            held = [share(target, len(self.names), i) for i in range(len(self.names))]
         api, ready_s, next_guard = Api(self.live.port, timeout=10), None, 0.0
         try:
             while time.monotonic() - started < self.args.restart_timeout:
@@ -354,7 +360,7 @@ class Bench:
                     next_guard = time.monotonic() + 1
                 if ready_s is None and get_json(f"{self.live.url}/readyz", 2) is not None:
                     ready_s = time.monotonic() - started
-                stats = self._full_stats(api, target)
+                stats = self._full_stats(api, held)
                 if stats is not None:
                     return ready_s, stats
                 time.sleep(0.1)
@@ -362,12 +368,12 @@ class Bench:
             api.close()
         raise RuntimeError(f"the depth was not back within {self.args.restart_timeout} s")
 
-    def _full_stats(self, api: Api, target: int) -> dict[str, int] | None:
-        """The queues' stats summed once each counts its share of ``target``, else None."""
+    def _full_stats(self, api: Api, held: list[int]) -> dict[str, int] | None:
+        """The queues' stats summed once each counts what ``held`` says, else None."""
         summed = dict.fromkeys(("total", "ready", "reserved", "delayed"), 0)
         for index, name in enumerate(self.names):
             stats = api.stats(name)
-            if stats is None or stats["total"] != share(target, len(self.names), index):
+            if stats is None or stats["total"] != held[index]:
                 return None
             for key in summed:
                 summed[key] += stats[key]
@@ -479,9 +485,13 @@ class Bench:
 
     def count(self) -> int:
         """The messages the queues hold, as their stats say."""
+        return sum(self.totals())
+
+    def totals(self) -> list[int]:
+        """The messages each queue holds, as its stats say."""
         api = Api(self.live.port)
         try:
-            return sum((api.stats(name) or {"total": 0})["total"] for name in self.names)
+            return [(api.stats(name) or {"total": 0})["total"] for name in self.names]
         finally:
             api.close()
 

@@ -34,6 +34,7 @@ from itertools import accumulate
 from typing import Any, NamedTuple, Protocol, cast
 
 import msgspec
+import numpy as np
 
 from actors.core.events import BodiesMoved
 
@@ -143,7 +144,7 @@ class RunRecord(msgspec.Struct, array_like=True, gc=False):
             if (
                 names is None
                 or len(self.group_of) != 2 * n
-                or max(_little(_frombytes("H", self.group_of))) >= len(names)
+                or int(np.frombuffer(self.group_of, "<u2").max()) >= len(names)
             ):
                 return f"a FIFO run of {n} with {len(self.group_of)} bytes of groups"
         return self._ids_malformed(n)
@@ -954,10 +955,7 @@ class Run:
         run.left = r.count - r.next - len(run.out)
         run.place, run.bodies = r.place, r.bodies
         run.with_attrs, run.attrs = r.with_attrs, r.attrs
-        lengths = array("I")
-        lengths.frombytes(r.lengths)
-        run.lengths = _lengths(_little(lengths))
-        run.size = sum(run.lengths)
+        run.lengths, run.size = _recorded_lengths(r.lengths)
         run.mat = deque()
         run._no_loans()
         run.floor = r.floor if r.floor >= 0 else r.next
@@ -1037,6 +1035,18 @@ def _lengths(lengths: Sequence[int]) -> array[int]:
     """Bodies' lengths as an array, 2 bytes each while they all fit (bodies under 64 KiB,
     the common case), else 4."""
     return array("H" if max(lengths, default=0) < 1 << 16 else "I", lengths)
+
+
+def _recorded_lengths(data: bytes) -> tuple[array[int], int]:
+    """A record's bodies' lengths (4 bytes each, little-endian) as :func:`_lengths` holds
+    them, and their sum: at C speed (numpy), as a 100M queue's restore reads 100M."""
+    wide = np.frombuffer(data, dtype="<u4")
+    if not len(wide):
+        return array("H"), 0
+    narrow = wide.max() < 1 << 16
+    lengths = array("H" if narrow else "I")
+    lengths.frombytes(wide.astype("=u2" if narrow else "=u4").tobytes())
+    return lengths, int(wide.sum(dtype=np.uint64))
 
 
 def _little(values: array[int]) -> array[int]:
