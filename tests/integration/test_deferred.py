@@ -241,12 +241,14 @@ def test_snapshots_and_a_kill_while_a_spread_put_wakes_keep_its_order_and_every_
     with Client(server.url, retries=0, timeout=20) as c:
         eventually(lambda: counts(c)[0] >= n // 10, timeout=60, what="the wake under way")
         before = snaps()
-        while True:  # a snapshot taken while the run is partly woken
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # a snapshot taken while the run is partly woken
             tick(c)
             time.sleep(0.2)
             ready, _ = counts(c)
             if snaps() - before:
                 break
+        assert snaps() - before, "no snapshot within 60 s"
         ready_at_snapshot = ready
         assert ready_at_snapshot < n, "the whole run woke before a snapshot was taken"
         tick(c)  # after the snapshot: in the log's tail only

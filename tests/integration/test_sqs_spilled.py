@@ -23,6 +23,8 @@ from tests.unit.gateway.sqs_support import expected_md5
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
+BACKOFF_S = 3  # a release with a backoff: due again this much later
+
 SENT_ATTRS = {
     "kind": {"DataType": "String", "StringValue": "invoice"},
     "amount": {"DataType": "Number", "StringValue": "12.5"},
@@ -101,6 +103,7 @@ def test_every_sqs_command_on_spilled_messages_with_attributes(
     base = spilled(server.url, name)
     assert base >= RUN_DEPTH - 1  # held in runs (a FIFO group's head is an object)
 
+    sending = time.monotonic()
     for b in range(3):  # 30 messages (a FIFO queue's in one group), each batch one run
         entries = [
             {"Id": f"m{i}", "MessageBody": f"body {b}-{i}", "MessageAttributes": SENT_ATTRS}
@@ -111,7 +114,8 @@ def test_every_sqs_command_on_spilled_messages_with_attributes(
     # the batches are runs; a FIFO queue's new group holds its head as an object
     held = base + 30 - (1 if fifo else 0)
     assert spilled(server.url, name) == held
-    assert counts(sqs, url)[0] < 30  # not all due yet (the last batch sent just now)
+    if time.monotonic() - sending < 2:  # (a loaded host may take longer than the delay)
+        assert counts(sqs, url)[0] < 30  # not all due yet
     eventually(lambda: counts(sqs, url) == (30, 0, RUN_DEPTH), timeout=30, what="due")
     assert spilled(server.url, name) == held  # woken as runs
     sent = [f"body {b}-{i}" for b in range(3) for i in range(10)]
@@ -148,7 +152,7 @@ def test_every_sqs_command_on_spilled_messages_with_attributes(
     assert {m["Attributes"]["ApproximateReceiveCount"] for m in again} == {"2"}
     assert whole(again)
 
-    # one extended, one deleted, the rest given back with a backoff of 2 s
+    # one extended, one deleted, the rest given back with a backoff (BACKOFF_S)
     sqs.change_message_visibility(
         QueueUrl=url, ReceiptHandle=again[0]["ReceiptHandle"], VisibilityTimeout=600
     )
@@ -166,11 +170,12 @@ def test_every_sqs_command_on_spilled_messages_with_attributes(
     done = sqs.change_message_visibility_batch(
         QueueUrl=url,
         Entries=[
-            {"Id": str(k), "ReceiptHandle": m["ReceiptHandle"], "VisibilityTimeout": 2}
+            {"Id": str(k), "ReceiptHandle": m["ReceiptHandle"], "VisibilityTimeout": BACKOFF_S}
             for k, m in enumerate(backoff)
         ],
     )
     assert len(done["Successful"]) == 8
+    backed_off = time.monotonic()
     gone = others  # deleted below (standard)
     if fifo:
         # the group waits while its head is in flight, backoff over or not
@@ -191,7 +196,8 @@ def test_every_sqs_command_on_spilled_messages_with_attributes(
         assert counted == ["3"] * 8 + ["1"] * 20
         left = 0  # the extended head was deleted
     else:
-        assert counts(sqs, url)[0] == 0  # the 8 wait out their backoff
+        if time.monotonic() - backed_off < BACKOFF_S:
+            assert counts(sqs, url)[0] == 0  # the 8 wait out their backoff
         late = receive(sqs, url, 8)
         assert sorted(m["Body"] for m in late) == sorted(m["Body"] for m in backoff)
         assert {m["Attributes"]["ApproximateReceiveCount"] for m in late} == {"3"}
