@@ -22,8 +22,11 @@ EXTRA_OF_COMMAND = {
     "pipeline": "pipeline",
 }
 _EXTRA_PACKAGES = {
-    "server": {"ray", "zstandard", "obstore", "prometheus_client", "httptools"},
-    "pipeline": {"pyspark", "pyarrow", "pandas", "matplotlib", "zstandard", "obstore"},
+    "server": {
+        *("ray", "zstandard", "obstore", "prometheus_client", "httptools"),
+        *("numpy", "uvloop", "cryptography"),
+    },
+    "pipeline": {"pyspark", "pyarrow", "pandas", "matplotlib", "zstandard", "obstore", "numpy"},
 }
 
 
