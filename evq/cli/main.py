@@ -64,6 +64,9 @@ def _serve_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, help="port to listen on (default 8700)")
 
 
+_IDEMPOTENCY_WINDOW_HELP = "how long a put's idempotency key (or client id) is remembered"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The `evq` argument parser with every subcommand."""
     p = argparse.ArgumentParser(prog="evq", description="evq: a durable queue server and client")
@@ -97,6 +100,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--fifo", action="store_true", help="FIFO queue (name ends in .fifo)")
     s.add_argument("--delay", type=seconds_arg, metavar="S", help="default delay of every put")
     s.add_argument(
+        "--idempotency-window", type=seconds_arg, metavar="S", help=_IDEMPOTENCY_WINDOW_HELP
+    )
+    s.add_argument(
         "--fair", action="store_true", help="hand messages out fairly across their groups"
     )
     _limit_arguments(s)
@@ -110,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-message-bytes", type=count_arg, metavar="N")
     s.add_argument("--delay", type=seconds_arg, metavar="S", help="default delay of every put")
     s.add_argument("--max-messages", type=_or_none(count_arg), metavar="N|none")
+    s.add_argument(
+        "--idempotency-window", type=seconds_arg, metavar="S", help=_IDEMPOTENCY_WINDOW_HELP
+    )
     _limit_arguments(s, lift=True)
     fair = s.add_mutually_exclusive_group()
     fair.add_argument("--fair", action="store_const", const=True, dest="fair")
@@ -277,6 +286,7 @@ _CONFIGURABLE = (
     "max_message_bytes",
     "delay",
     "max_messages",
+    "idempotency_window",
     "take_rate",
     "put_rate",
     "max_in_flight",
@@ -311,6 +321,7 @@ def _create(client: Client, args: argparse.Namespace, out: Output, _stdin: IO[An
         max_message_bytes=args.max_message_bytes,
         fifo=True if args.fifo else None,
         delay=args.delay,
+        idempotency_window=args.idempotency_window,
         fair=True if args.fair else None,
         take_rate=args.take_rate,
         put_rate=args.put_rate,

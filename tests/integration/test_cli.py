@@ -5,13 +5,14 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from typing import Any
 
 import pytest
 
 from evq.client import Client
 from tests.integration.conftest import Names
-from tests.integration.server import EVQ, ROOT, Server, free_port, server_env
+from tests.integration.server import EVQ, ROOT, Server, eventually, free_port, server_env
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -195,6 +196,35 @@ def test_stats_queues_purge_delete(server: Server, names: Names) -> None:
     assert (r.code, r.out.strip()) == (0, f"deleted queue {name}"), r
     r = evq(url, "queues")
     assert name not in r.out.split()
+
+
+def test_the_idempotency_window_is_set_at_creation_and_changed_live(
+    server: Server, names: Names
+) -> None:
+    url, name = server.url, names()
+    assert evq(url, "create", name, "--idempotency-window", "60").code == 0
+    with Client(url) as c:
+        assert c.get_queue(name).settings.idempotency_window == 60
+    first = evq(url, "put", name, "once", "--key", "k-1")
+    again = evq(url, "put", name, "once", "--key", "k-1")
+    assert (first.out.split()[1], again.out.split()[1]) == ("created", "duplicate"), again
+    assert first.out.split()[0] == again.out.split()[0]  # the first put's id
+
+    r = evq(url, "configure", name, "--idempotency-window", "1")
+    assert (r.code, r.out.strip()) == (0, f"{name}: idempotency_window 1.0"), r
+    # a key is remembered for the queue's window, now 1 s: then the same key is a new put
+    r = evq(url, "put", name, "twice", "--key", "k-2")
+    assert (r.code, r.out.split()[1]) == (0, "created"), r
+    time.sleep(1.2)
+    eventually(
+        lambda: evq(url, "put", name, "twice", "--key", "k-2").out.split()[1] == "created",
+        timeout=30,
+    )
+    with Client(url) as c:
+        assert c.get_queue(name).stats.ready == 3  # once, twice, and twice again
+    r = evq(url, "configure", name, "--idempotency-window", "-1")
+    assert r.code == 2, r
+    assert "seconds must be >= 0" in r.err, r
 
 
 def test_api_errors_exit_1_with_the_code_on_stderr(server: Server, names: Names) -> None:

@@ -199,7 +199,7 @@ def test_create_passes_the_settings() -> None:
     client = FakeClient(create_queue=QueueInfo(name="q", created=True))
     argv = ["create", "q", "--client-ids", "--visibility-timeout", "10", "--retention", "60"]
     argv += ["--max-receives", "3", "--dead-letter-queue", "d", "--delay", "2"]
-    code, out, _ = run(argv, client)
+    code, out, _ = run([*argv, "--idempotency-window", "30"], client)
     assert code == 0
     assert out == "created queue q\n"
     assert client.calls == [
@@ -215,6 +215,7 @@ def test_create_passes_the_settings() -> None:
                 "max_message_bytes": None,
                 "fifo": None,
                 "delay": 2.0,
+                "idempotency_window": 30.0,
                 "fair": None,
                 "take_rate": None,
                 "put_rate": None,
@@ -242,9 +243,14 @@ def test_configure_changes_only_the_settings_named_and_lifts_with_none() -> None
         ("update_queue", ("q",), {"take_rate": None, "put_rate": 20, "fair": False})
     ]
     assert out == "q: take_rate None, put_rate 20, fair False\n"
-    code, out, _ = run(["--json", "configure", "q", "--fair", "--visibility-timeout", "5"], client)
+    argv = ["--json", "configure", "q", "--fair", "--visibility-timeout", "5"]
+    code, out, _ = run([*argv, "--idempotency-window", "60"], client)
     assert code == 0
-    assert client.calls[-1][2] == {"visibility_timeout": 5.0, "fair": True}
+    assert client.calls[-1][2] == {
+        "visibility_timeout": 5.0,
+        "idempotency_window": 60.0,
+        "fair": True,
+    }
     assert json.loads(out)["settings"]["put_rate"] == 20
 
 
