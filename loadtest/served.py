@@ -9,13 +9,10 @@ first on ``sys.path``). It reads processes (a session's pids, a command line) th
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import json
 import os
-import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import procstat
+from ports import free_port as free_port  # the tools import it from here too
 from procstat import session_pids  # the tools import it from here too
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,30 +62,6 @@ def put_load(lg_python: str, adapter: str, target: str, queue: str, args: Sequen
         "p50_ms": round(run["put_p50_ms"], 2),
         "p99_ms": round(run["put_p99_ms"], 2),
     }
-
-
-_RECENT_PORTS: collections.deque[int] = collections.deque(maxlen=64)
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 free right now, drawn from 20000-32767: below the kernel's
-    ephemeral range (where a port bound to 0 by anyone, Ray's servers in the very process
-    being started among them, and every outgoing connection's own end land) and above
-    Ray's worker ports (10002-19999), so it is not taken between this check and the bind
-    of the server it is for, as a port the kernel handed out could be. Never one of the last
-    64 it handed out: a node's several ports, drawn before any is bound, stay distinct."""
-    for _ in range(200):
-        port = random.randint(20000, 32767)
-        if port in _RECENT_PORTS:
-            continue
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            _RECENT_PORTS.append(port)
-            return port
-    raise RuntimeError("no free port on 127.0.0.1 in 20000-32767")
 
 
 def get_json(url: str, timeout: float = 5) -> Any:

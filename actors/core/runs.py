@@ -1031,10 +1031,15 @@ def _frombytes(typecode: str, data: bytes) -> array[int]:
     return values
 
 
+def _length_code(longest: int) -> str:
+    """The array type of bodies' lengths whose longest is ``longest``: 2 bytes each while
+    they all fit (bodies under 64 KiB, the common case), else 4."""
+    return "H" if longest < 1 << 16 else "I"
+
+
 def _lengths(lengths: Sequence[int]) -> array[int]:
-    """Bodies' lengths as an array, 2 bytes each while they all fit (bodies under 64 KiB,
-    the common case), else 4."""
-    return array("H" if max(lengths, default=0) < 1 << 16 else "I", lengths)
+    """Bodies' lengths as an array of :func:`_length_code`'s width."""
+    return array(_length_code(max(lengths, default=0)), lengths)
 
 
 def _recorded_lengths(data: bytes) -> tuple[array[int], int]:
@@ -1043,9 +1048,8 @@ def _recorded_lengths(data: bytes) -> tuple[array[int], int]:
     wide = np.frombuffer(data, dtype="<u4")
     if not len(wide):
         return array("H"), 0
-    narrow = wide.max() < 1 << 16
-    lengths = array("H" if narrow else "I")
-    lengths.frombytes(wide.astype("=u2" if narrow else "=u4").tobytes())
+    lengths = array(_length_code(int(wide.max())))
+    lengths.frombytes(wide.astype(f"={lengths.typecode}").tobytes())
     return lengths, int(wide.sum(dtype=np.uint64))
 
 
