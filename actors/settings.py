@@ -87,6 +87,12 @@ class QueueSettings(msgspec.Struct, frozen=True, kw_only=True, array_like=True):
     # one group's backlog does not hold back the others'.
     fair: bool = False
 
+    @property
+    def hands_out_fairly(self) -> bool:
+        """Whether takes go round the groups (``fair``, which only a standard queue may be;
+        validation refuses the pair, and a FIFO queue's groups are in order anyway)."""
+        return self.fair and not self.fifo
+
     def validate(self, name: str) -> QueueSettings:
         """Check every field against its range and the queue name; return self.
 

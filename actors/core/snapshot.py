@@ -275,7 +275,7 @@ def _restore(snap: Snapshot) -> QueueState:
     (s.dead_lettered, s.expired_total, s.acked_total, s.enqueued_total, s.purged_total) = (
         snap.counters
     )
-    if s.settings.fair and not s.settings.fifo:
+    if s.settings.hands_out_fairly:
         s.fair = Fair(snap.fair_turn)
     for m in sorted(snap.messages, key=_seq):
         s.messages[m.id] = m

@@ -368,7 +368,7 @@ class QueueState:
         """A queue that becomes fair moves its grouped ready messages into their groups
         (each served first: no group has had a turn yet); one that stops being fair moves
         them back into ``ready``."""
-        fair = self.settings.fair and not self.settings.fifo
+        fair = self.settings.hands_out_fairly
         if fair and self.fair is None:
             grouped = [
                 e[2] for e in self.ready if e[2].group is not None and _valid(e, READY, _ACTIVATE)
