@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
@@ -57,6 +58,7 @@ from actors.flow import Entry, Flow
 from actors.history import NOTE_EVERY_MS, History, Sample
 from actors.log import keys
 from actors.log.bodies import Bodies, place_of
+from actors.log.forked import can_fork, encode_forked, one_child
 from actors.log.shardlog import Batch, ShardLog
 from actors.log.snapshots import encode_state, prune_legacy, prune_snapshots, write_snapshot
 from actors.log.store import ObjectStore
@@ -760,11 +762,14 @@ class QueueActor:
         self._snapshotting = True
         self._snapshot_idle.clear()
         try:
-            seq = self.next_seq - 1
-            if seq == 0 or seq in self.snapshots:
+            if self._forks():
+                async with one_child():  # the state is read once it is this queue's turn
+                    encoded = await self._encode(forked=True)
+            else:
+                encoded = await self._encode(forked=False)
+            if encoded is None:
                 return None
-            data = encode_state(self.state, self.host.wal.epoch, seq)
-            floor = spilled_floor(self.state)
+            seq, floor, data = encoded
             batch = self._last_batch
             if batch is not None:
                 await batch.wait()
@@ -787,6 +792,41 @@ class QueueActor:
         finally:
             self._snapshotting = False
             self._snapshot_idle.set()
+
+    def _forks(self) -> bool:
+        """Whether this queue's snapshot is encoded in a forked child: a big queue
+        (``LogSettings.snapshot_fork_above``), whose encoding would stop the shard."""
+        above = self.host.log_settings.snapshot_fork_above
+        return 0 <= above <= self.state.total and can_fork()
+
+    async def _encode(self, *, forked: bool) -> tuple[int, int, bytes] | None:
+        """The snapshot of the state as it is now: its record, its spilled floor and its
+        object (None: nothing new to snapshot). ``forked``: encoded in a child, the shard
+        serving meanwhile (here after all when the child cannot be made)."""
+        seq = self.next_seq - 1
+        if seq == 0 or seq in self.snapshots:
+            return None
+        state, epoch = self.state, self.host.wal.epoch
+        floor = spilled_floor(state)
+        if forked:
+            try:
+                child = encode_forked(lambda: encode_state(state, epoch, seq))
+            except OSError as exc:  # nothing changed yet: encoded here
+                log.error("queue %s: no child for its snapshot (%s): encoded here", self.name, exc)
+            else:
+                started = time.perf_counter()
+                data = await child
+                log.info(
+                    "queue %s: snapshot of record %d (%d messages, %d bytes) encoded in a "
+                    "child in %.2f s",
+                    self.name,
+                    seq,
+                    state.total,
+                    len(data),
+                    time.perf_counter() - started,
+                )
+                return seq, floor, data
+        return seq, floor, encode_state(state, epoch, seq)
 
     async def checkpoint(self, upto: int) -> None:
         """Take snapshots until both kept ones cover record ``upto`` (so the shard log up to

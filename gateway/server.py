@@ -173,6 +173,7 @@ def log_settings_of(settings: ServerSettings) -> LogSettings:
     return LogSettings(
         snapshot_every_records=settings.snapshot_every_records,
         snapshot_every_ms=int(settings.snapshot_every_s * 1000),
+        snapshot_fork_above=settings.snapshot_fork_above,
         body_cache_bytes=settings.body_cache_mb * 1024 * 1024,
         segment_cache=segment_cache_of(settings),
         compact_over=settings.compact_over,

@@ -305,11 +305,24 @@ async def test_sigterm_during_put_storm_keeps_every_acknowledged_put(
 async def test_sigkill_during_put_storm_loses_no_acknowledged_put(
     make_server: ServerFactory, names: Names
 ) -> None:
-    server = make_server("--shards", str(SHARDS))
+    # snapshots every 0.3 s, each encoded in a forked child of its shard (every queue's:
+    # the threshold is 0), so the kill may catch children at work too
+    forked = ("--snapshot-every-s", "0.3", "--snapshot-fork-above", "0")
+    server = make_server("--shards", str(SHARDS), *forked)
     queues = [names.on_shard(0, "storm"), names.on_shard(1, "storm")]
     storm = Storm(server, queues)
+
+    def kill() -> None:
+        """Once both shards wrote a snapshot encoded in a child (their own logs say so)."""
+        eventually(
+            lambda: sum("in a child" in text for text in server.shard_logs().values()) == SHARDS,
+            timeout=30,
+            what=lambda: str(server.shard_logs())[-3000:],
+        )
+        server.kill()
+
     # SIGKILL of every process of the server (gateway, Ray, shard actors) mid-storm.
-    await storm.run(until=lambda: asyncio.to_thread(server.kill), after=2.0)
+    await storm.run(until=lambda: asyncio.to_thread(kill), after=2.0)
     server.start()
     recovered_cleanly(server)
     storm.check_after_restart()
