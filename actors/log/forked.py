@@ -31,10 +31,13 @@ from collections.abc import Awaitable, Callable
 
 from actors.errors import InternalError
 
-__all__ = ["can_fork", "encode_forked", "one_child"]
+__all__ = ["CHILD_TIMEOUT_S", "can_fork", "encode_forked", "one_child"]
 
 _LENGTH = struct.Struct("<Q")
 _CHUNK = 1 << 20
+# A 100M-message queue's snapshot takes its child 5-15 s here; one still at work after this
+# is stuck (or starved past any use): killed, and the snapshot is taken again later.
+CHILD_TIMEOUT_S = 600.0
 _locks: dict[asyncio.AbstractEventLoop, asyncio.Lock] = {}
 
 
@@ -54,11 +57,14 @@ def one_child() -> asyncio.Lock:
     return lock
 
 
-def encode_forked(encode: Callable[[], bytes]) -> Awaitable[bytes]:
+def encode_forked(
+    encode: Callable[[], bytes], timeout_s: float = CHILD_TIMEOUT_S
+) -> Awaitable[bytes]:
     """Fork now; the awaitable gives ``encode()``'s bytes, as the child computed them from
     the memory as it was at this call (whatever the loop does meanwhile). Hold
-    :func:`one_child` around the call and the await. Cancelled, the child is killed (its
-    reader then sees the pipe end, and reaps it).
+    :func:`one_child` around the call and the await. Cancelled, or not done within
+    ``timeout_s`` (a child stuck for any reason must not hold every later snapshot of the
+    process), the child is killed (its reader then sees the pipe end, and reaps it).
 
     Raises:
         OSError: no child (at the call, before anything changed).
@@ -74,16 +80,21 @@ def encode_forked(encode: Callable[[], bytes]) -> Awaitable[bytes]:
     if pid == 0:  # the child: never returns
         _child(encode, r, w)
     os.close(w)
-    return _result(pid, r)
+    return _result(pid, r, timeout_s)
 
 
-async def _result(pid: int, r: int) -> bytes:
+async def _result(pid: int, r: int, timeout_s: float) -> bytes:
     collected = asyncio.get_running_loop().run_in_executor(None, _collect, pid, r)
     try:
-        data, status = await asyncio.shield(collected)
-    except asyncio.CancelledError:
+        data, status = await asyncio.wait_for(asyncio.shield(collected), timeout_s)
+    except (asyncio.CancelledError, TimeoutError) as exc:
         with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, signal.SIGKILL)  # its reader sees the pipe end and reaps it
+        if isinstance(exc, TimeoutError):
+            await collected
+            raise InternalError(
+                f"the snapshot's child process did not finish within {timeout_s:g} s: killed"
+            ) from None
         raise
     if data is None or not os.WIFEXITED(status) or os.WEXITSTATUS(status) != 0:
         raise InternalError(f"the snapshot's child process failed ({_how(status)})")

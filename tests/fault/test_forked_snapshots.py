@@ -8,20 +8,20 @@ threshold is encoded in the shard, as before."""
 from __future__ import annotations
 
 import asyncio
-import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
 
+from actors import queue_actor
 from actors.clock import ManualClock
 from actors.core import commands as cmd
 from actors.core.ids import SequentialIds
 from actors.errors import QueueError
 from actors.log import keys
-from actors.log.forked import can_fork
+from actors.log.forked import can_fork, encode_forked
 from actors.log.store import ObjectStore
 from actors.settings import LogSettings, QueueSettings
 from actors.shard import QueueShard
@@ -81,11 +81,6 @@ async def run(shard: QueueShard, queue: str, *commands: object) -> list[Any]:
     return results
 
 
-def forks_seen(before: set[int]) -> set[int]:
-    """Children this process had since ``before`` (a forked child's id is new)."""
-    return {int(p) for p in os.listdir("/proc") if p.isdigit()} - before
-
-
 @pytest.mark.parametrize("kind", sorted(KINDS))
 async def test_a_forked_snapshot_is_the_state_at_its_record_while_commands_go_on(
     store: ObjectStore, kind: str
@@ -124,7 +119,16 @@ async def test_a_forked_snapshot_is_the_state_at_its_record_while_commands_go_on
         await shard.close(snapshot=False)
 
 
-async def test_the_threshold_decides_who_encodes(store: ObjectStore) -> None:
+async def test_the_threshold_decides_who_encodes(
+    store: ObjectStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    forked: list[int] = []  # the size of each queue whose snapshot a child encoded
+
+    def counted(encode: Callable[[], bytes]) -> Awaitable[bytes]:
+        forked.append(len(encode()))  # (encoded here too, to see the same bytes come back)
+        return encode_forked(encode)
+
+    monkeypatch.setattr(queue_actor, "encode_forked", counted)
     clock = ManualClock()
     above = msgspec.structs.replace(FORKED, snapshot_fork_above=1_000)
     shard = await open_shard(store, clock, above)
@@ -135,20 +139,9 @@ async def test_the_threshold_decides_who_encodes(store: ObjectStore) -> None:
         await run(shard, "big", put("plain", 0, 1000))
         small, big = shard.queues["small"], shard.queues["big"]
         assert (small._forks(), big._forks()) == (False, True)
-        children = {int(p) for p in os.listdir("/proc") if p.isdigit()}
         assert await small.snapshot() is not None  # encoded here: no child
-        assert not {p for p in forks_seen(children) if _parent(p) == os.getpid()}
-        task = asyncio.create_task(big.snapshot())
-        await asyncio.sleep(0)
-        assert {p for p in forks_seen(children) if _parent(p) == os.getpid()}  # a child
-        assert await task is not None
+        assert forked == []
+        assert await big.snapshot() is not None
+        assert len(forked) == 1
     finally:
         await shard.close()
-
-
-def _parent(pid: int) -> int:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, ValueError, IndexError):
-        return -1

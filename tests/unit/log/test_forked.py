@@ -126,3 +126,15 @@ async def test_one_child_at_a_time() -> None:
 
     await asyncio.gather(snapshot("a"), snapshot("b"))
     assert order == ["a forks", "a done", "b forks", "b done"]
+
+
+async def test_a_child_still_at_work_after_its_time_is_killed() -> None:
+    def stuck() -> bytes:
+        while True:
+            time.sleep(1)
+
+    started = time.monotonic()
+    async with one_child():
+        with pytest.raises(InternalError, match=r"did not finish within 0\.3 s"):
+            await encode_forked(stuck, timeout_s=0.3)
+    assert time.monotonic() - started < 10  # killed and reaped, not waited for
