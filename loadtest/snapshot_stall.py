@@ -27,7 +27,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from served import ROOT, EvqServe  # the tools' directory is on the path
+from bench_depth import count  # the tools' directory is on the path
+from served import ROOT, EvqServe
 
 from actors.errors import QueueError
 from evq.client import AsyncClient, NewMessage
@@ -35,12 +36,6 @@ from evq.client import AsyncClient, NewMessage
 BATCH = 1000
 FILLERS = 4
 SPREAD_S = (3600, 30 * 86_400)
-
-
-def count(text: str) -> int:
-    """``10M``, ``500k`` or a number."""
-    scale = {"k": 10**3, "m": 10**6}.get(text[-1].lower(), 1)
-    return int(float(text[:-1] if scale > 1 else text) * scale)
 
 
 async def probe(

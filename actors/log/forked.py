@@ -15,7 +15,7 @@ The child is careful, as a child of a threaded process must be: it only runs ``e
 (pure Python and C extensions over objects it already has: no import, no lock another
 thread could hold, no event loop, no store), with the collector off (its passes would
 write every object's header, copying each page), and leaves with ``os._exit``. One child
-at a time per process (``_ONE_AT_A_TIME``): several would each copy what the parent
+at a time per process (:func:`one_child`): several would each copy what the parent
 writes meanwhile.
 """
 
@@ -28,6 +28,7 @@ import os
 import signal
 import struct
 from collections.abc import Awaitable, Callable
+from typing import NoReturn
 
 from actors.errors import InternalError
 
@@ -101,7 +102,7 @@ async def _result(pid: int, r: int, timeout_s: float) -> bytes:
     return data
 
 
-def _child(encode: Callable[[], bytes], r: int, w: int) -> None:
+def _child(encode: Callable[[], bytes], r: int, w: int) -> NoReturn:
     code = 1
     try:
         gc.disable()
