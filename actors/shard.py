@@ -1097,6 +1097,7 @@ class MemoryBudget:
         self._mark: tuple[int, int, float] | None = None  # resident, held, bytes per message
         self._lowest: int | None = None  # the lowest resident size read
         self._free = 0  # at the last reading: what drained messages left, not given back
+        self._held = 0  # messages held at the last reading (once over the budget)
 
     def over(self) -> bool:
         if self.budget is None:
@@ -1134,7 +1135,7 @@ class MemoryBudget:
             self._lowest = resident
         if mark is None and not refusing and resident + self._room <= self.budget:
             return 0  # never over: the queues need not be counted
-        held = self.held()
+        held = self._held = self.held()
         if mark is not None and held <= mark[1]:
             top, then, each = mark
             return max(0, int((then - held) * each) - max(0, top - resident))
@@ -1149,12 +1150,19 @@ class MemoryBudget:
         mib = 1 << 20
         used = self._used()
         kept = self._room - self._in_flight
+        mark = self._mark
+        held = (
+            f"; {self._held} messages held, {mark[1]} when first over at "
+            f"{mark[0] / mib:.0f} MiB ({mark[2]:.0f} B each)"
+            if mark is not None
+            else ""
+        )
         return (
             f"{used / mib:.0f} of {(self.budget or 0) / mib:.0f} MiB: "
             f"{self._resident / mib:.0f} resident, {self._free / mib:.0f} of it free "
             f"(left by drained messages), {self._admitted / mib:.0f} let in since, "
             f"{kept / mib:.0f} kept for the next snapshots, "
-            f"{self._in_flight / mib:.0f} for puts on their way"
+            f"{self._in_flight / mib:.0f} for puts on their way{held}"
         )
 
     def reserve(self, queue: str, snapshot_bytes: int) -> None:

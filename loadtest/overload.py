@@ -214,6 +214,7 @@ def recover(run: Run, queues: list[str], sustainable: dict[str, Any]) -> dict[st
     dropped = time.monotonic()
     phase = Phase(run.ctx, specs)
     seconds: dict[int, Counter[str]] = {}
+    drained: dict[int, Counter[str]] = {}  # takes' and acks' answers and messages, a second
     totals = Totals()
     recovered_at: float | None = None
     last = dropped
@@ -223,12 +224,19 @@ def recover(run: Run, queues: list[str], sustainable: dict[str, Any]) -> dict[st
         rss = run.sampler.sample(time.monotonic() - run.t0)
         if time.monotonic() - last >= args.progress:
             last = time.monotonic()
-            run.emit(_recovery_line(run, rss, seconds, last - dropped) | {"refusal": refusal})
+            line = _recovery_line(run, rss, seconds, last - dropped)
+            line["drain"] = _recent(run, drained)
+            run.emit(line | {"refusal": refusal})
             refusal = None
         for doc in phase.drain():
             totals.add(doc)
             refusal = doc["put"].get("refusal") or refusal
-            seconds.setdefault(int(doc["t"] - dropped), Counter()).update(doc["put"]["kinds"])
+            second = int(doc["t"] - dropped)
+            seconds.setdefault(second, Counter()).update(doc["put"]["kinds"])
+            drain = drained.setdefault(second, Counter())
+            for op in ("take", "ack"):
+                drain.update({f"{op}_{k}": n for k, n in doc[op]["kinds"].items()})
+                drain[f"{op}_messages"] += doc[op]["messages"]
         recovered_at = _recovered(seconds, rate, args.recovery_window)
     for proc in phase.procs:
         proc.terminate()
@@ -245,15 +253,21 @@ def recover(run: Run, queues: list[str], sustainable: dict[str, Any]) -> dict[st
 def _recovery_line(
     run: Run, rss: dict[int, float], seconds: dict[int, Counter[str]], t: float
 ) -> dict[str, Any]:
-    recent = Counter[str]()
-    for s in sorted(seconds)[-int(run.args.progress) :]:
-        recent.update(seconds[s])
     shards = {
         run.sampler.name(p): round(r, 1)
         for p, r in rss.items()
         if run.sampler.roles.get(p) == "shard"
     }
-    return {"progress": "recovery", "t": round(t, 1), "shard_rss_mib": shards, "put": dict(recent)}
+    put = _recent(run, seconds)
+    return {"progress": "recovery", "t": round(t, 1), "shard_rss_mib": shards, "put": put}
+
+
+def _recent(run: Run, seconds: dict[int, Counter[str]]) -> dict[str, int]:
+    """The counts of the last ``--progress`` seconds."""
+    recent = Counter[str]()
+    for s in sorted(seconds)[-int(run.args.progress) :]:
+        recent.update(seconds[s])
+    return dict(recent)
 
 
 def _recovered(seconds: dict[int, Counter[str]], rate: float, window: int) -> float | None:
