@@ -1078,9 +1078,17 @@ class MemoryBudget:
     trim returns: so from the first reading over the budget (the mark), the messages the
     shard stopped holding since (``held``) count as free room inside the process, each at
     what a message held then cost on average (the growth since the lowest reading, over the
-    messages held; at most ``MESSAGE_OVERHEAD``), less what the resident size gave back. A
-    drained shard takes puts again into the memory its messages left, and a refilled one
-    refuses at the same size as before (past the mark's messages, it is marked anew)."""
+    messages held; at most ``MESSAGE_OVERHEAD``), but never more than the resident size
+    holds beyond the lowest reading and the messages still held. A drained shard takes puts
+    again into the memory its messages left, and a refilled one refuses at the same size as
+    before (past the mark's messages, it is marked anew).
+
+    That second bound, not "the share less all the resident size gave back since the mark":
+    a shard marked in a flood of big puts holds more than its messages explain (the puts'
+    buffers, on their way in), and its messages' share is capped at ``MESSAGE_OVERHEAD``.
+    When the flood ends the buffers go back to the system; counting that as its drained
+    messages' memory gone too left a drained shard over its budget for good, refusing puts
+    with nothing left to drain (CI, the overload test, twice)."""
 
     def __init__(self, budget_bytes: int | None) -> None:
         self.budget = budget_bytes
@@ -1137,8 +1145,10 @@ class MemoryBudget:
             return 0  # never over: the queues need not be counted
         held = self._held = self.held()
         if mark is not None and held <= mark[1]:
-            top, then, each = mark
-            return max(0, int((then - held) * each) - max(0, top - resident))
+            _, then, each = mark
+            drained = (then - held) * each
+            beyond = resident - self._lowest - held * each
+            return max(0, int(min(drained, beyond)))
         # Over for the first time, or refilled past the mark's messages: mark here.
         top = resident if mark is None else max(mark[0], resident)
         each = min(MESSAGE_OVERHEAD, (top - self._lowest) / held) if held else 0.0

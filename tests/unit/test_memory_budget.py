@@ -16,6 +16,9 @@ import sys
 import threading
 from pathlib import Path
 
+import pytest
+
+import actors.shard as shard_module
 from actors.channel import IN_FLIGHT_PER_CONNECTION
 from actors.core import commands as cmd
 from actors.errors import Overloaded
@@ -282,3 +285,69 @@ print(frozen, gone() is None)
     ).stdout.split()
     assert int(out[0]) > 10_000  # the imports' objects, out of the collector's walks
     assert out[1] == "True"
+
+
+def test_a_shard_marked_in_a_flood_of_big_puts_takes_puts_again_once_drained(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Found by CI (the overload test, twice): a shard went over its budget in a flood of
+    # 50-message puts holding few messages, so most of what it held was the puts' buffers
+    # on their way in (each message's share capped at MESSAGE_OVERHEAD). The flood ended,
+    # the buffers went back to the system, the consumers drained every message, and the
+    # shard still refused puts for the whole 60-s recovery: all the resident size gave back
+    # was taken off its drained messages' share, which came to nothing.
+    resident = [130 * MIB]
+    monkeypatch.setattr(shard_module, "resident_bytes", lambda: resident[0])
+    monkeypatch.setattr(shard_module, "_malloc_trim", lambda: None)
+    budget = MemoryBudget(208 * MIB)
+    budget.in_flight = lambda: 32 * MIB
+    held = [0]
+    budget.held = lambda: held[0]
+
+    def reading() -> bool:
+        budget._checked = 0.0
+        return budget.over()
+
+    assert not reading()  # the lowest reading, before any message
+    held[0], resident[0] = 50_000, 200 * MIB  # 20 MB of messages, 50 of buffers
+    assert reading()  # marked at 400 B a message
+    resident[0] = 177 * MIB  # the flood's buffers went back
+    assert reading()  # 177 + 32 of 208, the messages still there
+    held[0] = 0  # drained
+    assert not reading(), budget.use()
+    assert re.search(r"177 resident, 19 of it free", budget.use()), budget.use()
+
+    # Refilled into that room, it refuses again (marked anew past the mark's messages).
+    held[0] = 60_000
+    assert reading(), budget.use()
+
+
+def test_the_room_drained_messages_left_is_what_the_resident_size_still_holds(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The other side: drained messages whose memory the allocator gave back leave no room
+    # inside the process. Marked at 200 B a message (only messages grew): half of them
+    # drained with their memory given back leave nothing free; drained further with the
+    # memory kept, they leave what the resident size holds beyond the messages still held.
+    resident = [130 * MIB]
+    monkeypatch.setattr(shard_module, "resident_bytes", lambda: resident[0])
+    monkeypatch.setattr(shard_module, "_malloc_trim", lambda: None)
+    budget = MemoryBudget(170 * MIB)
+    budget.in_flight = lambda: 0
+    held = [0]
+    budget.held = lambda: held[0]
+
+    def reading() -> bool:
+        budget._checked = 0.0
+        return budget.over()
+
+    assert not reading()
+    held[0], resident[0] = 250_000, 130 * MIB + 250_000 * 200
+    assert reading(), budget.use()
+    assert "(200 B each)" in budget.use()
+    held[0], resident[0] = 125_000, 130 * MIB + 125_000 * 200  # drained, given back
+    assert not reading()
+    assert re.search(r" 0 of it free", budget.use()), budget.use()
+    held[0] = 60_000  # drained further, kept: 13 MB beyond the 12 the 60,000 hold
+    assert not reading()
+    assert re.search(r" 12 of it free", budget.use()), budget.use()
