@@ -167,10 +167,9 @@ class LogSettings(msgspec.Struct, frozen=True, kw_only=True):
     snapshot_every_records: int = 200_000
     snapshot_every_ms: int = 300_000
     # A queue of at least this many messages encodes its snapshots in a forked child
-    # (actors/log/forked.py), its shard serving meanwhile; 0: every queue; -1: none (the
-    # default until an overload failure seen once with it on is understood; 250,000 is the
-    # measured choice: loadtest/RESULTS.md, "Snapshots at depth").
-    snapshot_fork_above: int = -1
+    # (actors/log/forked.py), its shard serving meanwhile; 0: every queue; -1: none
+    # (250,000, the measured choice: loadtest/RESULTS.md, "Snapshots at depth").
+    snapshot_fork_above: int = 250_000
     max_batch_bytes: int = 16 * 1024 * 1024
     # The shard log keeps at most about this many records behind its queues' snapshots:
     # past it, the queues that hold its oldest segment take snapshots (bounds recovery time).

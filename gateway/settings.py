@@ -94,8 +94,8 @@ class ServerSettings(msgspec.Struct, kw_only=True):
     snapshot_every_records: int = 200_000
     snapshot_every_s: float = 300.0
     # A queue of at least this many messages encodes its snapshots in a forked child, its
-    # shard serving meanwhile (actors/log/forked.py); 0: every queue; -1: none (default).
-    snapshot_fork_above: Annotated[int, msgspec.Meta(ge=-1)] = -1
+    # shard serving meanwhile (actors/log/forked.py); 0: every queue; -1: none.
+    snapshot_fork_above: Annotated[int, msgspec.Meta(ge=-1)] = 250_000
     # Bodies of a local log's spilled messages read back and kept, per shard (MiB).
     body_cache_mb: Annotated[int, msgspec.Meta(ge=0)] = 16
     # An object store's shards copy their log's segments here and read bodies back from
@@ -359,7 +359,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         type=int,
         metavar="N",
         help="queues of N messages and more encode their snapshots in a forked child, so "
-        "their shard serves meanwhile (default -1, none: 250000 is the measured choice; 0: all)",
+        "their shard serves meanwhile (default 250000; 0: all; -1: none)",
     )
     add(
         "--body-cache-mb",
