@@ -287,6 +287,25 @@ print(frozen, gone() is None)
     assert out[1] == "True"
 
 
+class _Modelled:
+    """A MemoryBudget whose resident size and messages held are what the test sets
+    (``resident``, ``held``): nothing read from /proc, no trim."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, budget_mib: int, in_flight_mib: int):
+        self.resident = 130 * MIB  # the lowest reading, before any message
+        self.held = 0
+        monkeypatch.setattr(shard_module, "resident_bytes", lambda: self.resident)
+        monkeypatch.setattr(shard_module, "_malloc_trim", lambda: None)
+        self.budget = MemoryBudget(budget_mib * MIB)
+        self.budget.in_flight = lambda: in_flight_mib * MIB
+        self.budget.held = lambda: self.held
+
+    def reading(self) -> bool:
+        """Whether the budget is over at a reading taken now."""
+        self.budget._checked = 0.0
+        return self.budget.over()
+
+
 def test_a_shard_marked_in_a_flood_of_big_puts_takes_puts_again_once_drained(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -296,30 +315,19 @@ def test_a_shard_marked_in_a_flood_of_big_puts_takes_puts_again_once_drained(
     # the buffers went back to the system, the consumers drained every message, and the
     # shard still refused puts for the whole 60-s recovery: all the resident size gave back
     # was taken off its drained messages' share, which came to nothing.
-    resident = [130 * MIB]
-    monkeypatch.setattr(shard_module, "resident_bytes", lambda: resident[0])
-    monkeypatch.setattr(shard_module, "_malloc_trim", lambda: None)
-    budget = MemoryBudget(208 * MIB)
-    budget.in_flight = lambda: 32 * MIB
-    held = [0]
-    budget.held = lambda: held[0]
-
-    def reading() -> bool:
-        budget._checked = 0.0
-        return budget.over()
-
-    assert not reading()  # the lowest reading, before any message
-    held[0], resident[0] = 50_000, 200 * MIB  # 20 MB of messages, 50 of buffers
-    assert reading()  # marked at 400 B a message
-    resident[0] = 177 * MIB  # the flood's buffers went back
-    assert reading()  # 177 + 32 of 208, the messages still there
-    held[0] = 0  # drained
-    assert not reading(), budget.use()
-    assert re.search(r"177 resident, 19 of it free", budget.use()), budget.use()
+    m = _Modelled(monkeypatch, budget_mib=208, in_flight_mib=32)
+    assert not m.reading()  # the lowest reading, before any message
+    m.held, m.resident = 50_000, 200 * MIB  # 20 MB of messages, 50 of buffers
+    assert m.reading()  # marked at 400 B a message
+    m.resident = 177 * MIB  # the flood's buffers went back
+    assert m.reading()  # 177 + 32 of 208, the messages still there
+    m.held = 0  # drained
+    assert not m.reading(), m.budget.use()
+    assert re.search(r"177 resident, 19 of it free", m.budget.use()), m.budget.use()
 
     # Refilled into that room, it refuses again (marked anew past the mark's messages).
-    held[0] = 60_000
-    assert reading(), budget.use()
+    m.held = 60_000
+    assert m.reading(), m.budget.use()
 
 
 def test_the_room_drained_messages_left_is_what_the_resident_size_still_holds(
@@ -329,25 +337,14 @@ def test_the_room_drained_messages_left_is_what_the_resident_size_still_holds(
     # inside the process. Marked at 200 B a message (only messages grew): half of them
     # drained with their memory given back leave nothing free; drained further with the
     # memory kept, they leave what the resident size holds beyond the messages still held.
-    resident = [130 * MIB]
-    monkeypatch.setattr(shard_module, "resident_bytes", lambda: resident[0])
-    monkeypatch.setattr(shard_module, "_malloc_trim", lambda: None)
-    budget = MemoryBudget(170 * MIB)
-    budget.in_flight = lambda: 0
-    held = [0]
-    budget.held = lambda: held[0]
-
-    def reading() -> bool:
-        budget._checked = 0.0
-        return budget.over()
-
-    assert not reading()
-    held[0], resident[0] = 250_000, 130 * MIB + 250_000 * 200
-    assert reading(), budget.use()
-    assert "(200 B each)" in budget.use()
-    held[0], resident[0] = 125_000, 130 * MIB + 125_000 * 200  # drained, given back
-    assert not reading()
-    assert re.search(r" 0 of it free", budget.use()), budget.use()
-    held[0] = 60_000  # drained further, kept: 13 MB beyond the 12 the 60,000 hold
-    assert not reading()
-    assert re.search(r" 12 of it free", budget.use()), budget.use()
+    m = _Modelled(monkeypatch, budget_mib=170, in_flight_mib=0)
+    assert not m.reading()
+    m.held, m.resident = 250_000, 130 * MIB + 250_000 * 200
+    assert m.reading(), m.budget.use()
+    assert "(200 B each)" in m.budget.use()
+    m.held, m.resident = 125_000, 130 * MIB + 125_000 * 200  # drained, given back
+    assert not m.reading()
+    assert re.search(r" 0 of it free", m.budget.use()), m.budget.use()
+    m.held = 60_000  # drained further, kept: 13 MB beyond the 12 the 60,000 hold
+    assert not m.reading()
+    assert re.search(r" 12 of it free", m.budget.use()), m.budget.use()
